@@ -1,0 +1,313 @@
+//! Typed configuration: `onejob.toml` plus command-line flags and `ONEJOB_*`
+//! environment variables (flags win, then the environment, then the file).
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+pub const DEFAULT_CONFIG: &str = "onejob.toml";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("config {path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+    #[error("database URL {0:?}: expected postgres://…, sqlite://PATH or a file path")]
+    DatabaseUrl(String),
+}
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    #[serde(default)]
+    pub server: ServerSection,
+    #[serde(default)]
+    pub routes: BTreeMap<String, RouteConfig>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    pub listen: Option<String>,
+    pub database_url: Option<String>,
+    /// Largest accepted request body, in bytes.
+    pub max_body_bytes: Option<usize>,
+}
+
+/// The policy a job runs under.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    pub primary: String,
+    #[serde(default)]
+    pub fallbacks: Vec<String>,
+    #[serde(default = "defaults::silence_ms")]
+    pub silence_ms: u64,
+    #[serde(default = "defaults::attempt_timeout_ms")]
+    pub attempt_timeout_ms: u64,
+    #[serde(default = "defaults::max_hedges")]
+    pub max_hedges: u32,
+    #[serde(default = "defaults::max_attempts")]
+    pub max_attempts: u32,
+    #[serde(default = "defaults::backoff_base_ms")]
+    pub backoff_base_ms: u64,
+    #[serde(default = "defaults::backoff_cap_ms")]
+    pub backoff_cap_ms: u64,
+    #[serde(default = "defaults::unknown_deadline_ms")]
+    pub unknown_deadline_ms: u64,
+}
+
+mod defaults {
+    pub fn silence_ms() -> u64 {
+        10_000
+    }
+    pub fn attempt_timeout_ms() -> u64 {
+        60_000
+    }
+    pub fn max_hedges() -> u32 {
+        1
+    }
+    pub fn max_attempts() -> u32 {
+        4
+    }
+    pub fn backoff_base_ms() -> u64 {
+        200
+    }
+    pub fn backoff_cap_ms() -> u64 {
+        10_000
+    }
+    pub fn unknown_deadline_ms() -> u64 {
+        600_000
+    }
+}
+
+/// Which database, from a URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DatabaseUrl {
+    Sqlite(PathBuf),
+    Postgres(String),
+}
+
+impl DatabaseUrl {
+    pub fn parse(url: &str) -> Result<Self, ConfigError> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(DatabaseUrl::Postgres(url.to_string()));
+        }
+        let path = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))
+            .unwrap_or(url);
+        if path.is_empty() || path.contains("://") {
+            return Err(ConfigError::DatabaseUrl(url.to_string()));
+        }
+        Ok(DatabaseUrl::Sqlite(PathBuf::from(path)))
+    }
+}
+
+impl std::fmt::Display for DatabaseUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DatabaseUrl::Sqlite(p) => write!(f, "sqlite://{}", p.display()),
+            // Never print a password that may be in the URL.
+            DatabaseUrl::Postgres(u) => match (u.find("://"), u.rfind('@')) {
+                (Some(s), Some(at)) if at > s => write!(f, "{}://***{}", &u[..s], &u[at..]),
+                _ => f.write_str(u),
+            },
+        }
+    }
+}
+
+/// What the command line (or the environment) overrides.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub listen: Option<String>,
+    pub database_url: Option<String>,
+}
+
+/// Resolved configuration every command uses.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Directory of the config file; relative paths are resolved against it.
+    pub base_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub database: DatabaseUrl,
+    pub max_body_bytes: usize,
+    pub routes: BTreeMap<String, RouteConfig>,
+}
+
+impl Config {
+    /// Load `path`. A missing file is an error only when it was asked for by
+    /// name; otherwise the built-in defaults apply.
+    pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Self, ConfigError> {
+        let (file_path, explicit) = match path {
+            Some(p) => (p.to_path_buf(), true),
+            None => (PathBuf::from(DEFAULT_CONFIG), false),
+        };
+        let file = match std::fs::read_to_string(&file_path) {
+            Ok(text) => Self::parse_file(&file_path, &text)?,
+            Err(e) if !explicit && e.kind() == std::io::ErrorKind::NotFound => FileConfig {
+                server: ServerSection::default(),
+                routes: BTreeMap::new(),
+            },
+            Err(source) => {
+                return Err(ConfigError::Read {
+                    path: file_path,
+                    source,
+                })
+            }
+        };
+        let base_dir = file_path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        Self::resolve(file, base_dir, &file_path, overrides)
+    }
+
+    pub fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string().trim_end().to_string(),
+        })
+    }
+
+    fn resolve(
+        file: FileConfig,
+        base_dir: PathBuf,
+        file_path: &Path,
+        overrides: &Overrides,
+    ) -> Result<Self, ConfigError> {
+        let invalid = |message: String| ConfigError::Invalid {
+            path: file_path.to_path_buf(),
+            message,
+        };
+        let listen_text = overrides
+            .listen
+            .clone()
+            .or(file.server.listen)
+            .unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+        let listen: SocketAddr = listen_text.parse().map_err(|_| {
+            invalid(format!(
+                "server.listen: {listen_text:?} is not an address like 127.0.0.1:8080"
+            ))
+        })?;
+        let database = match overrides.database_url.clone().or(file.server.database_url) {
+            Some(url) => match DatabaseUrl::parse(&url)? {
+                DatabaseUrl::Sqlite(p) if p.is_relative() => DatabaseUrl::Sqlite(base_dir.join(p)),
+                other => other,
+            },
+            None => DatabaseUrl::Sqlite(base_dir.join("onejob.db")),
+        };
+        let mut routes = file.routes;
+        for (name, route) in &routes {
+            if route.attempt_timeout_ms <= route.silence_ms {
+                return Err(invalid(format!(
+                    "routes.{name}: attempt_timeout_ms ({}) must exceed silence_ms ({})",
+                    route.attempt_timeout_ms, route.silence_ms
+                )));
+            }
+            if route.max_attempts == 0 {
+                return Err(invalid(format!(
+                    "routes.{name}: max_attempts must be at least 1"
+                )));
+            }
+            if route.backoff_cap_ms < route.backoff_base_ms {
+                return Err(invalid(format!(
+                    "routes.{name}: backoff_cap_ms must be at least backoff_base_ms"
+                )));
+            }
+        }
+        if routes.is_empty() {
+            routes.insert("default".to_string(), RouteConfig::builtin_default());
+        }
+        Ok(Config {
+            base_dir,
+            listen,
+            database,
+            max_body_bytes: file.server.max_body_bytes.unwrap_or(1024 * 1024),
+            routes,
+        })
+    }
+}
+
+impl RouteConfig {
+    /// The route used when the file defines none: the built-in simulator.
+    pub fn builtin_default() -> Self {
+        RouteConfig {
+            primary: "sim".to_string(),
+            fallbacks: vec!["sim-backup".to_string()],
+            silence_ms: defaults::silence_ms(),
+            attempt_timeout_ms: defaults::attempt_timeout_ms(),
+            max_hedges: defaults::max_hedges(),
+            max_attempts: defaults::max_attempts(),
+            backoff_base_ms: defaults::backoff_base_ms(),
+            backoff_cap_ms: defaults::backoff_cap_ms(),
+            unknown_deadline_ms: defaults::unknown_deadline_ms(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_urls() {
+        assert_eq!(
+            DatabaseUrl::parse("postgres://u:p@h/db").unwrap(),
+            DatabaseUrl::Postgres("postgres://u:p@h/db".into())
+        );
+        assert_eq!(
+            DatabaseUrl::parse("sqlite://a/b.db").unwrap(),
+            DatabaseUrl::Sqlite("a/b.db".into())
+        );
+        assert_eq!(
+            DatabaseUrl::parse("x.db").unwrap(),
+            DatabaseUrl::Sqlite("x.db".into())
+        );
+        assert!(DatabaseUrl::parse("mysql://x").is_err());
+        assert_eq!(
+            DatabaseUrl::parse("postgres://u:secret@h/db")
+                .unwrap()
+                .to_string(),
+            "postgres://***@h/db"
+        );
+    }
+
+    #[test]
+    fn unknown_field_names_file_and_line() {
+        let err = Config::parse_file(Path::new("x.toml"), "[server]\nlisten = \"1\"\nbogus = 1\n")
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("x.toml") && text.contains("bogus") && text.contains("line 3"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn timeout_must_exceed_silence() {
+        let file = Config::parse_file(
+            Path::new("x.toml"),
+            "[routes.r]\nprimary = \"a\"\nsilence_ms = 100\nattempt_timeout_ms = 100\n",
+        )
+        .unwrap();
+        let err = Config::resolve(
+            file,
+            PathBuf::from("."),
+            Path::new("x.toml"),
+            &Overrides::default(),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("attempt_timeout_ms"), "{err}");
+    }
+}

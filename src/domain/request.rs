@@ -1,0 +1,195 @@
+//! The job request body: parsing, validation and normalisation.
+//!
+//! A request names a contract and passes its variables, or carries chat
+//! messages directly. The normalised form (defaults filled in) is what is
+//! stored and fingerprinted, so `{"route":"default"}` and an omitted route are
+//! the same intent.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// Largest `max_tokens` a request may ask for.
+pub const MAX_TOKENS_LIMIT: u32 = 1_000_000;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub contract: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<Map<String, Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<Vec<Message>>,
+    #[serde(default)]
+    pub params: Params,
+    #[serde(default = "default_route")]
+    pub route: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Message {
+    pub role: Role,
+    pub content: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+}
+
+fn default_route() -> String {
+    "default".to_string()
+}
+
+/// A request that cannot become a job. `Malformed` is not JSON at all (400);
+/// `Invalid` is JSON that breaks the request's rules (422). Both name the
+/// field at fault where there is one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("body is not valid JSON: {0}")]
+    Malformed(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl JobRequest {
+    /// Parse and validate a request body.
+    pub fn parse(body: &[u8]) -> Result<Self, RequestError> {
+        let value: Value =
+            serde_json::from_slice(body).map_err(|e| RequestError::Malformed(e.to_string()))?;
+        Self::from_value(value)
+    }
+
+    pub fn from_value(value: Value) -> Result<Self, RequestError> {
+        if !value.is_object() {
+            return Err(RequestError::Invalid("body must be a JSON object".into()));
+        }
+        let request: JobRequest = serde_path_to_error::deserialize(value).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner().to_string();
+            if path == "." {
+                RequestError::Invalid(inner)
+            } else {
+                RequestError::Invalid(format!("{path}: {inner}"))
+            }
+        })?;
+        request.validate()?;
+        Ok(request)
+    }
+
+    fn validate(&self) -> Result<(), RequestError> {
+        let invalid = |m: &str| Err(RequestError::Invalid(m.to_string()));
+        match (&self.contract, &self.messages) {
+            (Some(_), Some(_)) => {
+                return invalid("give either contract (with input) or messages, not both")
+            }
+            (None, None) => return invalid("contract or messages is required"),
+            (Some(name), None) => {
+                if name.trim().is_empty() {
+                    return invalid("contract: must not be empty");
+                }
+                if self.input.is_none() {
+                    return invalid(
+                        "input: required with contract (an object of template variables)",
+                    );
+                }
+            }
+            (None, Some(messages)) => {
+                if self.input.is_some() {
+                    return invalid("input: only allowed with contract");
+                }
+                if messages.is_empty() {
+                    return invalid("messages: must hold at least one message");
+                }
+                if !messages.iter().any(|m| m.role == Role::User) {
+                    return invalid("messages: at least one message must have role user");
+                }
+            }
+        }
+        if let Some(t) = self.params.temperature {
+            if !(0.0..=2.0).contains(&t) {
+                return invalid("params.temperature: must be between 0 and 2");
+            }
+        }
+        if let Some(p) = self.params.top_p {
+            if !(0.0..=1.0).contains(&p) {
+                return invalid("params.top_p: must be between 0 and 1");
+            }
+        }
+        if let Some(m) = self.params.max_tokens {
+            if m == 0 || m > MAX_TOKENS_LIMIT {
+                return invalid("params.max_tokens: must be between 1 and 1000000");
+            }
+        }
+        if self.route.trim().is_empty() {
+            return invalid("route: must not be empty");
+        }
+        Ok(())
+    }
+
+    /// The normalised request as JSON, the form that is stored and fingerprinted.
+    pub fn to_value(&self) -> Value {
+        // Serialising plain data structs into a Value cannot fail.
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrong_type_names_the_field() {
+        let err = JobRequest::parse(
+            br#"{"messages":[{"role":"user","content":"hi"}],"params":{"temperature":"hot"}}"#,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, RequestError::Invalid(m) if m.starts_with("params.temperature")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unknown_field_is_invalid() {
+        let err = JobRequest::parse(br#"{"messages":[{"role":"user","content":"hi"}],"extra":1}"#)
+            .unwrap_err();
+        assert!(
+            matches!(&err, RequestError::Invalid(m) if m.contains("extra")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn omitted_route_equals_default_route() {
+        let a = JobRequest::parse(br#"{"messages":[{"role":"user","content":"hi"}]}"#).unwrap();
+        let b = JobRequest::parse(
+            br#"{"route":"default","messages":[{"content":"hi","role":"user"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(a.to_value(), b.to_value());
+    }
+
+    #[test]
+    fn malformed_json_is_not_invalid() {
+        assert!(matches!(
+            JobRequest::parse(b"{\"messages\":"),
+            Err(RequestError::Malformed(_))
+        ));
+    }
+}

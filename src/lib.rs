@@ -1,0 +1,8 @@
+//! onejob: one user click is one job, however many times the network makes
+//! the client retry and however many providers the job has to try.
+//!
+//! - [`config`]: typed configuration (`onejob.toml`, flags, `ONEJOB_*`).
+//! - [`domain`]: pure types and transitions (jobs, attempts, fingerprints, the guard).
+
+pub mod config;
+pub mod domain;

@@ -3,6 +3,8 @@
 //!
 //! - [`config`]: typed configuration (`onejob.toml`, flags, `ONEJOB_*`).
 //! - [`domain`]: pure types and transitions (jobs, attempts, fingerprints, the guard).
+//! - [`providers`]: provider adapters, error classification, lookup by key.
 
 pub mod config;
 pub mod domain;
+pub mod providers;

@@ -1,0 +1,115 @@
+//! Provider adapters behind one interface.
+//!
+//! A call returns one of three outcomes, classified where the error is born:
+//! succeeded, failed (definitive: retryable or not), or unknown (the request
+//! may have been executed). A lookup asks the provider, by the job's stable
+//! key, whether it executed the work.
+
+use crate::domain::request::Message;
+use async_trait::async_trait;
+use std::time::Duration;
+
+/// One chat completion request, already rendered for the provider's wire format
+/// by the caller except for placement details the adapter owns (e.g. Anthropic's
+/// top-level `system`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatRequest {
+    /// System prompt; OpenAI-style adapters send it as the first message,
+    /// Anthropic as the top-level `system` field.
+    pub system: Option<String>,
+    /// User/assistant turns (system messages in here are folded into `system`
+    /// by adapters that need it).
+    pub messages: Vec<Message>,
+    pub temperature: Option<f64>,
+    pub max_tokens: Option<u32>,
+    pub top_p: Option<f64>,
+    /// JSON Schema the output must satisfy, sent as `response_format` where the
+    /// wire format has one.
+    pub response_schema: Option<serde_json::Value>,
+    /// Invariant 6: derived from the job and the provider, never the attempt.
+    pub idempotency_key: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+}
+
+/// A provider's successful answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Success {
+    /// The assistant message text (for contract jobs, JSON text).
+    pub output: String,
+    pub usage: Option<Usage>,
+    pub provider_request_id: Option<String>,
+    pub latency: Duration,
+}
+
+/// The provider said no, or the request provably never left.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failure {
+    pub retryable: bool,
+    /// Honoured by the retry scheduler (`Retry-After`, `retry-after-ms`).
+    pub retry_after: Option<Duration>,
+    /// Stable machine-readable kind, e.g. `context_length_exceeded`,
+    /// `content_policy`, `rate_limited`, `server_error`, `overloaded`,
+    /// `connect_failed`, `bad_request`, `unauthorized`.
+    pub kind: String,
+    pub message: String,
+    pub status: Option<u16>,
+}
+
+/// The request may have been executed: timeout after sending, reset after
+/// sending, 502/504 from a gateway, a truncated or unparsable success body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ambiguous {
+    /// e.g. `timeout`, `connection_reset`, `gateway_error`, `truncated_body`, `invalid_body`.
+    pub kind: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum CallOutcome {
+    Succeeded(Success),
+    Failed(Failure),
+    Unknown(Ambiguous),
+}
+
+/// The answer to "did you execute the work with this key?".
+#[derive(Debug, Clone, PartialEq)]
+pub enum Lookup {
+    Found(Success),
+    NotFound,
+    /// The provider offers no lookup (Anthropic), or the lookup itself failed:
+    /// the outcome stays unknown.
+    CannotTell(String),
+}
+
+#[async_trait]
+pub trait Provider: Send + Sync {
+    /// The provider's configured name (the file stem of providers/NAME.toml).
+    fn name(&self) -> &str;
+    async fn call(&self, request: &ChatRequest) -> CallOutcome;
+    async fn lookup(&self, idempotency_key: &str) -> Lookup;
+}
+
+/// Invariant 6: the key every call of `job_id` on `provider` carries, the same
+/// on every retry there and different per provider.
+pub fn stable_key(job_id: &str, provider: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(format!("{job_id}\n{provider}").as_bytes());
+    format!("onejob-{}", &hex::encode(digest)[..40])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stable_key_depends_on_job_and_provider_only() {
+        assert_eq!(stable_key("j1", "a"), stable_key("j1", "a"));
+        assert_ne!(stable_key("j1", "a"), stable_key("j1", "b"));
+        assert_ne!(stable_key("j1", "a"), stable_key("j2", "a"));
+    }
+}

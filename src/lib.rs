@@ -1,10 +1,26 @@
 //! onejob: one user click is one job, however many times the network makes
 //! the client retry and however many providers the job has to try.
 //!
+//! - [`app`]: start-up as an object (`Application::build`, `run_until_stopped`).
 //! - [`config`]: typed configuration (`onejob.toml`, flags, `ONEJOB_*`).
 //! - [`domain`]: pure types and transitions (jobs, attempts, fingerprints, the guard).
+//! - [`jobs`]: accepting and reading jobs (idempotent create, replay, conflict).
+//! - [`keys`]: API keys, stored hashed; who the caller is.
+//! - [`http`]: the axum API: handlers, auth extractor, the error shape.
 //! - [`providers`]: provider adapters, error classification, lookup by key.
+//! - [`store`]: durable jobs, attempts, keys and events on SQLite or PostgreSQL.
+//! - [`clock`]: injected time.
+//! - [`cli`]: what the `onejob` commands do.
+//! - [`demo`]: `onejob demo`, the scenarios played against a throwaway server.
 
+pub mod app;
+pub mod cli;
+pub mod clock;
 pub mod config;
+pub mod demo;
 pub mod domain;
+pub mod http;
+pub mod jobs;
+pub mod keys;
 pub mod providers;
+pub mod store;

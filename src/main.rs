@@ -1,1 +1,122 @@
-fn main() {}
+//! The `onejob` command: parse flags, dispatch to the library.
+
+use clap::{Parser, Subcommand};
+use onejob::cli::{self, DbArgs};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "onejob",
+    version,
+    about = "Durable, idempotent, hedged LLM inference"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the API server (migrates the database first).
+    Serve {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Address to listen on [default: 127.0.0.1:8080]
+        #[arg(long, env = "ONEJOB_LISTEN")]
+        listen: Option<String>,
+        /// Check the configuration and exit.
+        #[arg(long)]
+        validate: bool,
+    },
+    /// Play the scenarios against a throwaway server on a temporary SQLite file.
+    Demo,
+    /// Apply database migrations.
+    Migrate {
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Manage API keys.
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+    /// Inspect jobs.
+    Jobs {
+        #[command(subcommand)]
+        command: JobsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Create a key; it is printed once, alone on the last line.
+    Create {
+        #[command(flatten)]
+        db: DbArgs,
+        #[arg(long)]
+        owner: String,
+        #[arg(long)]
+        admin: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum JobsCommand {
+    /// A job with its state, version and result.
+    Show {
+        #[command(flatten)]
+        db: DbArgs,
+        id: String,
+    },
+    /// A job's attempts, oldest first.
+    Attempts {
+        #[command(flatten)]
+        db: DbArgs,
+        id: String,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,sqlx=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Serve {
+                db,
+                listen,
+                validate,
+            } => cli::serve(&db, listen, validate).await,
+            Command::Migrate { db } => cli::migrate(&db).await,
+            Command::Demo => onejob::demo::run().await,
+            Command::Keys {
+                command: KeysCommand::Create { db, owner, admin },
+            } => cli::create_key(&db, &owner, admin).await,
+            Command::Jobs {
+                command: JobsCommand::Show { db, id },
+            } => cli::show_job(&db, &id, false).await,
+            Command::Jobs {
+                command: JobsCommand::Attempts { db, id },
+            } => cli::show_job(&db, &id, true).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

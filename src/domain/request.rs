@@ -193,3 +193,50 @@ mod tests {
         ));
     }
 }
+
+/// A validated `Idempotency-Key`: 1–255 printable ASCII characters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyKey(String);
+
+impl IdempotencyKey {
+    pub const MAX_LEN: usize = 255;
+
+    pub fn parse(raw: &[u8]) -> Result<Self, String> {
+        if raw.is_empty() {
+            return Err("Idempotency-Key must not be empty".to_string());
+        }
+        if raw.len() > Self::MAX_LEN {
+            return Err(format!(
+                "Idempotency-Key is {} bytes; at most {} are allowed",
+                raw.len(),
+                Self::MAX_LEN
+            ));
+        }
+        if let Some(pos) = raw.iter().position(|b| !(0x20..=0x7e).contains(b)) {
+            return Err(format!(
+                "Idempotency-Key must be printable ASCII; byte {pos} is not"
+            ));
+        }
+        // Every byte is printable ASCII, so this is valid UTF-8.
+        Ok(IdempotencyKey(String::from_utf8_lossy(raw).into_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+#[cfg(test)]
+mod key_tests {
+    use super::IdempotencyKey;
+
+    #[test]
+    fn keys_are_bounded_printable_ascii() {
+        assert!(IdempotencyKey::parse(b"order-42:confirm").is_ok());
+        assert!(IdempotencyKey::parse(b"").is_err());
+        assert!(IdempotencyKey::parse(&[b'k'; 256]).is_err());
+        assert!(IdempotencyKey::parse(&[b'k'; 255]).is_ok());
+        assert!(IdempotencyKey::parse("clé".as_bytes()).is_err());
+        assert!(IdempotencyKey::parse(b"a\tb").is_err());
+    }
+}

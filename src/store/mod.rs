@@ -12,7 +12,9 @@ use crate::domain::{Attempt, GuardRefusal, Job, Millis};
 use async_trait::async_trait;
 use std::sync::Arc;
 
+mod ops;
 pub mod postgres;
+mod rows;
 pub mod sqlite;
 
 #[derive(Debug, thiserror::Error)]
@@ -24,9 +26,15 @@ pub enum StoreError {
     #[error("{0} not found")]
     NotFound(&'static str),
     #[error("attempt {attempt_id} is {state}; it cannot become {wanted}")]
-    InvalidTransition { attempt_id: String, state: String, wanted: &'static str },
+    InvalidTransition {
+        attempt_id: String,
+        state: String,
+        wanted: &'static str,
+    },
     #[error("corrupt row: {0}")]
     Corrupt(String),
+    #[error("the write batch was rolled back: {0}")]
+    Batch(String),
     #[error("the store is shutting down")]
     Closed,
 }
@@ -44,7 +52,11 @@ pub enum CreateOutcome {
 #[derive(Debug, Clone, PartialEq)]
 pub enum AttemptEnd {
     /// The provider answered with output; the attempt tries to win the CAS.
-    Succeeded { output: String, usage: Option<String>, provider_request_id: Option<String> },
+    Succeeded {
+        output: String,
+        usage: Option<String>,
+        provider_request_id: Option<String>,
+    },
     /// The provider said no, or the request provably never left.
     Failed { error_kind: String, message: String },
     /// The provider may have executed it; nothing may retry until it is settled.
@@ -125,7 +137,10 @@ pub trait Store: Send + Sync + 'static {
     async fn list_attempts(&self, job_id: &str) -> Result<Vec<Attempt>, StoreError>;
 
     /// The guarded insert (invariant 4): check and insert in one atomic step.
-    async fn start_attempt(&self, attempt: NewAttempt) -> Result<Result<Attempt, GuardRefusal>, StoreError>;
+    async fn start_attempt(
+        &self,
+        attempt: NewAttempt,
+    ) -> Result<Result<Attempt, GuardRefusal>, StoreError>;
 
     /// Record how an attempt ended; a success goes through the CAS (invariant 5).
     async fn finish_attempt(&self, finish: FinishAttempt) -> Result<FinishOutcome, StoreError>;
@@ -144,6 +159,9 @@ pub trait Store: Send + Sync + 'static {
     async fn insert_api_key(&self, key: ApiKey) -> Result<(), StoreError>;
 
     async fn find_api_key(&self, key_hash: &str) -> Result<Option<ApiKey>, StoreError>;
+
+    /// Commit every queued write and close connections; later calls fail.
+    async fn close(&self);
 }
 
 /// Open the store a URL names, without migrating.
@@ -172,9 +190,11 @@ pub(crate) fn parse_job_state(s: &str) -> Result<crate::domain::JobState, StoreE
 }
 
 pub(crate) fn parse_attempt_state(s: &str) -> Result<crate::domain::AttemptState, StoreError> {
-    crate::domain::AttemptState::parse(s).ok_or_else(|| StoreError::Corrupt(format!("attempt state {s:?}")))
+    crate::domain::AttemptState::parse(s)
+        .ok_or_else(|| StoreError::Corrupt(format!("attempt state {s:?}")))
 }
 
 pub(crate) fn parse_attempt_kind(s: &str) -> Result<crate::domain::AttemptKind, StoreError> {
-    crate::domain::AttemptKind::parse(s).ok_or_else(|| StoreError::Corrupt(format!("attempt kind {s:?}")))
+    crate::domain::AttemptKind::parse(s)
+        .ok_or_else(|| StoreError::Corrupt(format!("attempt kind {s:?}")))
 }

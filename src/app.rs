@@ -1,0 +1,125 @@
+//! Start-up as an object: `Application::build(config)` opens and migrates the
+//! store and binds the listener; `run_until_stopped` serves until the
+//! shutdown signal, lets in-flight requests finish, then flushes the store.
+//! Tests build the same object on port 0.
+
+use crate::clock::{Clock, SystemClock};
+use crate::config::Config;
+use crate::http::{self, AppState};
+use crate::store::{self, Store};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot open database {url}: {source}")]
+    Database {
+        url: String,
+        source: store::StoreError,
+    },
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+pub struct Application {
+    listener: TcpListener,
+    state: AppState,
+}
+
+impl Application {
+    pub async fn build(config: Config) -> Result<Self, StartError> {
+        let store =
+            store::connect(&config.database)
+                .await
+                .map_err(|source| StartError::Database {
+                    url: config.database.to_string(),
+                    source,
+                })?;
+        store
+            .migrate()
+            .await
+            .map_err(|source| StartError::Database {
+                url: config.database.to_string(),
+                source,
+            })?;
+        Self::with_store(config, store, Arc::new(SystemClock)).await
+    }
+
+    pub async fn with_store(
+        config: Config,
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, StartError> {
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|source| StartError::Listen {
+                    addr: config.listen,
+                    source,
+                })?;
+        let state = AppState {
+            config: Arc::new(config),
+            store,
+            clock,
+            keys: Arc::default(),
+        };
+        Ok(Application { listener, state })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .unwrap_or_else(|_| self.state.config.listen)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.local_addr().port()
+    }
+
+    pub fn store(&self) -> Arc<dyn Store> {
+        self.state.store.clone()
+    }
+
+    /// Serve until `shutdown` resolves; in-flight requests finish first, then
+    /// every queued write is committed before this returns.
+    pub async fn run_until_stopped(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let store = self.state.store.clone();
+        let router = http::router(self.state);
+        axum::serve(self.listener, router)
+            .with_graceful_shutdown(shutdown)
+            .await?;
+        store.close().await;
+        Ok(())
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    tracing::info!("shutdown signal received; finishing in-flight requests");
+}

@@ -1,0 +1,113 @@
+//! What the `onejob` commands do; `main.rs` only parses and dispatches here.
+
+use crate::app::{shutdown_signal, Application};
+use crate::clock::{Clock, SystemClock};
+use crate::config::{Config, Overrides};
+use crate::http::views::{AttemptView, JobView};
+use crate::store::{self, Store};
+use anyhow::Context;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// The flags every command that talks to the database takes.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct DbArgs {
+    /// Config file [default: ./onejob.toml]
+    #[arg(long, env = "ONEJOB_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// postgres://… or a SQLite file path [default: onejob.db beside the config]
+    #[arg(long, env = "ONEJOB_DATABASE_URL")]
+    pub database_url: Option<String>,
+}
+
+impl DbArgs {
+    pub fn load(&self, listen: Option<String>) -> anyhow::Result<Config> {
+        let overrides = Overrides {
+            listen,
+            database_url: self.database_url.clone(),
+        };
+        Ok(Config::load(self.config.as_deref(), &overrides)?)
+    }
+}
+
+/// Open and migrate the configured store.
+pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+    let store = store::connect(&config.database)
+        .await
+        .with_context(|| format!("cannot open database {}", config.database))?;
+    store
+        .migrate()
+        .await
+        .with_context(|| format!("cannot migrate database {}", config.database))?;
+    Ok(store)
+}
+
+pub async fn serve(db: &DbArgs, listen: Option<String>, validate: bool) -> anyhow::Result<()> {
+    let config = db.load(listen)?;
+    if validate {
+        println!(
+            "config ok: {} route(s), database {}",
+            config.routes.len(),
+            config.database
+        );
+        return Ok(());
+    }
+    let app = Application::build(config.clone()).await?;
+    tracing::info!(address = %app.local_addr(), database = %config.database, "onejob serving");
+    // Scripts (and tests started on port 0) read the address from here.
+    println!("onejob listening on http://{}", app.local_addr());
+    app.run_until_stopped(shutdown_signal()).await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+pub async fn migrate(db: &DbArgs) -> anyhow::Result<()> {
+    let config = db.load(None)?;
+    let store = open_store(&config).await?;
+    store.close().await;
+    println!("migrated {}", config.database);
+    Ok(())
+}
+
+pub async fn create_key(db: &DbArgs, owner: &str, admin: bool) -> anyhow::Result<()> {
+    let config = db.load(None)?;
+    let store = open_store(&config).await?;
+    let key = crate::keys::create_key(store.as_ref(), &SystemClock, owner, admin).await;
+    store.close().await;
+    let key = key?;
+    println!(
+        "created {} key for owner {owner}; it is shown once, store it now:",
+        if admin { "an admin" } else { "a" }
+    );
+    println!("{key}");
+    Ok(())
+}
+
+pub async fn show_job(db: &DbArgs, id: &str, attempts: bool) -> anyhow::Result<()> {
+    let config = db.load(None)?;
+    let store = open_store(&config).await?;
+    let result = show_job_in(store.as_ref(), id, attempts).await;
+    store.close().await;
+    result
+}
+
+async fn show_job_in(store: &dyn Store, id: &str, attempts: bool) -> anyhow::Result<()> {
+    let job = store
+        .get_job(id)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("job {id} not found"))?;
+    let list = store.list_attempts(id).await?;
+    let text = if attempts {
+        let views: Vec<AttemptView> = list.into_iter().map(Into::into).collect();
+        serde_json::to_string_pretty(&views)?
+    } else {
+        serde_json::to_string_pretty(&JobView::new(job, Some(&list)))?
+    };
+    println!("{text}");
+    Ok(())
+}
+
+/// Used by commands that need the time of day.
+pub fn clock() -> Arc<dyn Clock> {
+    Arc::new(SystemClock)
+}

@@ -1,0 +1,95 @@
+//! What the API shows of jobs and attempts.
+
+use crate::clock::rfc3339;
+use crate::domain::{Attempt, AttemptState, Job, JobState};
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+#[derive(Debug, Serialize)]
+pub struct JobView {
+    pub id: String,
+    pub state: JobState,
+    pub version: i64,
+    pub route: String,
+    pub idempotency_key: String,
+    /// The winning attempt's output: embedded as JSON when it is JSON.
+    pub result: Option<Box<RawValue>>,
+    pub completed_by: Option<String>,
+    pub last_error: Option<String>,
+    pub attempt_count: i64,
+    /// `"unknown_attempt"` while the job waits on an attempt whose outcome is unknown.
+    pub blocked_on: Option<&'static str>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+impl JobView {
+    /// `attempts`, when known, lets the view say what a running job waits on.
+    pub fn new(job: Job, attempts: Option<&[Attempt]>) -> Self {
+        let blocked_on = attempts.and_then(|attempts| {
+            let unknown = attempts.iter().any(|a| a.state == AttemptState::Unknown);
+            let started = attempts.iter().any(|a| a.state == AttemptState::Started);
+            (job.state == JobState::Running && unknown && !started).then_some("unknown_attempt")
+        });
+        JobView {
+            result: job.result.map(embed_json),
+            id: job.id,
+            state: job.state,
+            version: job.version,
+            route: job.route,
+            idempotency_key: job.idempotency_key,
+            completed_by: job.completed_by,
+            last_error: job.last_error,
+            attempt_count: job.attempt_count,
+            blocked_on,
+            created_at: rfc3339(job.created_at),
+            updated_at: rfc3339(job.updated_at),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct AttemptView {
+    pub id: String,
+    pub seq: i64,
+    pub provider: String,
+    pub kind: crate::domain::AttemptKind,
+    pub state: AttemptState,
+    pub read_version: i64,
+    pub started_at: String,
+    pub finished_at: Option<String>,
+    pub error_kind: Option<String>,
+    pub error_message: Option<String>,
+    pub output: Option<Box<RawValue>>,
+    pub usage: Option<Box<RawValue>>,
+    pub provider_request_id: Option<String>,
+}
+
+impl From<Attempt> for AttemptView {
+    fn from(a: Attempt) -> Self {
+        AttemptView {
+            id: a.id,
+            seq: a.seq,
+            provider: a.provider,
+            kind: a.kind,
+            state: a.state,
+            read_version: a.read_version,
+            started_at: rfc3339(a.started_at),
+            finished_at: a.finished_at.map(rfc3339),
+            error_kind: a.error_kind,
+            error_message: a.error_message,
+            output: a.output.map(embed_json),
+            usage: a.usage.map(embed_json),
+            provider_request_id: a.provider_request_id,
+        }
+    }
+}
+
+/// Stored JSON text goes out as it is; other text goes out as a JSON string.
+fn embed_json(text: String) -> Box<RawValue> {
+    RawValue::from_string(text.clone()).unwrap_or_else(|_| {
+        let quoted = serde_json::Value::String(text).to_string();
+        // A serialised JSON string is always valid JSON.
+        RawValue::from_string(quoted).unwrap_or_else(|_| Box::<RawValue>::default())
+    })
+}

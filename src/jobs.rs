@@ -1,0 +1,129 @@
+//! Accepting and reading jobs: the logic behind `POST /v1/jobs` and friends.
+//! Handlers extract and answer; this module decides.
+
+use crate::clock::Clock;
+use crate::config::RouteConfig;
+use crate::domain::fingerprint::{canonical_json, fingerprint};
+use crate::domain::job::NewJob;
+use crate::domain::request::IdempotencyKey;
+use crate::domain::{new_id, Job, JobRequest, RequestError};
+use crate::keys::Caller;
+use crate::store::{event, CreateOutcome, NewEvent, Store, StoreError};
+use std::collections::BTreeMap;
+
+/// A job as the submitter sees it after `submit`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Submission {
+    pub job: Job,
+    /// True when the job existed already (a replay of the same intent).
+    pub replayed: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    #[error("Idempotency-Key {key:?} was already used with a different request (job {job_id})")]
+    KeyReused { key: String, job_id: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Create the job for (caller, key), or return the one that exists.
+///
+/// Invariants 1 and 2: the database's UNIQUE constraint decides who creates;
+/// the same key with another fingerprint is a conflict and changes nothing.
+#[tracing::instrument(skip_all, fields(owner = %caller.owner_id))]
+pub async fn submit(
+    store: &dyn Store,
+    clock: &dyn Clock,
+    routes: &BTreeMap<String, RouteConfig>,
+    caller: &Caller,
+    key: &IdempotencyKey,
+    body: &[u8],
+) -> Result<Submission, SubmitError> {
+    let request = JobRequest::parse(body)?;
+    if !routes.contains_key(&request.route) {
+        let known: Vec<&str> = routes.keys().map(String::as_str).collect();
+        return Err(RequestError::Invalid(format!(
+            "route: unknown route {:?}; this server has: {}",
+            request.route,
+            known.join(", ")
+        ))
+        .into());
+    }
+    let normalised = request.to_value();
+    let fingerprint = fingerprint(&normalised);
+
+    // The replay path: one indexed read, no write waited for.
+    if let Some(job) = store
+        .find_job_by_key(&caller.owner_id, key.as_str())
+        .await?
+    {
+        return answer_existing(store, clock, caller, key, job, &fingerprint).await;
+    }
+    let new = NewJob {
+        id: new_id(),
+        owner_id: caller.owner_id.clone(),
+        idempotency_key: key.as_str().to_string(),
+        fingerprint: fingerprint.clone(),
+        request: canonical_json(&normalised),
+        route: request.route.clone(),
+        created_at: clock.now_ms(),
+    };
+    match store.create_job(new).await? {
+        CreateOutcome::Created(job) => Ok(Submission {
+            job,
+            replayed: false,
+        }),
+        CreateOutcome::Existing(job) => {
+            answer_existing(store, clock, caller, key, job, &fingerprint).await
+        }
+    }
+}
+
+async fn answer_existing(
+    store: &dyn Store,
+    clock: &dyn Clock,
+    caller: &Caller,
+    key: &IdempotencyKey,
+    job: Job,
+    fingerprint: &str,
+) -> Result<Submission, SubmitError> {
+    let event = |kind, detail| NewEvent {
+        job_id: job.id.clone(),
+        attempt_id: None,
+        kind,
+        actor: caller.owner_id.clone(),
+        detail,
+        at: clock.now_ms(),
+    };
+    if job.fingerprint == fingerprint {
+        store.record_event_detached(event(event::REPLAYED, None));
+        return Ok(Submission {
+            job,
+            replayed: true,
+        });
+    }
+    let detail = serde_json::json!({ "fingerprint": fingerprint }).to_string();
+    store
+        .record_event(event(event::CONFLICT, Some(detail)))
+        .await?;
+    Err(SubmitError::KeyReused {
+        key: key.as_str().to_string(),
+        job_id: job.id,
+    })
+}
+
+/// The caller's job, or `None` when it does not exist or belongs to another
+/// owner (the two are indistinguishable from outside).
+pub async fn find_for(
+    store: &dyn Store,
+    caller: &Caller,
+    id: &str,
+) -> Result<Option<Job>, StoreError> {
+    Ok(store
+        .get_job(id)
+        .await?
+        .filter(|job| job.owner_id == caller.owner_id))
+}

@@ -1,0 +1,368 @@
+//! The store operations, written once and expanded per backend.
+//!
+//! Both dialects accept the same `$N` placeholders, `ON CONFLICT … DO
+//! NOTHING` and `COUNT(*) FILTER (WHERE …)`, so the SQL text is shared. What
+//! differs is how a step is made atomic: PostgreSQL locks the job (or
+//! attempt) row with `FOR UPDATE` inside a READ COMMITTED transaction, so
+//! every later statement of that transaction sees what the previous holder
+//! committed; SQLite runs every write inside `BEGIN IMMEDIATE`, which already
+//! excludes every other writer, in this process or another. The macro takes
+//! the connection type and that row-lock suffix.
+
+macro_rules! store_ops {
+    ($conn:ty, $for_update:literal) => {
+        use crate::domain::attempt::{may_start, NewAttempt};
+        use crate::domain::job::NewJob;
+        use crate::domain::{Attempt, AttemptState, GuardRefusal, Job, JobState, LiveAttempts};
+        use crate::store::rows::{attempt_columns, job_columns, ApiKeyRow, AttemptRow, EventRow, JobRow, LiveRow};
+        use crate::store::{
+            event, ApiKey, AttemptEnd, CreateOutcome, FinishAttempt, FinishOutcome, JobEvent, NewEvent, StoreError,
+        };
+
+        pub(crate) async fn create_job(conn: &mut $conn, job: NewJob) -> Result<CreateOutcome, StoreError> {
+            let inserted = sqlx::query(
+                "INSERT INTO jobs (id, owner_id, idempotency_key, fingerprint, request, route, state, \
+                 version, attempt_count, created_at, updated_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, 'pending', 0, 0, $7, $7) \
+                 ON CONFLICT (owner_id, idempotency_key) DO NOTHING",
+            )
+            .bind(&job.id)
+            .bind(&job.owner_id)
+            .bind(&job.idempotency_key)
+            .bind(&job.fingerprint)
+            .bind(&job.request)
+            .bind(&job.route)
+            .bind(job.created_at)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+            if inserted == 1 {
+                insert_event(
+                    conn,
+                    &NewEvent {
+                        job_id: job.id.clone(),
+                        attempt_id: None,
+                        kind: event::CREATED,
+                        actor: job.owner_id.clone(),
+                        detail: None,
+                        at: job.created_at,
+                    },
+                )
+                .await?;
+                return Ok(CreateOutcome::Created(job.into_job()));
+            }
+            // The UNIQUE constraint said no: the job exists and is committed
+            // (PostgreSQL's ON CONFLICT waited for its inserter to finish).
+            match find_job_by_key(conn, &job.owner_id, &job.idempotency_key).await? {
+                Some(existing) => Ok(CreateOutcome::Existing(existing)),
+                None => Err(StoreError::NotFound("job that blocked the insert")),
+            }
+        }
+
+        pub(crate) async fn find_job_by_key(
+            conn: &mut $conn,
+            owner_id: &str,
+            key: &str,
+        ) -> Result<Option<Job>, StoreError> {
+            let row: Option<JobRow> = sqlx::query_as(concat!(
+                "SELECT ",
+                job_columns!(),
+                " FROM jobs WHERE owner_id = $1 AND idempotency_key = $2"
+            ))
+            .bind(owner_id)
+            .bind(key)
+            .fetch_optional(&mut *conn)
+            .await?;
+            row.map(Job::try_from).transpose()
+        }
+
+        pub(crate) async fn get_job(conn: &mut $conn, id: &str) -> Result<Option<Job>, StoreError> {
+            let row: Option<JobRow> = sqlx::query_as(concat!("SELECT ", job_columns!(), " FROM jobs WHERE id = $1"))
+                .bind(id)
+                .fetch_optional(&mut *conn)
+                .await?;
+            row.map(Job::try_from).transpose()
+        }
+
+        pub(crate) async fn list_attempts(conn: &mut $conn, job_id: &str) -> Result<Vec<Attempt>, StoreError> {
+            let rows: Vec<AttemptRow> = sqlx::query_as(concat!(
+                "SELECT ",
+                attempt_columns!(),
+                " FROM attempts WHERE job_id = $1 ORDER BY seq"
+            ))
+            .bind(job_id)
+            .fetch_all(&mut *conn)
+            .await?;
+            rows.into_iter().map(Attempt::try_from).collect()
+        }
+
+        pub(crate) async fn start_attempt(
+            conn: &mut $conn,
+            new: NewAttempt,
+        ) -> Result<Result<Attempt, GuardRefusal>, StoreError> {
+            let job: Option<(String, i64, i64)> = sqlx::query_as(concat!(
+                "SELECT state, version, attempt_count FROM jobs WHERE id = $1",
+                $for_update
+            ))
+            .bind(&new.job_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+            let Some((state, version, attempt_count)) = job else {
+                return Ok(Err(GuardRefusal::NoSuchJob));
+            };
+            let state = crate::store::parse_job_state(&state)?;
+            let live: LiveRow = sqlx::query_as(
+                "SELECT COUNT(*) FILTER (WHERE state = 'started') AS started, \
+                 COUNT(*) FILTER (WHERE state = 'unknown') AS unknown, \
+                 COUNT(*) FILTER (WHERE kind = 'hedge') AS hedges \
+                 FROM attempts WHERE job_id = $1",
+            )
+            .bind(&new.job_id)
+            .fetch_one(&mut *conn)
+            .await?;
+            let takes_attempts = !state.is_final() && state != JobState::NeedsReview;
+            if let Err(refusal) = may_start(new.kind, !takes_attempts, LiveAttempts::from(live), new.max_hedges) {
+                return Ok(Err(refusal));
+            }
+            let seq = attempt_count + 1;
+            sqlx::query(
+                "INSERT INTO attempts (id, job_id, seq, provider, kind, state, read_version, started_at) \
+                 VALUES ($1, $2, $3, $4, $5, 'started', $6, $7)",
+            )
+            .bind(&new.id)
+            .bind(&new.job_id)
+            .bind(seq)
+            .bind(&new.provider)
+            .bind(new.kind.as_str())
+            .bind(version)
+            .bind(new.started_at)
+            .execute(&mut *conn)
+            .await?;
+            // Starting an attempt does not bump the version (invariant 5).
+            sqlx::query(
+                "UPDATE jobs SET attempt_count = $2, updated_at = $3, \
+                 state = CASE WHEN state = 'pending' THEN 'running' ELSE state END WHERE id = $1",
+            )
+            .bind(&new.job_id)
+            .bind(seq)
+            .bind(new.started_at)
+            .execute(&mut *conn)
+            .await?;
+            let detail = serde_json::json!({
+                "provider": new.provider, "kind": new.kind.as_str(), "seq": seq, "read_version": version,
+            });
+            insert_event(
+                conn,
+                &NewEvent {
+                    job_id: new.job_id.clone(),
+                    attempt_id: Some(new.id.clone()),
+                    kind: event::ATTEMPT_STARTED,
+                    actor: "engine".to_string(),
+                    detail: Some(detail.to_string()),
+                    at: new.started_at,
+                },
+            )
+            .await?;
+            Ok(Ok(Attempt {
+                id: new.id,
+                job_id: new.job_id,
+                seq,
+                provider: new.provider,
+                kind: new.kind,
+                state: AttemptState::Started,
+                read_version: version,
+                started_at: new.started_at,
+                finished_at: None,
+                error_kind: None,
+                error_message: None,
+                output: None,
+                usage: None,
+                provider_request_id: None,
+            }))
+        }
+
+        pub(crate) async fn finish_attempt(conn: &mut $conn, finish: FinishAttempt) -> Result<FinishOutcome, StoreError> {
+            let row: Option<(String, String, i64)> = sqlx::query_as(concat!(
+                "SELECT job_id, state, read_version FROM attempts WHERE id = $1",
+                $for_update
+            ))
+            .bind(&finish.attempt_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+            let Some((job_id, state, read_version)) = row else {
+                return Err(StoreError::NotFound("attempt"));
+            };
+            let state = crate::store::parse_attempt_state(&state)?;
+            let wanted = match &finish.end {
+                AttemptEnd::Succeeded { .. } => AttemptState::Succeeded,
+                AttemptEnd::Failed { .. } => AttemptState::Failed,
+                AttemptEnd::Unknown { .. } => AttemptState::Unknown,
+            };
+            if !state.may_become(wanted) {
+                return Err(StoreError::InvalidTransition {
+                    attempt_id: finish.attempt_id,
+                    state: state.as_str().to_string(),
+                    wanted: wanted.as_str(),
+                });
+            }
+            let at = finish.at;
+            let event_for = |kind: &'static str, detail: Option<String>| NewEvent {
+                job_id: job_id.clone(),
+                attempt_id: Some(finish.attempt_id.clone()),
+                kind,
+                actor: "engine".to_string(),
+                detail,
+                at,
+            };
+            match &finish.end {
+                AttemptEnd::Succeeded { output, usage, provider_request_id } => {
+                    // Invariant 5: exactly one winner.
+                    let won = sqlx::query(
+                        "UPDATE jobs SET state = 'succeeded', result = $3, completed_by = $4, \
+                         version = version + 1, last_error = NULL, updated_at = $5 \
+                         WHERE id = $1 AND version = $2 AND completed_by IS NULL",
+                    )
+                    .bind(&job_id)
+                    .bind(read_version)
+                    .bind(output)
+                    .bind(&finish.attempt_id)
+                    .bind(at)
+                    .execute(&mut *conn)
+                    .await?
+                    .rows_affected()
+                        == 1;
+                    if won {
+                        sqlx::query(
+                            "UPDATE attempts SET state = 'succeeded', output = $2, usage = $3, \
+                             provider_request_id = $4, finished_at = $5 WHERE id = $1",
+                        )
+                        .bind(&finish.attempt_id)
+                        .bind(output)
+                        .bind(usage)
+                        .bind(provider_request_id)
+                        .bind(at)
+                        .execute(&mut *conn)
+                        .await?;
+                        let version = read_version + 1;
+                        let detail = serde_json::json!({ "version": version }).to_string();
+                        insert_event(conn, &event_for(event::ATTEMPT_SUCCEEDED, Some(detail))).await?;
+                        return Ok(FinishOutcome::Won { version });
+                    }
+                    // The late result is discarded, not merged; its usage is
+                    // kept so the cost of the race stays visible.
+                    sqlx::query(
+                        "UPDATE attempts SET state = 'discarded', usage = $2, provider_request_id = $3, \
+                         finished_at = $4 WHERE id = $1",
+                    )
+                    .bind(&finish.attempt_id)
+                    .bind(usage)
+                    .bind(provider_request_id)
+                    .bind(at)
+                    .execute(&mut *conn)
+                    .await?;
+                    let current: Option<(i64, Option<String>, String)> =
+                        sqlx::query_as("SELECT version, completed_by, state FROM jobs WHERE id = $1")
+                            .bind(&job_id)
+                            .fetch_optional(&mut *conn)
+                            .await?;
+                    let (current_version, completed_by, job_state) = current.unwrap_or((-1, None, String::new()));
+                    let detail = serde_json::json!({
+                        "read_version": read_version,
+                        "current_version": current_version,
+                        "completed_by": completed_by,
+                        "job_state": job_state,
+                    })
+                    .to_string();
+                    insert_event(conn, &event_for(event::CAS_LOST, Some(detail))).await?;
+                    Ok(FinishOutcome::Lost)
+                }
+                AttemptEnd::Failed { error_kind, message } | AttemptEnd::Unknown { error_kind, message } => {
+                    let (kind, finished_at) = match wanted {
+                        AttemptState::Failed => (event::ATTEMPT_FAILED, Some(at)),
+                        // An unknown attempt has not finished; it awaits settlement.
+                        _ => (event::ATTEMPT_UNKNOWN, None),
+                    };
+                    sqlx::query(
+                        "UPDATE attempts SET state = $2, error_kind = $3, error_message = $4, \
+                         finished_at = $5 WHERE id = $1",
+                    )
+                    .bind(&finish.attempt_id)
+                    .bind(wanted.as_str())
+                    .bind(error_kind)
+                    .bind(message)
+                    .bind(finished_at)
+                    .execute(&mut *conn)
+                    .await?;
+                    let last_error = format!("{error_kind}: {message}");
+                    sqlx::query("UPDATE jobs SET last_error = $2, updated_at = $3 WHERE id = $1")
+                        .bind(&job_id)
+                        .bind(&last_error)
+                        .bind(at)
+                        .execute(&mut *conn)
+                        .await?;
+                    let detail = serde_json::json!({ "error_kind": error_kind, "message": message }).to_string();
+                    insert_event(conn, &event_for(kind, Some(detail))).await?;
+                    Ok(FinishOutcome::Recorded)
+                }
+            }
+        }
+
+        pub(crate) async fn insert_event(conn: &mut $conn, ev: &NewEvent) -> Result<(), StoreError> {
+            sqlx::query(
+                "INSERT INTO job_events (job_id, attempt_id, kind, actor, detail, at) \
+                 VALUES ($1, $2, $3, $4, $5, $6)",
+            )
+            .bind(&ev.job_id)
+            .bind(&ev.attempt_id)
+            .bind(ev.kind)
+            .bind(&ev.actor)
+            .bind(&ev.detail)
+            .bind(ev.at)
+            .execute(&mut *conn)
+            .await?;
+            Ok(())
+        }
+
+        pub(crate) async fn list_events(conn: &mut $conn, job_id: &str) -> Result<Vec<JobEvent>, StoreError> {
+            let rows: Vec<EventRow> = sqlx::query_as(
+                "SELECT id, job_id, attempt_id, kind, actor, detail, at FROM job_events \
+                 WHERE job_id = $1 ORDER BY id",
+            )
+            .bind(job_id)
+            .fetch_all(&mut *conn)
+            .await?;
+            Ok(rows.into_iter().map(JobEvent::from).collect())
+        }
+
+        pub(crate) async fn count_jobs(conn: &mut $conn) -> Result<i64, StoreError> {
+            let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM jobs").fetch_one(&mut *conn).await?;
+            Ok(n)
+        }
+
+        pub(crate) async fn insert_api_key(conn: &mut $conn, key: &ApiKey) -> Result<(), StoreError> {
+            sqlx::query(
+                "INSERT INTO api_keys (id, owner_id, key_hash, is_admin, created_at) VALUES ($1, $2, $3, $4, $5)",
+            )
+            .bind(&key.id)
+            .bind(&key.owner_id)
+            .bind(&key.key_hash)
+            .bind(key.is_admin)
+            .bind(key.created_at)
+            .execute(&mut *conn)
+            .await?;
+            Ok(())
+        }
+
+        pub(crate) async fn find_api_key(conn: &mut $conn, key_hash: &str) -> Result<Option<ApiKey>, StoreError> {
+            let row: Option<ApiKeyRow> = sqlx::query_as(
+                "SELECT id, owner_id, key_hash, is_admin, created_at FROM api_keys WHERE key_hash = $1",
+            )
+            .bind(key_hash)
+            .fetch_optional(&mut *conn)
+            .await?;
+            Ok(row.map(ApiKey::from))
+        }
+    };
+}
+
+pub(crate) use store_ops;

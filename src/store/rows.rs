@@ -1,0 +1,168 @@
+//! Row types shared by both backends and their conversion to domain types.
+
+use super::{
+    parse_attempt_kind, parse_attempt_state, parse_job_state, ApiKey, JobEvent, StoreError,
+};
+use crate::domain::{Attempt, Job};
+
+/// The column list of `JobRow`, as a literal for `concat!`.
+macro_rules! job_columns {
+    () => {
+        "id, owner_id, idempotency_key, fingerprint, request, route, state, version, result, \
+         completed_by, last_error, attempt_count, created_at, updated_at"
+    };
+}
+pub(crate) use job_columns;
+
+/// The column list of `AttemptRow`, as a literal for `concat!`.
+macro_rules! attempt_columns {
+    () => {
+        "id, job_id, seq, provider, kind, state, read_version, started_at, finished_at, \
+         error_kind, error_message, output, usage, provider_request_id"
+    };
+}
+pub(crate) use attempt_columns;
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct JobRow {
+    id: String,
+    owner_id: String,
+    idempotency_key: String,
+    fingerprint: String,
+    request: String,
+    route: String,
+    state: String,
+    version: i64,
+    result: Option<String>,
+    completed_by: Option<String>,
+    last_error: Option<String>,
+    attempt_count: i64,
+    created_at: i64,
+    updated_at: i64,
+}
+
+impl TryFrom<JobRow> for Job {
+    type Error = StoreError;
+    fn try_from(r: JobRow) -> Result<Self, StoreError> {
+        Ok(Job {
+            state: parse_job_state(&r.state)?,
+            id: r.id,
+            owner_id: r.owner_id,
+            idempotency_key: r.idempotency_key,
+            fingerprint: r.fingerprint,
+            request: r.request,
+            route: r.route,
+            version: r.version,
+            result: r.result,
+            completed_by: r.completed_by,
+            last_error: r.last_error,
+            attempt_count: r.attempt_count,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct AttemptRow {
+    id: String,
+    job_id: String,
+    seq: i64,
+    provider: String,
+    kind: String,
+    state: String,
+    read_version: i64,
+    started_at: i64,
+    finished_at: Option<i64>,
+    error_kind: Option<String>,
+    error_message: Option<String>,
+    output: Option<String>,
+    usage: Option<String>,
+    provider_request_id: Option<String>,
+}
+
+impl TryFrom<AttemptRow> for Attempt {
+    type Error = StoreError;
+    fn try_from(r: AttemptRow) -> Result<Self, StoreError> {
+        Ok(Attempt {
+            kind: parse_attempt_kind(&r.kind)?,
+            state: parse_attempt_state(&r.state)?,
+            id: r.id,
+            job_id: r.job_id,
+            seq: r.seq,
+            provider: r.provider,
+            read_version: r.read_version,
+            started_at: r.started_at,
+            finished_at: r.finished_at,
+            error_kind: r.error_kind,
+            error_message: r.error_message,
+            output: r.output,
+            usage: r.usage,
+            provider_request_id: r.provider_request_id,
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct EventRow {
+    id: i64,
+    job_id: String,
+    attempt_id: Option<String>,
+    kind: String,
+    actor: String,
+    detail: Option<String>,
+    at: i64,
+}
+
+impl From<EventRow> for JobEvent {
+    fn from(r: EventRow) -> Self {
+        JobEvent {
+            id: r.id,
+            job_id: r.job_id,
+            attempt_id: r.attempt_id,
+            kind: r.kind,
+            actor: r.actor,
+            detail: r.detail,
+            at: r.at,
+        }
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct ApiKeyRow {
+    id: String,
+    owner_id: String,
+    key_hash: String,
+    is_admin: bool,
+    created_at: i64,
+}
+
+impl From<ApiKeyRow> for ApiKey {
+    fn from(r: ApiKeyRow) -> Self {
+        ApiKey {
+            id: r.id,
+            owner_id: r.owner_id,
+            key_hash: r.key_hash,
+            is_admin: r.is_admin,
+            created_at: r.created_at,
+        }
+    }
+}
+
+/// Counts the guard needs, read in the same atomic step as the insert.
+#[derive(sqlx::FromRow)]
+pub(crate) struct LiveRow {
+    pub started: Option<i64>,
+    pub unknown: Option<i64>,
+    pub hedges: Option<i64>,
+}
+
+impl From<LiveRow> for crate::domain::LiveAttempts {
+    fn from(r: LiveRow) -> Self {
+        crate::domain::LiveAttempts {
+            started: r.started.unwrap_or(0),
+            unknown: r.unknown.unwrap_or(0),
+            hedges: r.hedges.unwrap_or(0),
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! The guarded attempt insert (invariant 4) and the compare-and-swap finish
+//! (invariant 5) under real concurrency, on both backends.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{Backend, TestDb};
+use onejob::domain::attempt::NewAttempt;
+use onejob::domain::job::NewJob;
+use onejob::domain::{new_id, AttemptKind, AttemptState, GuardRefusal, JobState};
+use onejob::store::{AttemptEnd, CreateOutcome, FinishAttempt, FinishOutcome, Store};
+use std::sync::Arc;
+
+on_both_backends!(
+    no_retry_starts_while_an_attempt_is_started_or_unknown,
+    exactly_one_of_twenty_retries_starts_once_all_attempts_finished,
+    reverse_order_finish_lets_the_later_attempt_lose,
+    twenty_concurrent_finishes_have_exactly_one_winner,
+    a_finished_attempt_cannot_finish_again,
+);
+
+async fn new_job(store: &dyn Store) -> String {
+    let job = NewJob {
+        id: new_id(),
+        owner_id: "alice".into(),
+        idempotency_key: new_id(),
+        fingerprint: "f".into(),
+        request: "{}".into(),
+        route: "default".into(),
+        created_at: 1,
+    };
+    match store.create_job(job).await.unwrap() {
+        CreateOutcome::Created(job) => job.id,
+        other => panic!("expected a new job, got {other:?}"),
+    }
+}
+
+fn attempt(job_id: &str, kind: AttemptKind, max_hedges: i64) -> NewAttempt {
+    NewAttempt {
+        id: new_id(),
+        job_id: job_id.to_string(),
+        provider: "sim".into(),
+        kind,
+        max_hedges,
+        started_at: 2,
+    }
+}
+
+fn finish(attempt_id: &str, end: AttemptEnd) -> FinishAttempt {
+    FinishAttempt {
+        attempt_id: attempt_id.to_string(),
+        end,
+        at: 3,
+    }
+}
+
+fn succeeded(output: &str) -> AttemptEnd {
+    AttemptEnd::Succeeded {
+        output: output.to_string(),
+        usage: None,
+        provider_request_id: None,
+    }
+}
+
+/// Race `n` retry inserts; returns how many the guard let through.
+async fn race_retries(store: &Arc<dyn Store>, job_id: &str, n: usize) -> usize {
+    let mut tasks = Vec::new();
+    for _ in 0..n {
+        let store = store.clone();
+        let new = attempt(job_id, AttemptKind::Retry, 1);
+        tasks.push(tokio::spawn(async move {
+            store.start_attempt(new).await.unwrap()
+        }));
+    }
+    let mut started = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            Ok(_) => started += 1,
+            Err(refusal) => assert_eq!(refusal, GuardRefusal::OutcomeUnknown),
+        }
+    }
+    started
+}
+
+async fn no_retry_starts_while_an_attempt_is_started_or_unknown(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let job_id = new_job(store.as_ref()).await;
+    let primary = store
+        .start_attempt(attempt(&job_id, AttemptKind::Primary, 1))
+        .await
+        .unwrap()
+        .unwrap();
+
+    assert_eq!(
+        race_retries(&store, &job_id, 20).await,
+        0,
+        "primary is started"
+    );
+
+    let unknown = AttemptEnd::Unknown {
+        error_kind: "timeout".into(),
+        message: "no answer in 60s".into(),
+    };
+    assert_eq!(
+        store
+            .finish_attempt(finish(&primary.id, unknown))
+            .await
+            .unwrap(),
+        FinishOutcome::Recorded
+    );
+    assert_eq!(
+        race_retries(&store, &job_id, 20).await,
+        0,
+        "primary is unknown"
+    );
+
+    let attempts = store.list_attempts(&job_id).await.unwrap();
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0].state, AttemptState::Unknown);
+    assert_eq!(
+        store.get_job(&job_id).await.unwrap().unwrap().state,
+        JobState::Running
+    );
+}
+
+async fn exactly_one_of_twenty_retries_starts_once_all_attempts_finished(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let job_id = new_job(store.as_ref()).await;
+    let primary = store
+        .start_attempt(attempt(&job_id, AttemptKind::Primary, 1))
+        .await
+        .unwrap()
+        .unwrap();
+    let failed = AttemptEnd::Failed {
+        error_kind: "server_error".into(),
+        message: "503".into(),
+    };
+    store
+        .finish_attempt(finish(&primary.id, failed))
+        .await
+        .unwrap();
+
+    assert_eq!(race_retries(&store, &job_id, 20).await, 1);
+    let attempts = store.list_attempts(&job_id).await.unwrap();
+    assert_eq!(attempts.len(), 2);
+    assert_eq!(attempts[1].seq, 2);
+    assert_eq!(attempts[1].kind, AttemptKind::Retry);
+    let job = store.get_job(&job_id).await.unwrap().unwrap();
+    assert_eq!(
+        (job.attempt_count, job.version),
+        (2, 0),
+        "starting attempts does not bump the version"
+    );
+}
+
+async fn reverse_order_finish_lets_the_later_attempt_lose(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let job_id = new_job(store.as_ref()).await;
+    let a = store
+        .start_attempt(attempt(&job_id, AttemptKind::Primary, 1))
+        .await
+        .unwrap()
+        .unwrap();
+    let b = store
+        .start_attempt(attempt(&job_id, AttemptKind::Hedge, 1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((a.read_version, b.read_version), (0, 0));
+    // A second hedge is over the budget.
+    assert_eq!(
+        store
+            .start_attempt(attempt(&job_id, AttemptKind::Hedge, 1))
+            .await
+            .unwrap(),
+        Err(GuardRefusal::HedgeNotAllowed)
+    );
+
+    let won = store
+        .finish_attempt(finish(&b.id, succeeded(r#"{"answer":"B"}"#)))
+        .await
+        .unwrap();
+    assert_eq!(won, FinishOutcome::Won { version: 1 });
+    let lost = store
+        .finish_attempt(finish(&a.id, succeeded(r#"{"answer":"A"}"#)))
+        .await
+        .unwrap();
+    assert_eq!(lost, FinishOutcome::Lost);
+
+    let job = store.get_job(&job_id).await.unwrap().unwrap();
+    assert_eq!(job.state, JobState::Succeeded);
+    assert_eq!(job.result.as_deref(), Some(r#"{"answer":"B"}"#));
+    assert_eq!(job.completed_by.as_deref(), Some(b.id.as_str()));
+    assert_eq!(job.version, 1);
+    let attempts = store.list_attempts(&job_id).await.unwrap();
+    assert_eq!(attempts[0].state, AttemptState::Discarded);
+    assert_eq!(
+        attempts[0].output, None,
+        "the late result is discarded, not stored"
+    );
+    assert_eq!(attempts[1].state, AttemptState::Succeeded);
+    let events = store.list_events(&job_id).await.unwrap();
+    let lost_race = events
+        .iter()
+        .find(|e| e.kind == "cas_lost")
+        .expect("the race is logged");
+    assert_eq!(lost_race.attempt_id.as_deref(), Some(a.id.as_str()));
+    assert!(
+        lost_race.detail.as_deref().unwrap().contains(&b.id),
+        "{:?}",
+        lost_race.detail
+    );
+}
+
+async fn twenty_concurrent_finishes_have_exactly_one_winner(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let job_id = new_job(store.as_ref()).await;
+    let mut ids = vec![
+        store
+            .start_attempt(attempt(&job_id, AttemptKind::Primary, 1))
+            .await
+            .unwrap()
+            .unwrap()
+            .id,
+    ];
+    for seq in 2..=20 {
+        ids.push(common::insert_started_attempt_unguarded(&db, &job_id, seq).await);
+    }
+    let mut tasks = Vec::new();
+    for id in ids {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let outcome = store
+                .finish_attempt(finish(&id, succeeded(&format!("\"{id}\""))))
+                .await
+                .unwrap();
+            (id, outcome)
+        }));
+    }
+    let mut winners = Vec::new();
+    for task in tasks {
+        let (id, outcome) = task.await.unwrap();
+        match outcome {
+            FinishOutcome::Won { version } => winners.push((id, version)),
+            FinishOutcome::Lost => {}
+            FinishOutcome::Recorded => panic!("a success must win or lose"),
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one winner");
+    let (winner, version) = &winners[0];
+    assert_eq!(*version, 1);
+    let job = store.get_job(&job_id).await.unwrap().unwrap();
+    assert_eq!(job.completed_by.as_deref(), Some(winner.as_str()));
+    assert_eq!(job.result, Some(format!("\"{winner}\"")));
+    let attempts = store.list_attempts(&job_id).await.unwrap();
+    assert_eq!(
+        attempts
+            .iter()
+            .filter(|a| a.state == AttemptState::Discarded)
+            .count(),
+        19
+    );
+    let events = store.list_events(&job_id).await.unwrap();
+    assert_eq!(events.iter().filter(|e| e.kind == "cas_lost").count(), 19);
+}
+
+async fn a_finished_attempt_cannot_finish_again(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let job_id = new_job(store.as_ref()).await;
+    let a = store
+        .start_attempt(attempt(&job_id, AttemptKind::Primary, 1))
+        .await
+        .unwrap()
+        .unwrap();
+    store
+        .finish_attempt(finish(&a.id, succeeded("1")))
+        .await
+        .unwrap();
+    let again = store.finish_attempt(finish(&a.id, succeeded("2"))).await;
+    assert!(
+        again.is_err(),
+        "a finished attempt does not finish again: {again:?}"
+    );
+    let job = store.get_job(&job_id).await.unwrap().unwrap();
+    assert_eq!((job.version, job.result.as_deref()), (1, Some("1")));
+}
+
+/// Several writers on one SQLite file (each store has its own writer
+/// connection, as separate processes would): the guard still admits one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn guard_holds_across_writers_on_one_sqlite_file() {
+    let db = TestDb::new(Backend::Sqlite).await;
+    let first = db.store().await;
+    let job_id = new_job(first.as_ref()).await;
+    let mut stores = vec![first];
+    for _ in 0..3 {
+        stores.push(db.store().await);
+    }
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let store = stores[i % stores.len()].clone();
+        let new = attempt(&job_id, AttemptKind::Primary, 1);
+        tasks.push(tokio::spawn(async move {
+            store.start_attempt(new).await.unwrap().is_ok()
+        }));
+    }
+    let mut started = 0;
+    for task in tasks {
+        started += usize::from(task.await.unwrap());
+    }
+    assert_eq!(started, 1);
+    assert_eq!(stores[0].list_attempts(&job_id).await.unwrap().len(), 1);
+}

@@ -70,6 +70,7 @@ pub async fn submit(
         request: canonical_json(&normalised),
         route: request.route.clone(),
         created_at: clock.now_ms(),
+        lease: None,
     };
     match store.create_job(new).await? {
         CreateOutcome::Created(job) => Ok(Submission {

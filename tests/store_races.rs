@@ -28,6 +28,7 @@ async fn new_job(store: &dyn Store) -> String {
         request: "{}".into(),
         route: "default".into(),
         created_at: 1,
+        lease: None,
     };
     match store.create_job(job).await.unwrap() {
         CreateOutcome::Created(job) => job.id,
@@ -51,6 +52,7 @@ fn finish(attempt_id: &str, end: AttemptEnd) -> FinishAttempt {
         attempt_id: attempt_id.to_string(),
         end,
         at: 3,
+        actor: "engine".into(),
     }
 }
 

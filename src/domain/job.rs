@@ -71,6 +71,20 @@ pub struct Job {
     pub attempt_count: i64,
     pub created_at: Millis,
     pub updated_at: Millis,
+    /// When the job next wants a driver; `None` while nothing is to be done.
+    pub next_run_at: Option<Millis>,
+    /// The engine instance driving the job, and until when.
+    pub lease_owner: Option<String>,
+    pub lease_until: Option<Millis>,
+    /// `attempt_count` when the current retry budget began.
+    pub budget_start: i64,
+}
+
+impl Job {
+    /// Attempts made under the current retry budget.
+    pub fn attempts_in_budget(&self) -> i64 {
+        self.attempt_count - self.budget_start
+    }
 }
 
 /// What the store needs to create a job; ids and timestamps are made by the
@@ -84,6 +98,9 @@ pub struct NewJob {
     pub request: String,
     pub route: String,
     pub created_at: Millis,
+    /// An engine instance that takes the job at once (create and claim in one
+    /// commit), with its lease end; `None` leaves it to any dispatcher.
+    pub lease: Option<(String, Millis)>,
 }
 
 impl NewJob {
@@ -104,6 +121,10 @@ impl NewJob {
             attempt_count: 0,
             created_at: self.created_at,
             updated_at: self.created_at,
+            next_run_at: Some(self.created_at),
+            lease_until: self.lease.as_ref().map(|(_, until)| *until),
+            lease_owner: self.lease.map(|(owner, _)| owner),
+            budget_start: 0,
         }
     }
 }

@@ -12,6 +12,7 @@ use crate::domain::{Attempt, GuardRefusal, Job, Millis};
 use async_trait::async_trait;
 use std::sync::Arc;
 
+mod lifecycle;
 mod ops;
 pub mod postgres;
 mod rows;
@@ -61,6 +62,9 @@ pub enum AttemptEnd {
     Failed { error_kind: String, message: String },
     /// The provider may have executed it; nothing may retry until it is settled.
     Unknown { error_kind: String, message: String },
+    /// Dropped while in flight because another attempt had already won;
+    /// becomes `discarded` like a late result that lost the CAS.
+    Abandoned { reason: String },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -68,6 +72,77 @@ pub struct FinishAttempt {
     pub attempt_id: String,
     pub end: AttemptEnd,
     pub at: Millis,
+    /// Who reports it: `engine`, `reconciler`, or an admin.
+    pub actor: String,
+}
+
+/// A job-level step of the engine. Each applies only while the job is not
+/// final and, when a lease holder is given, only while it still holds the lease.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JobTransition {
+    /// Wait for a retry at `next_run_at` (state `pending`), keeping the lease until `lease_until`.
+    Backoff {
+        next_run_at: Millis,
+        lease_until: Millis,
+        reason: String,
+    },
+    /// Nothing to drive until an unknown attempt is settled; the lease is released.
+    BlockOnUnknown,
+    /// The provider said no: the job is `failed` (version bumped).
+    Fail { reason: String },
+    /// A human decides: `needs_review`.
+    Review { reason: String },
+    /// Give the job back; any dispatcher may take it at `next_run_at`.
+    Release { next_run_at: Millis },
+}
+
+/// An admin's decision on a job.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JobResolution {
+    /// Finish the job with this result (JSON text), as if an attempt had won.
+    Complete { result: String },
+    /// Start a fresh retry budget now.
+    Retry,
+    /// Stop: no result, no more attempts (`cancelled`).
+    Close,
+}
+
+/// An admin's settlement of an `unknown` attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttemptResolution {
+    /// The provider did execute it; this is what it answered.
+    Executed { result: String },
+    /// It never executed; the job may retry.
+    NotExecuted,
+}
+
+/// Why a user or admin request on a job was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("not found")]
+    NotFound,
+    #[error("the job is already {0}")]
+    Finished(&'static str),
+    #[error("an attempt of this job is started or its outcome is unknown")]
+    OutcomeUnknown,
+    #[error("the attempt is {0}, not unknown")]
+    NotUnknown(&'static str),
+}
+
+/// A job waiting for a human, as the review queue shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReviewItem {
+    pub job: Job,
+    pub last_attempt_at: Option<Millis>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProviderSwitch {
+    pub name: String,
+    pub enabled: bool,
+    pub changed_by: String,
+    pub reason: String,
+    pub changed_at: Millis,
 }
 
 /// What finishing an attempt did.
@@ -162,6 +237,91 @@ pub trait Store: Send + Sync + 'static {
 
     /// Commit every queued write and close connections; later calls fail.
     async fn close(&self);
+
+    // The engine's job lifecycle.
+
+    /// Take up to `limit` jobs that want a driver now and whose lease is free
+    /// or expired (`FOR UPDATE SKIP LOCKED` on PostgreSQL).
+    async fn claim_jobs(
+        &self,
+        owner: &str,
+        now: Millis,
+        lease_until: Millis,
+        limit: i64,
+    ) -> Result<Vec<Job>, StoreError>;
+
+    /// Extend a held lease; false when it was lost.
+    async fn renew_lease(
+        &self,
+        job_id: &str,
+        owner: &str,
+        lease_until: Millis,
+    ) -> Result<bool, StoreError>;
+
+    /// Apply an engine step; false when the job is final or the lease was lost.
+    async fn transition_job(
+        &self,
+        job_id: &str,
+        lease_owner: Option<&str>,
+        transition: JobTransition,
+        at: Millis,
+    ) -> Result<bool, StoreError>;
+
+    /// Make a job without a driver runnable at `at` (after an unknown attempt is settled).
+    async fn wake_job(&self, job_id: &str, at: Millis) -> Result<(), StoreError>;
+
+    async fn list_unknown_attempts(&self, limit: i64) -> Result<Vec<Attempt>, StoreError>;
+
+    // User and admin decisions; each bumps the version where it ends the job.
+
+    async fn cancel_job(
+        &self,
+        job_id: &str,
+        actor: &str,
+        reason: &str,
+        at: Millis,
+    ) -> Result<Result<Job, Refusal>, StoreError>;
+
+    /// `POST /v1/jobs/{id}/retry`: refused while an attempt is started or unknown.
+    async fn request_retry(
+        &self,
+        job_id: &str,
+        actor: &str,
+        at: Millis,
+    ) -> Result<Result<Job, Refusal>, StoreError>;
+
+    async fn resolve_job(
+        &self,
+        job_id: &str,
+        resolution: JobResolution,
+        actor: &str,
+        reason: &str,
+        at: Millis,
+    ) -> Result<Result<Job, Refusal>, StoreError>;
+
+    async fn resolve_attempt(
+        &self,
+        attempt_id: &str,
+        resolution: AttemptResolution,
+        actor: &str,
+        reason: &str,
+        at: Millis,
+    ) -> Result<Result<Job, Refusal>, StoreError>;
+
+    async fn list_review(&self, limit: i64) -> Result<Vec<ReviewItem>, StoreError>;
+
+    // Ops control of providers.
+
+    async fn set_provider_enabled(
+        &self,
+        name: &str,
+        enabled: bool,
+        actor: &str,
+        reason: &str,
+        at: Millis,
+    ) -> Result<(), StoreError>;
+
+    async fn provider_switches(&self) -> Result<Vec<ProviderSwitch>, StoreError>;
 }
 
 /// Open the store a URL names, without migrating.
@@ -183,6 +343,14 @@ pub mod event {
     pub const ATTEMPT_UNKNOWN: &str = "attempt_unknown";
     pub const CAS_LOST: &str = "cas_lost";
     pub const CANCELLED: &str = "cancelled";
+    pub const ATTEMPT_ABANDONED: &str = "attempt_abandoned";
+    pub const RETRY_SCHEDULED: &str = "retry_scheduled";
+    pub const BLOCKED_ON_UNKNOWN: &str = "blocked_on_unknown";
+    pub const JOB_FAILED: &str = "job_failed";
+    pub const NEEDS_REVIEW: &str = "needs_review";
+    pub const RETRY_REQUESTED: &str = "retry_requested";
+    pub const RESOLVED: &str = "resolved";
+    pub const ATTEMPT_RESOLVED: &str = "attempt_resolved";
 }
 
 pub(crate) fn parse_job_state(s: &str) -> Result<crate::domain::JobState, StoreError> {

@@ -22,8 +22,8 @@ macro_rules! store_ops {
         pub(crate) async fn create_job(conn: &mut $conn, job: NewJob) -> Result<CreateOutcome, StoreError> {
             let inserted = sqlx::query(
                 "INSERT INTO jobs (id, owner_id, idempotency_key, fingerprint, request, route, state, \
-                 version, attempt_count, created_at, updated_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, 'pending', 0, 0, $7, $7) \
+                 version, attempt_count, created_at, updated_at, next_run_at, lease_owner, lease_until) \
+                 VALUES ($1, $2, $3, $4, $5, $6, 'pending', 0, 0, $7, $7, $7, $8, $9) \
                  ON CONFLICT (owner_id, idempotency_key) DO NOTHING",
             )
             .bind(&job.id)
@@ -33,6 +33,8 @@ macro_rules! store_ops {
             .bind(&job.request)
             .bind(&job.route)
             .bind(job.created_at)
+            .bind(job.lease.as_ref().map(|(owner, _)| owner.as_str()))
+            .bind(job.lease.as_ref().map(|(_, until)| *until))
             .execute(&mut *conn)
             .await?
             .rows_affected();
@@ -197,6 +199,7 @@ macro_rules! store_ops {
                 AttemptEnd::Succeeded { .. } => AttemptState::Succeeded,
                 AttemptEnd::Failed { .. } => AttemptState::Failed,
                 AttemptEnd::Unknown { .. } => AttemptState::Unknown,
+                AttemptEnd::Abandoned { .. } => AttemptState::Discarded,
             };
             if !state.may_become(wanted) {
                 return Err(StoreError::InvalidTransition {
@@ -210,7 +213,7 @@ macro_rules! store_ops {
                 job_id: job_id.clone(),
                 attempt_id: Some(finish.attempt_id.clone()),
                 kind,
-                actor: "engine".to_string(),
+                actor: finish.actor.clone(),
                 detail,
                 at,
             };
@@ -274,6 +277,20 @@ macro_rules! store_ops {
                     })
                     .to_string();
                     insert_event(conn, &event_for(event::CAS_LOST, Some(detail))).await?;
+                    Ok(FinishOutcome::Lost)
+                }
+                AttemptEnd::Abandoned { reason } => {
+                    sqlx::query(
+                        "UPDATE attempts SET state = 'discarded', error_kind = 'abandoned', error_message = $2, \
+                         finished_at = $3 WHERE id = $1",
+                    )
+                    .bind(&finish.attempt_id)
+                    .bind(reason)
+                    .bind(at)
+                    .execute(&mut *conn)
+                    .await?;
+                    let detail = serde_json::json!({ "reason": reason }).to_string();
+                    insert_event(conn, &event_for(event::ATTEMPT_ABANDONED, Some(detail))).await?;
                     Ok(FinishOutcome::Lost)
                 }
                 AttemptEnd::Failed { error_kind, message } | AttemptEnd::Unknown { error_kind, message } => {

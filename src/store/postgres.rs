@@ -1,22 +1,28 @@
 //! The PostgreSQL backend: a connection pool, one READ COMMITTED transaction
 //! per write, and `FOR UPDATE` on the row a guarded step decides about, so
 //! concurrent connections (and processes) queue on that row instead of
-//! racing past the check.
+//! racing past the check. Dispatchers claim with `SKIP LOCKED`.
 
 use super::{
-    ApiKey, CreateOutcome, FinishAttempt, FinishOutcome, JobEvent, NewEvent, Store, StoreError,
+    ApiKey, AttemptResolution, CreateOutcome, FinishAttempt, FinishOutcome, JobEvent,
+    JobResolution, JobTransition, NewEvent, ProviderSwitch, Refusal, ReviewItem, Store, StoreError,
 };
 use crate::domain::attempt::NewAttempt;
 use crate::domain::job::NewJob;
-use crate::domain::{Attempt, GuardRefusal, Job};
+use crate::domain::{Attempt, GuardRefusal, Job, Millis};
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use std::str::FromStr;
 use std::time::Duration;
 
 mod ops {
     crate::store::ops::store_ops!(sqlx::PgConnection, " FOR UPDATE");
+    crate::store::lifecycle::lifecycle_ops!(
+        sqlx::PgConnection,
+        " FOR UPDATE",
+        " FOR UPDATE SKIP LOCKED"
+    );
 }
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
@@ -41,6 +47,17 @@ impl PgStore {
     }
 }
 
+/// Run one store operation in its own transaction and commit it.
+macro_rules! in_tx {
+    ($store:expr, |$c:ident| $op:expr) => {{
+        let mut tx = $store.pool.begin().await?;
+        let $c: &mut PgConnection = &mut tx;
+        let value = $op.await?;
+        tx.commit().await?;
+        Ok(value)
+    }};
+}
+
 #[async_trait]
 impl Store for PgStore {
     fn backend(&self) -> &'static str {
@@ -59,10 +76,7 @@ impl Store for PgStore {
     }
 
     async fn create_job(&self, job: NewJob) -> Result<CreateOutcome, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let outcome = ops::create_job(&mut tx, job).await?;
-        tx.commit().await?;
-        Ok(outcome)
+        in_tx!(self, |c| ops::create_job(c, job))
     }
 
     async fn find_job_by_key(&self, owner_id: &str, key: &str) -> Result<Option<Job>, StoreError> {
@@ -81,17 +95,11 @@ impl Store for PgStore {
         &self,
         attempt: NewAttempt,
     ) -> Result<Result<Attempt, GuardRefusal>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let outcome = ops::start_attempt(&mut tx, attempt).await?;
-        tx.commit().await?;
-        Ok(outcome)
+        in_tx!(self, |c| ops::start_attempt(c, attempt))
     }
 
     async fn finish_attempt(&self, finish: FinishAttempt) -> Result<FinishOutcome, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let outcome = ops::finish_attempt(&mut tx, finish).await?;
-        tx.commit().await?;
-        Ok(outcome)
+        in_tx!(self, |c| ops::finish_attempt(c, finish))
     }
 
     async fn record_event(&self, event: NewEvent) -> Result<(), StoreError> {
@@ -129,5 +137,114 @@ impl Store for PgStore {
 
     async fn close(&self) {
         self.pool.close().await;
+    }
+
+    async fn claim_jobs(
+        &self,
+        owner: &str,
+        now: Millis,
+        lease_until: Millis,
+        limit: i64,
+    ) -> Result<Vec<Job>, StoreError> {
+        in_tx!(self, |c| ops::claim_jobs(c, owner, now, lease_until, limit))
+    }
+
+    async fn renew_lease(
+        &self,
+        job_id: &str,
+        owner: &str,
+        lease_until: Millis,
+    ) -> Result<bool, StoreError> {
+        ops::renew_lease(&mut *self.pool.acquire().await?, job_id, owner, lease_until).await
+    }
+
+    async fn transition_job(
+        &self,
+        job_id: &str,
+        lease_owner: Option<&str>,
+        transition: JobTransition,
+        at: Millis,
+    ) -> Result<bool, StoreError> {
+        in_tx!(self, |c| ops::transition_job(
+            c,
+            job_id,
+            lease_owner,
+            transition,
+            at
+        ))
+    }
+
+    async fn wake_job(&self, job_id: &str, at: Millis) -> Result<(), StoreError> {
+        ops::wake_job(&mut *self.pool.acquire().await?, job_id, at).await
+    }
+
+    async fn list_unknown_attempts(&self, limit: i64) -> Result<Vec<Attempt>, StoreError> {
+        ops::list_unknown_attempts(&mut *self.pool.acquire().await?, limit).await
+    }
+
+    async fn cancel_job(
+        &self,
+        job_id: &str,
+        actor: &str,
+        reason: &str,
+        at: Millis,
+    ) -> Result<Result<Job, Refusal>, StoreError> {
+        in_tx!(self, |c| ops::cancel_job(c, job_id, actor, reason, at))
+    }
+
+    async fn request_retry(
+        &self,
+        job_id: &str,
+        actor: &str,
+        at: Millis,
+    ) -> Result<Result<Job, Refusal>, StoreError> {
+        in_tx!(self, |c| ops::request_retry(c, job_id, actor, at))
+    }
+
+    async fn resolve_job(
+        &self,
+        job_id: &str,
+        resolution: JobResolution,
+        actor: &str,
+        reason: &str,
+        at: Millis,
+    ) -> Result<Result<Job, Refusal>, StoreError> {
+        in_tx!(self, |c| ops::resolve_job(
+            c, job_id, resolution, actor, reason, at
+        ))
+    }
+
+    async fn resolve_attempt(
+        &self,
+        attempt_id: &str,
+        resolution: AttemptResolution,
+        actor: &str,
+        reason: &str,
+        at: Millis,
+    ) -> Result<Result<Job, Refusal>, StoreError> {
+        in_tx!(self, |c| ops::resolve_attempt(
+            c, attempt_id, resolution, actor, reason, at
+        ))
+    }
+
+    async fn list_review(&self, limit: i64) -> Result<Vec<ReviewItem>, StoreError> {
+        ops::list_review(&mut *self.pool.acquire().await?, limit).await
+    }
+
+    async fn set_provider_enabled(
+        &self,
+        name: &str,
+        enabled: bool,
+        actor: &str,
+        reason: &str,
+        at: Millis,
+    ) -> Result<(), StoreError> {
+        in_tx!(self, |c| ops::set_provider_enabled(
+            c, name, enabled, actor, reason, at
+        ))
+    }
+
+    async fn provider_switches(&self) -> Result<Vec<ProviderSwitch>, StoreError> {
+        ops::provider_switches(&mut *self.pool.acquire().await?).await
     }
 }

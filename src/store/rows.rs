@@ -9,7 +9,8 @@ use crate::domain::{Attempt, Job};
 macro_rules! job_columns {
     () => {
         "id, owner_id, idempotency_key, fingerprint, request, route, state, version, result, \
-         completed_by, last_error, attempt_count, created_at, updated_at"
+         completed_by, last_error, attempt_count, created_at, updated_at, next_run_at, lease_owner, \
+         lease_until, budget_start"
     };
 }
 pub(crate) use job_columns;
@@ -39,6 +40,10 @@ pub(crate) struct JobRow {
     attempt_count: i64,
     created_at: i64,
     updated_at: i64,
+    next_run_at: Option<i64>,
+    lease_owner: Option<String>,
+    lease_until: Option<i64>,
+    budget_start: i64,
 }
 
 impl TryFrom<JobRow> for Job {
@@ -59,6 +64,10 @@ impl TryFrom<JobRow> for Job {
             attempt_count: r.attempt_count,
             created_at: r.created_at,
             updated_at: r.updated_at,
+            next_run_at: r.next_run_at,
+            lease_owner: r.lease_owner,
+            lease_until: r.lease_until,
+            budget_start: r.budget_start,
         })
     }
 }

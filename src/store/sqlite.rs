@@ -10,12 +10,14 @@
 //! pool of their own connections and never wait for the writer.
 
 use super::{
-    ApiKey, CreateOutcome, FinishAttempt, FinishOutcome, JobEvent, NewEvent, Store, StoreError,
+    ApiKey, AttemptResolution, CreateOutcome, FinishAttempt, FinishOutcome, JobEvent,
+    JobResolution, JobTransition, NewEvent, ProviderSwitch, Refusal, ReviewItem, Store, StoreError,
 };
 use crate::domain::attempt::NewAttempt;
 use crate::domain::job::NewJob;
-use crate::domain::{Attempt, GuardRefusal, Job};
+use crate::domain::{Attempt, GuardRefusal, Job, Millis};
 use async_trait::async_trait;
+use futures::future::BoxFuture;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{ConnectOptions, SqliteConnection, SqlitePool};
 use std::path::{Path, PathBuf};
@@ -24,6 +26,7 @@ use tokio::sync::{mpsc, oneshot};
 
 mod ops {
     crate::store::ops::store_ops!(sqlx::SqliteConnection, "");
+    crate::store::lifecycle::lifecycle_ops!(sqlx::SqliteConnection, "", "");
 }
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -33,26 +36,22 @@ const MAX_BATCH: usize = 128;
 /// How long a writer waits for another process's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
-enum WriteOp {
-    CreateJob(NewJob),
-    StartAttempt(NewAttempt),
-    FinishAttempt(FinishAttempt),
-    Event(NewEvent),
-    InsertApiKey(ApiKey),
+/// Hands a write's result to its caller once the batch's commit is known.
+type Deliver = Box<dyn FnOnce(Result<(), String>) + Send>;
+
+/// One write: runs on the writer's connection inside the batch transaction
+/// and says whether it succeeded (a failed write is rolled back to its
+/// savepoint) and how to deliver its result. Given `Err` (the batch could not
+/// even begin) it runs nothing and delivers that error.
+type WriteFn = Box<
+    dyn for<'c> FnOnce(Result<&'c mut SqliteConnection, String>) -> BoxFuture<'c, (bool, Deliver)>
+        + Send,
+>;
+
+enum WriteCmd {
+    Write(WriteFn),
     /// Commit what is queued before it, then stop the writer.
-    Close,
-}
-
-enum WriteDone {
-    Created(CreateOutcome),
-    Started(Result<Attempt, GuardRefusal>),
-    Finished(FinishOutcome),
-    Done,
-}
-
-struct WriteCmd {
-    op: WriteOp,
-    reply: Option<oneshot::Sender<Result<WriteDone, StoreError>>>,
+    Close(oneshot::Sender<()>),
 }
 
 pub struct SqliteStore {
@@ -88,17 +87,57 @@ impl SqliteStore {
         &self.path
     }
 
-    async fn write(&self, op: WriteOp) -> Result<WriteDone, StoreError> {
-        let (reply, answer) = oneshot::channel();
+    /// Run `op` in the next group commit; its result arrives after the commit.
+    async fn write<T, F>(&self, op: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<T, StoreError>>
+            + Send
+            + 'static,
+    {
+        let (reply, answer) = oneshot::channel::<Result<T, StoreError>>();
         self.writer
-            .send(WriteCmd {
-                op,
-                reply: Some(reply),
-            })
+            .send(WriteCmd::Write(wrap(op, Some(reply))))
             .await
             .map_err(|_| StoreError::Closed)?;
         answer.await.map_err(|_| StoreError::Closed)?
     }
+}
+
+fn wrap<T, F>(op: F, reply: Option<oneshot::Sender<Result<T, StoreError>>>) -> WriteFn
+where
+    T: Send + 'static,
+    F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<T, StoreError>>
+        + Send
+        + 'static,
+{
+    Box::new(move |conn| {
+        Box::pin(async move {
+            let result = match conn {
+                Ok(conn) => op(conn).await,
+                Err(message) => Err(StoreError::Batch(message)),
+            };
+            let ok = result.is_ok();
+            let deliver: Deliver = Box::new(move |commit| {
+                let result = match commit {
+                    Ok(()) => result,
+                    Err(message) => Err(StoreError::Batch(message)),
+                };
+                match reply {
+                    // The caller may have gone away; what was committed stays committed.
+                    Some(reply) => {
+                        let _ = reply.send(result);
+                    }
+                    None => {
+                        if let Err(e) = result {
+                            tracing::warn!(error = %e, "detached write failed");
+                        }
+                    }
+                }
+            });
+            (ok, deliver)
+        })
+    })
 }
 
 /// The single writer: takes what is queued (up to `MAX_BATCH`), commits it as
@@ -106,117 +145,75 @@ impl SqliteStore {
 /// batch queues up, so the batch grows with the load.
 async fn run_writer(mut conn: SqliteConnection, mut rx: mpsc::Receiver<WriteCmd>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
+    let mut closing = None;
     while let Some(cmd) = rx.recv().await {
-        batch.push(cmd);
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(cmd) => batch.push(cmd),
-                Err(_) => break,
+        let mut next = Some(cmd);
+        while let Some(cmd) = next.take() {
+            match cmd {
+                WriteCmd::Write(op) => batch.push(op),
+                WriteCmd::Close(done) => {
+                    closing = Some(done);
+                    break;
+                }
+            }
+            if batch.len() < MAX_BATCH {
+                next = rx.try_recv().ok();
             }
         }
-        let closing = batch.iter().any(|cmd| matches!(cmd.op, WriteOp::Close));
-        commit_batch(&mut conn, &mut batch).await;
-        if closing {
+        if !batch.is_empty() {
+            commit_batch(&mut conn, &mut batch).await;
+        }
+        if let Some(done) = closing.take() {
             rx.close();
-            while let Ok(cmd) = rx.try_recv() {
-                answer(cmd, Err(StoreError::Closed));
-            }
-            break;
+            let _ = sqlx::Connection::close(conn).await;
+            let _ = done.send(());
+            return;
         }
     }
-    let _ = sqlx::Connection::close(conn).await;
 }
 
-async fn commit_batch(conn: &mut SqliteConnection, batch: &mut Vec<WriteCmd>) {
+async fn commit_batch(conn: &mut SqliteConnection, batch: &mut Vec<WriteFn>) {
     if let Err(e) = sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await {
         tracing::error!(error = %e, "sqlite writer could not begin a transaction");
         let message = e.to_string();
-        for cmd in batch.drain(..) {
-            answer(cmd, Err(StoreError::Batch(message.clone())));
+        for op in batch.drain(..) {
+            let (_, deliver) = op(Err(message.clone())).await;
+            deliver(Err(message.clone()));
         }
         return;
     }
-    let mut results = Vec::with_capacity(batch.len());
-    for cmd in batch.iter_mut() {
-        results.push(apply_in_savepoint(conn, &mut cmd.op).await);
+    let mut delivers = Vec::with_capacity(batch.len());
+    for op in batch.drain(..) {
+        delivers.push(run_in_savepoint(conn, op).await);
     }
-    if let Err(e) = sqlx::query("COMMIT").execute(&mut *conn).await {
-        tracing::error!(error = %e, "sqlite writer commit failed; the batch is rolled back");
-        let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+    let commit = match sqlx::query("COMMIT").execute(&mut *conn).await {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            tracing::error!(error = %e, "sqlite writer commit failed; the batch is rolled back");
+            let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+            Err(e.to_string())
+        }
+    };
+    for deliver in delivers {
+        deliver(commit.clone());
+    }
+}
+
+async fn run_in_savepoint(conn: &mut SqliteConnection, op: WriteFn) -> Deliver {
+    if let Err(e) = sqlx::query("SAVEPOINT op").execute(&mut *conn).await {
         let message = e.to_string();
-        for cmd in batch.drain(..) {
-            answer(cmd, Err(StoreError::Batch(message.clone())));
-        }
-        return;
+        return Box::new(move |_| tracing::error!(error = %message, "sqlite savepoint failed"));
     }
-    for (cmd, result) in batch.drain(..).zip(results) {
-        answer(cmd, result);
-    }
-}
-
-fn answer(cmd: WriteCmd, result: Result<WriteDone, StoreError>) {
-    match cmd.reply {
-        // The caller may have gone away; what was committed stays committed.
-        Some(reply) => {
-            let _ = reply.send(result);
-        }
-        None => {
-            if let Err(e) = result {
-                tracing::warn!(error = %e, "detached write failed");
-            }
-        }
-    }
-}
-
-async fn apply_in_savepoint(
-    conn: &mut SqliteConnection,
-    op: &mut WriteOp,
-) -> Result<WriteDone, StoreError> {
-    sqlx::query("SAVEPOINT op").execute(&mut *conn).await?;
-    let result = apply(conn, op).await;
-    if result.is_err() {
-        sqlx::query("ROLLBACK TO SAVEPOINT op")
+    let (ok, deliver) = op(Ok(&mut *conn)).await;
+    if !ok {
+        let _ = sqlx::query("ROLLBACK TO SAVEPOINT op")
             .execute(&mut *conn)
-            .await?;
+            .await;
     }
-    sqlx::query("RELEASE SAVEPOINT op")
+    let _ = sqlx::query("RELEASE SAVEPOINT op")
         .execute(&mut *conn)
-        .await?;
-    result
-}
-
-async fn apply(conn: &mut SqliteConnection, op: &mut WriteOp) -> Result<WriteDone, StoreError> {
-    // Each op is applied once; taking it out leaves a cheap placeholder behind.
-    let placeholder = WriteOp::Event(NewEvent {
-        job_id: String::new(),
-        attempt_id: None,
-        kind: "",
-        actor: String::new(),
-        detail: None,
-        at: 0,
-    });
-    Ok(match std::mem::replace(op, placeholder) {
-        WriteOp::CreateJob(job) => WriteDone::Created(ops::create_job(conn, job).await?),
-        WriteOp::StartAttempt(attempt) => {
-            WriteDone::Started(ops::start_attempt(conn, attempt).await?)
-        }
-        WriteOp::FinishAttempt(finish) => {
-            WriteDone::Finished(ops::finish_attempt(conn, finish).await?)
-        }
-        WriteOp::Event(event) => {
-            ops::insert_event(conn, &event).await?;
-            WriteDone::Done
-        }
-        WriteOp::InsertApiKey(key) => {
-            ops::insert_api_key(conn, &key).await?;
-            WriteDone::Done
-        }
-        WriteOp::Close => WriteDone::Done,
-    })
-}
-
-fn unexpected() -> StoreError {
-    StoreError::Corrupt("sqlite writer answered another kind of write".to_string())
+        .await;
+    deliver
 }
 
 #[async_trait]
@@ -236,10 +233,7 @@ impl Store for SqliteStore {
     }
 
     async fn create_job(&self, job: NewJob) -> Result<CreateOutcome, StoreError> {
-        match self.write(WriteOp::CreateJob(job)).await? {
-            WriteDone::Created(outcome) => Ok(outcome),
-            _ => Err(unexpected()),
-        }
+        self.write(move |c| Box::pin(ops::create_job(c, job))).await
     }
 
     async fn find_job_by_key(&self, owner_id: &str, key: &str) -> Result<Option<Job>, StoreError> {
@@ -258,29 +252,27 @@ impl Store for SqliteStore {
         &self,
         attempt: NewAttempt,
     ) -> Result<Result<Attempt, GuardRefusal>, StoreError> {
-        match self.write(WriteOp::StartAttempt(attempt)).await? {
-            WriteDone::Started(outcome) => Ok(outcome),
-            _ => Err(unexpected()),
-        }
+        self.write(move |c| Box::pin(ops::start_attempt(c, attempt)))
+            .await
     }
 
     async fn finish_attempt(&self, finish: FinishAttempt) -> Result<FinishOutcome, StoreError> {
-        match self.write(WriteOp::FinishAttempt(finish)).await? {
-            WriteDone::Finished(outcome) => Ok(outcome),
-            _ => Err(unexpected()),
-        }
+        self.write(move |c| Box::pin(ops::finish_attempt(c, finish)))
+            .await
     }
 
     async fn record_event(&self, event: NewEvent) -> Result<(), StoreError> {
-        self.write(WriteOp::Event(event)).await.map(|_| ())
+        self.write(move |c| Box::pin(async move { ops::insert_event(c, &event).await }))
+            .await
     }
 
     fn record_event_detached(&self, event: NewEvent) {
-        let cmd = WriteCmd {
-            op: WriteOp::Event(event),
-            reply: None,
-        };
-        if let Err(mpsc::error::TrySendError::Full(cmd)) = self.writer.try_send(cmd) {
+        let op = wrap::<(), _>(
+            move |c| Box::pin(async move { ops::insert_event(c, &event).await }),
+            None,
+        );
+        if let Err(mpsc::error::TrySendError::Full(cmd)) = self.writer.try_send(WriteCmd::Write(op))
+        {
             let writer = self.writer.clone();
             tokio::spawn(async move {
                 let _ = writer.send(cmd).await;
@@ -297,7 +289,8 @@ impl Store for SqliteStore {
     }
 
     async fn insert_api_key(&self, key: ApiKey) -> Result<(), StoreError> {
-        self.write(WriteOp::InsertApiKey(key)).await.map(|_| ())
+        self.write(move |c| Box::pin(async move { ops::insert_api_key(c, &key).await }))
+            .await
     }
 
     async fn find_api_key(&self, key_hash: &str) -> Result<Option<ApiKey>, StoreError> {
@@ -305,7 +298,153 @@ impl Store for SqliteStore {
     }
 
     async fn close(&self) {
-        let _ = self.write(WriteOp::Close).await;
+        let (done, closed) = oneshot::channel();
+        if self.writer.send(WriteCmd::Close(done)).await.is_ok() {
+            let _ = closed.await;
+        }
         self.read.close().await;
+    }
+
+    async fn claim_jobs(
+        &self,
+        owner: &str,
+        now: Millis,
+        lease_until: Millis,
+        limit: i64,
+    ) -> Result<Vec<Job>, StoreError> {
+        let owner = owner.to_string();
+        self.write(move |c| {
+            Box::pin(async move { ops::claim_jobs(c, &owner, now, lease_until, limit).await })
+        })
+        .await
+    }
+
+    async fn renew_lease(
+        &self,
+        job_id: &str,
+        owner: &str,
+        lease_until: Millis,
+    ) -> Result<bool, StoreError> {
+        let (job_id, owner) = (job_id.to_string(), owner.to_string());
+        self.write(move |c| {
+            Box::pin(async move { ops::renew_lease(c, &job_id, &owner, lease_until).await })
+        })
+        .await
+    }
+
+    async fn transition_job(
+        &self,
+        job_id: &str,
+        lease_owner: Option<&str>,
+        transition: JobTransition,
+        at: Millis,
+    ) -> Result<bool, StoreError> {
+        let (job_id, owner) = (job_id.to_string(), lease_owner.map(str::to_string));
+        self.write(move |c| {
+            Box::pin(async move {
+                ops::transition_job(c, &job_id, owner.as_deref(), transition, at).await
+            })
+        })
+        .await
+    }
+
+    async fn wake_job(&self, job_id: &str, at: Millis) -> Result<(), StoreError> {
+        let job_id = job_id.to_string();
+        self.write(move |c| Box::pin(async move { ops::wake_job(c, &job_id, at).await }))
+            .await
+    }
+
+    async fn list_unknown_attempts(&self, limit: i64) -> Result<Vec<Attempt>, StoreError> {
+        ops::list_unknown_attempts(&mut *self.read.acquire().await?, limit).await
+    }
+
+    async fn cancel_job(
+        &self,
+        job_id: &str,
+        actor: &str,
+        reason: &str,
+        at: Millis,
+    ) -> Result<Result<Job, Refusal>, StoreError> {
+        let (job_id, actor, reason) = (job_id.to_string(), actor.to_string(), reason.to_string());
+        self.write(move |c| {
+            Box::pin(async move { ops::cancel_job(c, &job_id, &actor, &reason, at).await })
+        })
+        .await
+    }
+
+    async fn request_retry(
+        &self,
+        job_id: &str,
+        actor: &str,
+        at: Millis,
+    ) -> Result<Result<Job, Refusal>, StoreError> {
+        let (job_id, actor) = (job_id.to_string(), actor.to_string());
+        self.write(move |c| {
+            Box::pin(async move { ops::request_retry(c, &job_id, &actor, at).await })
+        })
+        .await
+    }
+
+    async fn resolve_job(
+        &self,
+        job_id: &str,
+        resolution: JobResolution,
+        actor: &str,
+        reason: &str,
+        at: Millis,
+    ) -> Result<Result<Job, Refusal>, StoreError> {
+        let (job_id, actor, reason) = (job_id.to_string(), actor.to_string(), reason.to_string());
+        self.write(move |c| {
+            Box::pin(
+                async move { ops::resolve_job(c, &job_id, resolution, &actor, &reason, at).await },
+            )
+        })
+        .await
+    }
+
+    async fn resolve_attempt(
+        &self,
+        attempt_id: &str,
+        resolution: AttemptResolution,
+        actor: &str,
+        reason: &str,
+        at: Millis,
+    ) -> Result<Result<Job, Refusal>, StoreError> {
+        let (attempt_id, actor, reason) = (
+            attempt_id.to_string(),
+            actor.to_string(),
+            reason.to_string(),
+        );
+        self.write(move |c| {
+            Box::pin(async move {
+                ops::resolve_attempt(c, &attempt_id, resolution, &actor, &reason, at).await
+            })
+        })
+        .await
+    }
+
+    async fn list_review(&self, limit: i64) -> Result<Vec<ReviewItem>, StoreError> {
+        ops::list_review(&mut *self.read.acquire().await?, limit).await
+    }
+
+    async fn set_provider_enabled(
+        &self,
+        name: &str,
+        enabled: bool,
+        actor: &str,
+        reason: &str,
+        at: Millis,
+    ) -> Result<(), StoreError> {
+        let (name, actor, reason) = (name.to_string(), actor.to_string(), reason.to_string());
+        self.write(move |c| {
+            Box::pin(async move {
+                ops::set_provider_enabled(c, &name, enabled, &actor, &reason, at).await
+            })
+        })
+        .await
+    }
+
+    async fn provider_switches(&self) -> Result<Vec<ProviderSwitch>, StoreError> {
+        ops::provider_switches(&mut *self.read.acquire().await?).await
     }
 }

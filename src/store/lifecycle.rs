@@ -1,0 +1,450 @@
+//! Job lifecycle operations (claims, leases, engine transitions, user and
+//! admin decisions, provider switches), written once for both backends like
+//! `ops.rs`. `$for_update` locks the decided-about row on PostgreSQL;
+//! `$skip_locked` lets concurrent dispatchers pass over each other's claims.
+
+macro_rules! lifecycle_ops {
+    ($conn:ty, $for_update:literal, $skip_locked:literal) => {
+        use crate::domain::Millis;
+        use crate::store::{
+            AttemptResolution, JobResolution, JobTransition, ProviderSwitch, Refusal, ReviewItem,
+        };
+
+        pub(crate) async fn claim_jobs(
+            conn: &mut $conn,
+            owner: &str,
+            now: Millis,
+            lease_until: Millis,
+            limit: i64,
+        ) -> Result<Vec<Job>, StoreError> {
+            let rows: Vec<JobRow> = sqlx::query_as(concat!(
+                "UPDATE jobs SET lease_owner = $1, lease_until = $3 WHERE id IN (",
+                "SELECT id FROM jobs WHERE next_run_at IS NOT NULL AND next_run_at <= $2 ",
+                "AND (lease_until IS NULL OR lease_until < $2) AND state IN ('pending', 'running') ",
+                "ORDER BY next_run_at LIMIT $4",
+                $skip_locked,
+                ") RETURNING ",
+                job_columns!()
+            ))
+            .bind(owner)
+            .bind(now)
+            .bind(lease_until)
+            .bind(limit)
+            .fetch_all(&mut *conn)
+            .await?;
+            rows.into_iter().map(Job::try_from).collect()
+        }
+
+        pub(crate) async fn renew_lease(
+            conn: &mut $conn,
+            job_id: &str,
+            owner: &str,
+            lease_until: Millis,
+        ) -> Result<bool, StoreError> {
+            let n = sqlx::query("UPDATE jobs SET lease_until = $3 WHERE id = $1 AND lease_owner = $2")
+                .bind(job_id)
+                .bind(owner)
+                .bind(lease_until)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
+            Ok(n == 1)
+        }
+
+        pub(crate) async fn transition_job(
+            conn: &mut $conn,
+            job_id: &str,
+            lease_owner: Option<&str>,
+            transition: JobTransition,
+            at: Millis,
+        ) -> Result<bool, StoreError> {
+            // One statement per transition; all share the guard "not final and,
+            // when fenced, still ours".
+            let (query, kind, detail) = match &transition {
+                JobTransition::Backoff { next_run_at, lease_until, reason } => (
+                    sqlx::query(
+                        "UPDATE jobs SET state = 'pending', next_run_at = $3, lease_until = $4, updated_at = $5 \
+                         WHERE id = $1 AND ($2 IS NULL OR lease_owner = $2) \
+                         AND state NOT IN ('succeeded', 'failed', 'cancelled', 'needs_review')",
+                    )
+                    .bind(job_id)
+                    .bind(lease_owner)
+                    .bind(*next_run_at)
+                    .bind(*lease_until)
+                    .bind(at),
+                    event::RETRY_SCHEDULED,
+                    serde_json::json!({ "next_run_at": next_run_at, "reason": reason }),
+                ),
+                JobTransition::BlockOnUnknown => (
+                    sqlx::query(
+                        "UPDATE jobs SET next_run_at = NULL, lease_owner = NULL, lease_until = NULL, updated_at = $3 \
+                         WHERE id = $1 AND ($2 IS NULL OR lease_owner = $2) \
+                         AND state NOT IN ('succeeded', 'failed', 'cancelled', 'needs_review')",
+                    )
+                    .bind(job_id)
+                    .bind(lease_owner)
+                    .bind(at),
+                    event::BLOCKED_ON_UNKNOWN,
+                    serde_json::json!({}),
+                ),
+                JobTransition::Fail { reason } => (
+                    sqlx::query(
+                        "UPDATE jobs SET state = 'failed', version = version + 1, last_error = $3, \
+                         next_run_at = NULL, lease_owner = NULL, lease_until = NULL, updated_at = $4 \
+                         WHERE id = $1 AND ($2 IS NULL OR lease_owner = $2) \
+                         AND state NOT IN ('succeeded', 'failed', 'cancelled')",
+                    )
+                    .bind(job_id)
+                    .bind(lease_owner)
+                    .bind(reason)
+                    .bind(at),
+                    event::JOB_FAILED,
+                    serde_json::json!({ "reason": reason }),
+                ),
+                JobTransition::Review { reason } => (
+                    sqlx::query(
+                        "UPDATE jobs SET state = 'needs_review', last_error = $3, \
+                         next_run_at = NULL, lease_owner = NULL, lease_until = NULL, updated_at = $4 \
+                         WHERE id = $1 AND ($2 IS NULL OR lease_owner = $2) \
+                         AND state NOT IN ('succeeded', 'failed', 'cancelled', 'needs_review')",
+                    )
+                    .bind(job_id)
+                    .bind(lease_owner)
+                    .bind(reason)
+                    .bind(at),
+                    event::NEEDS_REVIEW,
+                    serde_json::json!({ "reason": reason }),
+                ),
+                JobTransition::Release { next_run_at } => (
+                    sqlx::query(
+                        "UPDATE jobs SET next_run_at = $3, lease_owner = NULL, lease_until = NULL \
+                         WHERE id = $1 AND ($2 IS NULL OR lease_owner = $2) \
+                         AND state NOT IN ('succeeded', 'failed', 'cancelled', 'needs_review')",
+                    )
+                    .bind(job_id)
+                    .bind(lease_owner)
+                    .bind(*next_run_at),
+                    "",
+                    serde_json::json!({}),
+                ),
+            };
+            let applied = query.execute(&mut *conn).await?.rows_affected() == 1;
+            if applied && !kind.is_empty() {
+                insert_event(
+                    conn,
+                    &NewEvent {
+                        job_id: job_id.to_string(),
+                        attempt_id: None,
+                        kind,
+                        actor: lease_owner.map(|o| format!("engine:{o}")).unwrap_or_else(|| "engine".into()),
+                        detail: Some(detail.to_string()),
+                        at,
+                    },
+                )
+                .await?;
+            }
+            Ok(applied)
+        }
+
+        pub(crate) async fn wake_job(conn: &mut $conn, job_id: &str, at: Millis) -> Result<(), StoreError> {
+            sqlx::query(
+                "UPDATE jobs SET next_run_at = $2, updated_at = $2 \
+                 WHERE id = $1 AND next_run_at IS NULL AND state IN ('pending', 'running')",
+            )
+            .bind(job_id)
+            .bind(at)
+            .execute(&mut *conn)
+            .await?;
+            Ok(())
+        }
+
+        pub(crate) async fn list_unknown_attempts(conn: &mut $conn, limit: i64) -> Result<Vec<Attempt>, StoreError> {
+            let rows: Vec<AttemptRow> = sqlx::query_as(concat!(
+                "SELECT ",
+                attempt_columns!(),
+                " FROM attempts WHERE state = 'unknown' ORDER BY started_at LIMIT $1"
+            ))
+            .bind(limit)
+            .fetch_all(&mut *conn)
+            .await?;
+            rows.into_iter().map(Attempt::try_from).collect()
+        }
+
+        async fn locked_job(conn: &mut $conn, job_id: &str) -> Result<Option<Job>, StoreError> {
+            let row: Option<JobRow> =
+                sqlx::query_as(concat!("SELECT ", job_columns!(), " FROM jobs WHERE id = $1", $for_update))
+                    .bind(job_id)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+            row.map(Job::try_from).transpose()
+        }
+
+        async fn live_attempts(conn: &mut $conn, job_id: &str) -> Result<i64, StoreError> {
+            let (n,): (i64,) =
+                sqlx::query_as("SELECT COUNT(*) FROM attempts WHERE job_id = $1 AND state IN ('started', 'unknown')")
+                    .bind(job_id)
+                    .fetch_one(&mut *conn)
+                    .await?;
+            Ok(n)
+        }
+
+        async fn decision_event(
+            conn: &mut $conn,
+            job_id: &str,
+            attempt_id: Option<&str>,
+            kind: &'static str,
+            actor: &str,
+            detail: serde_json::Value,
+            at: Millis,
+        ) -> Result<(), StoreError> {
+            insert_event(
+                conn,
+                &NewEvent {
+                    job_id: job_id.to_string(),
+                    attempt_id: attempt_id.map(str::to_string),
+                    kind,
+                    actor: actor.to_string(),
+                    detail: Some(detail.to_string()),
+                    at,
+                },
+            )
+            .await
+        }
+
+        /// Start a fresh retry budget now: the job is `pending` and runnable.
+        async fn restart(conn: &mut $conn, job_id: &str, at: Millis) -> Result<(), StoreError> {
+            sqlx::query(
+                "UPDATE jobs SET state = 'pending', next_run_at = $2, budget_start = attempt_count, \
+                 lease_owner = NULL, lease_until = NULL, updated_at = $2 WHERE id = $1",
+            )
+            .bind(job_id)
+            .bind(at)
+            .execute(&mut *conn)
+            .await?;
+            Ok(())
+        }
+
+        async fn reload(conn: &mut $conn, job_id: &str) -> Result<Job, StoreError> {
+            get_job(conn, job_id).await?.ok_or(StoreError::NotFound("job"))
+        }
+
+        pub(crate) async fn cancel_job(
+            conn: &mut $conn,
+            job_id: &str,
+            actor: &str,
+            reason: &str,
+            at: Millis,
+        ) -> Result<Result<Job, Refusal>, StoreError> {
+            let Some(job) = locked_job(conn, job_id).await? else { return Ok(Err(Refusal::NotFound)) };
+            if job.state.is_final() {
+                return Ok(Err(Refusal::Finished(job.state.as_str())));
+            }
+            // The version bump makes every in-flight attempt's CAS fail.
+            sqlx::query(
+                "UPDATE jobs SET state = 'cancelled', version = version + 1, next_run_at = NULL, \
+                 lease_owner = NULL, lease_until = NULL, updated_at = $2 WHERE id = $1",
+            )
+            .bind(job_id)
+            .bind(at)
+            .execute(&mut *conn)
+            .await?;
+            decision_event(conn, job_id, None, event::CANCELLED, actor, serde_json::json!({ "reason": reason }), at)
+                .await?;
+            Ok(Ok(reload(conn, job_id).await?))
+        }
+
+        pub(crate) async fn request_retry(
+            conn: &mut $conn,
+            job_id: &str,
+            actor: &str,
+            at: Millis,
+        ) -> Result<Result<Job, Refusal>, StoreError> {
+            let Some(job) = locked_job(conn, job_id).await? else { return Ok(Err(Refusal::NotFound)) };
+            if matches!(job.state, JobState::Succeeded | JobState::Cancelled) {
+                return Ok(Err(Refusal::Finished(job.state.as_str())));
+            }
+            if live_attempts(conn, job_id).await? > 0 {
+                return Ok(Err(Refusal::OutcomeUnknown));
+            }
+            restart(conn, job_id, at).await?;
+            decision_event(conn, job_id, None, event::RETRY_REQUESTED, actor, serde_json::json!({}), at).await?;
+            Ok(Ok(reload(conn, job_id).await?))
+        }
+
+        pub(crate) async fn resolve_job(
+            conn: &mut $conn,
+            job_id: &str,
+            resolution: JobResolution,
+            actor: &str,
+            reason: &str,
+            at: Millis,
+        ) -> Result<Result<Job, Refusal>, StoreError> {
+            let Some(job) = locked_job(conn, job_id).await? else { return Ok(Err(Refusal::NotFound)) };
+            if matches!(job.state, JobState::Succeeded | JobState::Cancelled) {
+                return Ok(Err(Refusal::Finished(job.state.as_str())));
+            }
+            let action = match &resolution {
+                JobResolution::Complete { result } => {
+                    sqlx::query(
+                        "UPDATE jobs SET state = 'succeeded', result = $2, completed_by = $3, version = version + 1, \
+                         next_run_at = NULL, lease_owner = NULL, lease_until = NULL, updated_at = $4 \
+                         WHERE id = $1 AND completed_by IS NULL",
+                    )
+                    .bind(job_id)
+                    .bind(result)
+                    .bind(format!("resolution:{actor}"))
+                    .bind(at)
+                    .execute(&mut *conn)
+                    .await?;
+                    "complete"
+                }
+                JobResolution::Retry => {
+                    if live_attempts(conn, job_id).await? > 0 {
+                        return Ok(Err(Refusal::OutcomeUnknown));
+                    }
+                    restart(conn, job_id, at).await?;
+                    "retry"
+                }
+                JobResolution::Close => {
+                    sqlx::query(
+                        "UPDATE jobs SET state = 'cancelled', version = version + 1, next_run_at = NULL, \
+                         lease_owner = NULL, lease_until = NULL, updated_at = $2 WHERE id = $1",
+                    )
+                    .bind(job_id)
+                    .bind(at)
+                    .execute(&mut *conn)
+                    .await?;
+                    "close"
+                }
+            };
+            let detail = serde_json::json!({ "action": action, "reason": reason, "from_state": job.state.as_str() });
+            decision_event(conn, job_id, None, event::RESOLVED, actor, detail, at).await?;
+            Ok(Ok(reload(conn, job_id).await?))
+        }
+
+        pub(crate) async fn resolve_attempt(
+            conn: &mut $conn,
+            attempt_id: &str,
+            resolution: AttemptResolution,
+            actor: &str,
+            reason: &str,
+            at: Millis,
+        ) -> Result<Result<Job, Refusal>, StoreError> {
+            let row: Option<(String, String)> =
+                sqlx::query_as(concat!("SELECT job_id, state FROM attempts WHERE id = $1", $for_update))
+                    .bind(attempt_id)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+            let Some((job_id, state)) = row else { return Ok(Err(Refusal::NotFound)) };
+            let state = crate::store::parse_attempt_state(&state)?;
+            if state != AttemptState::Unknown {
+                return Ok(Err(Refusal::NotUnknown(state.as_str())));
+            }
+            let action = match resolution {
+                AttemptResolution::Executed { result } => {
+                    let finish = FinishAttempt {
+                        attempt_id: attempt_id.to_string(),
+                        end: AttemptEnd::Succeeded { output: result, usage: None, provider_request_id: None },
+                        at,
+                        actor: actor.to_string(),
+                    };
+                    finish_attempt(conn, finish).await?;
+                    "executed"
+                }
+                AttemptResolution::NotExecuted => {
+                    sqlx::query("UPDATE attempts SET state = 'cancelled', finished_at = $2 WHERE id = $1")
+                        .bind(attempt_id)
+                        .bind(at)
+                        .execute(&mut *conn)
+                        .await?;
+                    "not_executed"
+                }
+            };
+            let detail = serde_json::json!({ "action": action, "reason": reason });
+            decision_event(conn, &job_id, Some(attempt_id), event::ATTEMPT_RESOLVED, actor, detail, at).await?;
+            // A human said it never ran: once nothing else is live, the job may go again.
+            if action == "not_executed" {
+                let job = reload(conn, &job_id).await?;
+                if matches!(job.state, JobState::Pending | JobState::Running | JobState::NeedsReview)
+                    && live_attempts(conn, &job_id).await? == 0
+                {
+                    restart(conn, &job_id, at).await?;
+                }
+            }
+            Ok(Ok(reload(conn, &job_id).await?))
+        }
+
+        pub(crate) async fn list_review(conn: &mut $conn, limit: i64) -> Result<Vec<ReviewItem>, StoreError> {
+            let rows: Vec<JobRow> = sqlx::query_as(concat!(
+                "SELECT ",
+                job_columns!(),
+                " FROM jobs WHERE state = 'needs_review' ORDER BY updated_at LIMIT $1"
+            ))
+            .bind(limit)
+            .fetch_all(&mut *conn)
+            .await?;
+            let mut items = Vec::with_capacity(rows.len());
+            for row in rows {
+                let job = Job::try_from(row)?;
+                let (last,): (Option<i64>,) = sqlx::query_as("SELECT MAX(started_at) FROM attempts WHERE job_id = $1")
+                    .bind(&job.id)
+                    .fetch_one(&mut *conn)
+                    .await?;
+                items.push(ReviewItem { job, last_attempt_at: last });
+            }
+            Ok(items)
+        }
+
+        pub(crate) async fn set_provider_enabled(
+            conn: &mut $conn,
+            name: &str,
+            enabled: bool,
+            actor: &str,
+            reason: &str,
+            at: Millis,
+        ) -> Result<(), StoreError> {
+            sqlx::query(
+                "INSERT INTO provider_states (name, enabled, changed_by, reason, changed_at) \
+                 VALUES ($1, $2, $3, $4, $5) \
+                 ON CONFLICT (name) DO UPDATE SET enabled = excluded.enabled, changed_by = excluded.changed_by, \
+                 reason = excluded.reason, changed_at = excluded.changed_at",
+            )
+            .bind(name)
+            .bind(enabled)
+            .bind(actor)
+            .bind(reason)
+            .bind(at)
+            .execute(&mut *conn)
+            .await?;
+            sqlx::query("INSERT INTO provider_audit (name, enabled, actor, reason, at) VALUES ($1, $2, $3, $4, $5)")
+                .bind(name)
+                .bind(enabled)
+                .bind(actor)
+                .bind(reason)
+                .bind(at)
+                .execute(&mut *conn)
+                .await?;
+            Ok(())
+        }
+
+        pub(crate) async fn provider_switches(conn: &mut $conn) -> Result<Vec<ProviderSwitch>, StoreError> {
+            let rows: Vec<(String, bool, String, String, i64)> = sqlx::query_as(
+                "SELECT name, enabled, changed_by, reason, changed_at FROM provider_states ORDER BY name",
+            )
+            .fetch_all(&mut *conn)
+            .await?;
+            Ok(rows
+                .into_iter()
+                .map(|(name, enabled, changed_by, reason, changed_at)| ProviderSwitch {
+                    name,
+                    enabled,
+                    changed_by,
+                    reason,
+                    changed_at,
+                })
+                .collect())
+        }
+    };
+}
+
+pub(crate) use lifecycle_ops;

@@ -21,9 +21,13 @@
 pub mod definition;
 pub mod output;
 pub mod render;
+pub mod report;
+pub mod run;
 pub mod tokenizer;
 
 pub use definition::{load_all, Case, Contract, ContractError, Expectation};
 pub use output::{Problem, RoundTripMismatch, Violation};
 pub use render::{RenderError, RenderedPrompt, WireFormat};
+pub use report::{render_table, CheckKind, CheckResult, ContractReport};
+pub use run::{run_contract, ProviderProfile};
 pub use tokenizer::{PromptTokens, TokenizerError, TokenizerViolation};

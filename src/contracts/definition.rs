@@ -235,6 +235,7 @@ impl Contract {
         let schema_bytes = read(&schema_path)?;
         let schema: Value = parse_json(&schema_path, &schema_bytes)?;
         let validator = compile_schema(&schema_path, &schema)?;
+        check_few_shot_answers(&toml_path, &file.few_shot, &validator)?;
 
         let mut hasher = Sha256::new();
         hash_file(&mut hasher, "contract.toml", &toml_bytes);
@@ -369,6 +370,27 @@ fn check_contract_file(path: &Path, file: &ContractFile) -> Result<(), ContractE
                 &format!("few_shot[{i}]"),
                 "user and assistant must not be empty",
             ));
+        }
+    }
+    Ok(())
+}
+
+/// An example answer that breaks the schema would teach the model to break it.
+fn check_few_shot_answers(
+    path: &Path,
+    few_shot: &[FewShotTurn],
+    validator: &jsonschema::Validator,
+) -> Result<(), ContractError> {
+    for (i, turn) in few_shot.iter().enumerate() {
+        let field = format!("few_shot[{i}].assistant");
+        let answer: Value = serde_json::from_str(&turn.assistant)
+            .map_err(|e| invalid(path, &field, format!("not JSON: {e}")))?;
+        let first_error = validator
+            .iter_errors(&answer)
+            .next()
+            .map(|error| format!("breaks schema.json at {}: {error}", error.instance_path()));
+        if let Some(message) = first_error {
+            return Err(invalid(path, &field, message));
         }
     }
     Ok(())
@@ -613,6 +635,23 @@ mod tests {
         let err = Contract::load(&dir).unwrap_err().to_string();
         assert!(err.contains("expect.fields[1]"), "{err}");
         assert!(err.contains("mood"), "{err}");
+    }
+
+    #[test]
+    fn few_shot_answer_that_breaks_the_schema_is_refused() {
+        let (_tmp, dir) = copy_contract("ticket-triage");
+        let path = dir.join("contract.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(
+            &path,
+            text.replace("\"priority\":\"normal\"", "\"priority\":\"meh\""),
+        )
+        .unwrap();
+        let err = Contract::load(&dir).unwrap_err().to_string();
+        assert!(
+            err.contains("few_shot[0].assistant: breaks schema.json at /priority"),
+            "{err}"
+        );
     }
 
     #[test]

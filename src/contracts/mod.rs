@@ -26,8 +26,11 @@ pub mod run;
 pub mod tokenizer;
 
 pub use definition::{load_all, Case, Contract, ContractError, Expectation};
-pub use output::{Problem, RoundTripMismatch, Violation};
+pub use output::{Problem, RoundTripMismatch, Violation, CONTRACT_VIOLATION_KIND};
 pub use render::{RenderError, RenderedPrompt, WireFormat};
-pub use report::{render_table, CheckKind, CheckResult, ContractReport};
-pub use run::{run_contract, ProviderProfile};
-pub use tokenizer::{PromptTokens, TokenizerError, TokenizerViolation};
+pub use report::{render_table, reports_to_junit_xml, CheckKind, CheckResult, ContractReport};
+pub use run::{contract_run_key, run_contract, ProviderProfile};
+pub use tokenizer::{
+    check_prompt, check_usage_agreement, count_prompt_tokens, PromptTokens, TokenizerError,
+    TokenizerViolation,
+};

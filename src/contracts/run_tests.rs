@@ -4,7 +4,7 @@
 use super::*;
 use crate::contracts::definition::load_all;
 use crate::contracts::render::RenderedPrompt;
-use crate::contracts::tokenizer::check_prompt;
+use crate::contracts::tokenizer::count_prompt_tokens;
 use crate::providers::{Ambiguous, ChatRequest, Failure, Lookup, Usage};
 use async_trait::async_trait;
 use serde_json::{json, Value};
@@ -76,9 +76,7 @@ fn honest_prompt_tokens(request: &ChatRequest) -> u32 {
         system: request.system.clone(),
         messages: request.messages.clone(),
     };
-    check_prompt("o200k_base", u32::MAX, 0, &prompt)
-        .unwrap()
-        .prompt_tokens
+    count_prompt_tokens("o200k_base", &prompt).unwrap()
 }
 
 fn success(output: String, prompt_tokens: Option<u32>) -> CallOutcome {

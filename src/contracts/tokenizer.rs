@@ -218,6 +218,15 @@ pub fn check_prompt(
     })
 }
 
+/// Our chat-format prompt token count alone (what an honest provider, or
+/// the simulator, should report as `prompt_tokens`).
+pub fn count_prompt_tokens(
+    tokenizer_name: &str,
+    prompt: &RenderedPrompt,
+) -> Result<u32, TokenizerViolation> {
+    check_prompt(tokenizer_name, u32::MAX, 0, prompt).map(|t| t.prompt_tokens)
+}
+
 /// Whether the provider's reported prompt tokens are within `tolerance`
 /// (a fraction of our count) of ours.
 pub fn check_usage_agreement(

@@ -1,6 +1,8 @@
 //! The contracts library through its public API only, as the CLI, the admin
 //! endpoint and the engine will use it.
 
+#![allow(clippy::unwrap_used)]
+
 use onejob::contracts::{
     count_prompt_tokens, load_all, CheckKind, Contract, Violation, WireFormat,
 };

@@ -3,6 +3,8 @@
 //!
 //! - [`app`]: start-up as an object (`Application::build`, `run_until_stopped`).
 //! - [`config`]: typed configuration (`onejob.toml`, flags, `ONEJOB_*`).
+//! - [`contracts`]: contract loading, prompt rendering, output schema and
+//!   tokenizer checks, and the contract run that makes a provider eligible.
 //! - [`domain`]: pure types and transitions (jobs, attempts, fingerprints, the guard).
 //! - [`jobs`]: accepting and reading jobs (idempotent create, replay, conflict).
 //! - [`keys`]: API keys, stored hashed; who the caller is.
@@ -17,6 +19,7 @@ pub mod app;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod contracts;
 pub mod demo;
 pub mod domain;
 pub mod http;

@@ -4,7 +4,9 @@
 //! - [`config`]: typed configuration (`onejob.toml`, flags, `ONEJOB_*`).
 //! - [`domain`]: pure types and transitions (jobs, attempts, fingerprints, the guard).
 //! - [`providers`]: provider adapters, error classification, lookup by key.
+//! - [`sim`]: the simulated provider server (fault injection, execution ledger).
 
 pub mod config;
 pub mod domain;
 pub mod providers;
+pub mod sim;

@@ -254,7 +254,13 @@ fn answer_response(
     let tail: Frames = match fault {
         Fault::StreamCut => {
             frames.truncate(frames.len() / 2);
-            stream::once(async { Err(aborted()) }).boxed()
+            stream::once(async {
+                // One pending poll lets hyper flush the frames sent so far;
+                // erroring at once would drop them with the connection.
+                tokio::task::yield_now().await;
+                Err(aborted())
+            })
+            .boxed()
         }
         Fault::StreamStall => {
             frames.truncate(frames.len() / 2);

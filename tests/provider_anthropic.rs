@@ -1,5 +1,6 @@
 //! The Anthropic adapter against a fake upstream speaking Anthropic's
 //! published Messages format.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! Provider configuration errors name the file, the line and the field, and
 //! a key never shows.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! The OpenAI adapter against a fake upstream speaking OpenAI's published
 //! Chat Completions format.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! The simulator over real sockets: the ledger is the ground truth for
 //! "executed once", and healthy answers validate against the request schema.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 

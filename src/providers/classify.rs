@@ -134,8 +134,8 @@ pub fn classify_response(
         413 => failure(false, "request_too_large", message, Some(code)),
         422 => failure(false, "unprocessable", message, Some(code)),
         503 => failure(true, "unavailable", message, Some(code)),
-        500..=599 => failure(true, "server_error", message, Some(code)),
-        400..=499 => failure(false, "client_error", message, Some(code)),
+        c if (500..=599).contains(&c) => failure(true, "server_error", message, Some(code)),
+        c if (400..=499).contains(&c) => failure(false, "client_error", message, Some(code)),
         // Redirects are not followed, and 1xx never reaches us: the provider
         // did not run a request it redirected.
         _ => failure(false, "unexpected_status", message, Some(code)),

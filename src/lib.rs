@@ -14,6 +14,7 @@
 //! - [`clock`]: injected time.
 //! - [`cli`]: what the `onejob` commands do.
 //! - [`demo`]: `onejob demo`, the scenarios played against a throwaway server.
+//! - [`sim`]: the simulated provider server (fault injection, execution ledger).
 
 pub mod app;
 pub mod cli;
@@ -26,4 +27,5 @@ pub mod http;
 pub mod jobs;
 pub mod keys;
 pub mod providers;
+pub mod sim;
 pub mod store;

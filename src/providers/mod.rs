@@ -5,8 +5,17 @@
 //! may have been executed). A lookup asks the provider, by the job's stable
 //! key, whether it executed the work.
 
+pub mod anthropic;
+pub mod classify;
+pub mod config;
+pub mod openai;
+pub mod sim;
+pub mod transport;
+
 use crate::domain::request::Message;
 use async_trait::async_trait;
+use config::{ProviderConfig, ProviderConfigError, ProviderKind};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// One chat completion request, already rendered for the provider's wire format
@@ -100,6 +109,50 @@ pub fn stable_key(job_id: &str, provider: &str) -> String {
     use sha2::{Digest, Sha256};
     let digest = Sha256::digest(format!("{job_id}\n{provider}").as_bytes());
     format!("onejob-{}", &hex::encode(digest)[..40])
+}
+
+/// Construct the adapter `config.kind` names, with an HTTP client honouring
+/// its timeouts and the API key resolved from its environment variable.
+pub fn build_provider(
+    name: &str,
+    config: &ProviderConfig,
+) -> Result<Arc<dyn Provider>, ProviderConfigError> {
+    let api_key = config.resolve_api_key()?;
+    let client =
+        transport::http_client(&config.timeouts).map_err(|e| ProviderConfigError::Client {
+            path: config.source.clone(),
+            message: classify::error_chain(&e),
+        })?;
+    Ok(match config.kind {
+        ProviderKind::Openai => {
+            Arc::new(openai::OpenAiProvider::new(name, config, client, api_key))
+        }
+        ProviderKind::Anthropic => Arc::new(anthropic::AnthropicProvider::new(
+            name, config, client, api_key,
+        )),
+        ProviderKind::Sim => Arc::new(sim::SimProvider::new(openai::OpenAiProvider::new(
+            name, config, client, api_key,
+        ))),
+    })
+}
+
+/// Log how a call ended, once, where it ended.
+fn trace_outcome(outcome: &CallOutcome) {
+    match outcome {
+        CallOutcome::Succeeded(s) => {
+            tracing::debug!(
+                latency_ms = s.latency.as_millis() as u64,
+                "provider call succeeded"
+            )
+        }
+        CallOutcome::Failed(f) => tracing::warn!(
+            kind = %f.kind, retryable = f.retryable, status = f.status,
+            message = %f.message, "provider call failed"
+        ),
+        CallOutcome::Unknown(a) => tracing::warn!(
+            kind = %a.kind, message = %a.message, "provider call outcome unknown"
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,403 @@
+//! Provider configuration: one TOML file per provider in `providers/`, the
+//! provider's name being the file stem.
+//!
+//! Keys are never written in these files: `api_key_env` names the environment
+//! variable that holds one, and the key lives in a [`Secret`] whose `Debug`
+//! prints `***`. Every error names the file and the field at fault.
+
+use crate::domain::fingerprint::fingerprint;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Default `anthropic-version` header.
+pub const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderKind {
+    Openai,
+    Anthropic,
+    Sim,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Tokenizer {
+    #[serde(rename = "o200k_base")]
+    O200kBase,
+    #[serde(rename = "cl100k_base")]
+    Cl100kBase,
+}
+
+/// How an unknown attempt can be reconciled with this provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LookupMode {
+    #[default]
+    None,
+    /// OpenAI stored completions listed by `metadata[onejob_key]`.
+    OpenaiStored,
+    /// The simulator's ledger (`GET /sim/ledger?key=K`).
+    SimLedger,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Timeouts {
+    /// TCP (and TLS) connect; a connect that times out provably never sent.
+    #[serde(default = "defaults::connect_ms")]
+    pub connect_ms: u64,
+    /// From sending until the response headers arrive.
+    #[serde(default = "defaults::first_byte_ms")]
+    pub first_byte_ms: u64,
+    /// The whole exchange, body included.
+    #[serde(default = "defaults::total_ms")]
+    pub total_ms: u64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect_ms: defaults::connect_ms(),
+            first_byte_ms: defaults::first_byte_ms(),
+            total_ms: defaults::total_ms(),
+        }
+    }
+}
+
+impl Timeouts {
+    pub fn connect(&self) -> Duration {
+        Duration::from_millis(self.connect_ms)
+    }
+    pub fn first_byte(&self) -> Duration {
+        Duration::from_millis(self.first_byte_ms)
+    }
+    pub fn total(&self) -> Duration {
+        Duration::from_millis(self.total_ms)
+    }
+}
+
+mod defaults {
+    pub fn connect_ms() -> u64 {
+        2_000
+    }
+    pub fn first_byte_ms() -> u64 {
+        30_000
+    }
+    pub fn total_ms() -> u64 {
+        60_000
+    }
+}
+
+/// One provider, as written in `providers/NAME.toml`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    pub kind: ProviderKind,
+    pub base_url: String,
+    pub model: String,
+    /// Name of the environment variable holding the API key (never the key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    pub tokenizer: Tokenizer,
+    pub context_window: u32,
+    #[serde(default)]
+    pub timeouts: Timeouts,
+    #[serde(default)]
+    pub honours_idempotency_key: bool,
+    #[serde(default)]
+    pub lookup: LookupMode,
+    /// OpenAI-style only: send `store: true` and `metadata.onejob_key`.
+    #[serde(default)]
+    pub store: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anthropic_version: Option<String>,
+    /// The file this came from; not part of the configuration itself.
+    #[serde(skip)]
+    pub source: PathBuf,
+}
+
+/// An API key. It can be used, never shown: `Debug` prints `***` and there is
+/// no `Display`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderConfigError {
+    #[error("cannot read provider directory {}: {source}", dir.display())]
+    ReadDir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: line {line}: {message}", path.display())]
+    Parse {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
+    #[error("{}: {field}: {message}", path.display())]
+    Invalid {
+        path: PathBuf,
+        field: &'static str,
+        message: String,
+    },
+    #[error("{}: api_key_env: environment variable {var} is not set (or not unicode)", path.display())]
+    MissingApiKey { path: PathBuf, var: String },
+    #[error("{}: base_url {base_url}: unreachable within {connect_ms} ms: {message}", path.display())]
+    Unreachable {
+        path: PathBuf,
+        base_url: String,
+        connect_ms: u64,
+        message: String,
+    },
+    #[error("{}: cannot build HTTP client: {message}", path.display())]
+    Client { path: PathBuf, message: String },
+}
+
+/// Load every `*.toml` in `dir`, keyed by file stem.
+pub fn load_dir(dir: &Path) -> Result<BTreeMap<String, ProviderConfig>, ProviderConfigError> {
+    let read_dir = |source| ProviderConfigError::ReadDir {
+        dir: dir.to_path_buf(),
+        source,
+    };
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(read_dir)? {
+        let path = entry.map_err(read_dir)?.path();
+        if path.extension().is_some_and(|e| e == "toml") && path.is_file() {
+            paths.push(path);
+        }
+    }
+    let mut out = BTreeMap::new();
+    for path in paths {
+        let Some(name) = path.file_stem().and_then(|s| s.to_str()) else {
+            continue;
+        };
+        out.insert(name.to_string(), ProviderConfig::load(&path)?);
+    }
+    Ok(out)
+}
+
+impl ProviderConfig {
+    pub fn load(path: &Path) -> Result<Self, ProviderConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ProviderConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parse the text of `path` (named in errors) and check its rules.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ProviderConfigError> {
+        let mut config: ProviderConfig = toml::from_str(text).map_err(|e| {
+            let start = e.span().map_or(0, |span| span.start.min(text.len()));
+            let line = text[..start].matches('\n').count() + 1;
+            // The offending line names the field even when toml's message
+            // (e.g. "invalid type: string, expected u32") does not.
+            let source_line = text.lines().nth(line - 1).unwrap_or("").trim();
+            ProviderConfigError::Parse {
+                path: path.to_path_buf(),
+                line,
+                message: format!("`{source_line}`: {}", e.message().trim()),
+            }
+        })?;
+        config.source = path.to_path_buf();
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn invalid(&self, field: &'static str, message: impl Into<String>) -> ProviderConfigError {
+        ProviderConfigError::Invalid {
+            path: self.source.clone(),
+            field,
+            message: message.into(),
+        }
+    }
+
+    fn validate(&self) -> Result<(), ProviderConfigError> {
+        let url = reqwest::Url::parse(&self.base_url).map_err(|e| {
+            self.invalid("base_url", format!("{:?} is not a URL: {e}", self.base_url))
+        })?;
+        if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+            return Err(self.invalid("base_url", "must be an http(s) URL with a host"));
+        }
+        if self.model.trim().is_empty() {
+            return Err(self.invalid("model", "must not be empty"));
+        }
+        match (&self.api_key_env, self.kind) {
+            (Some(var), _) if var.trim().is_empty() || var.contains('=') => {
+                return Err(self.invalid(
+                    "api_key_env",
+                    "must be the NAME of an environment variable, not a key",
+                ))
+            }
+            (None, ProviderKind::Openai | ProviderKind::Anthropic) => {
+                return Err(self.invalid("api_key_env", "required for this kind"))
+            }
+            _ => {}
+        }
+        if self.context_window == 0 {
+            return Err(self.invalid("context_window", "must be positive"));
+        }
+        let t = &self.timeouts;
+        if t.connect_ms == 0 || t.first_byte_ms == 0 || t.total_ms == 0 {
+            return Err(self.invalid("timeouts", "every timeout must be positive"));
+        }
+        if t.first_byte_ms > t.total_ms || t.connect_ms > t.first_byte_ms {
+            return Err(self.invalid(
+                "timeouts",
+                "expected connect_ms <= first_byte_ms <= total_ms",
+            ));
+        }
+        match (self.lookup, self.kind) {
+            (LookupMode::OpenaiStored, ProviderKind::Openai) if !self.store => {
+                return Err(self.invalid("lookup", "openai_stored needs store = true"))
+            }
+            (LookupMode::OpenaiStored, ProviderKind::Openai)
+            | (LookupMode::SimLedger, ProviderKind::Sim)
+            | (LookupMode::None, _) => {}
+            (LookupMode::OpenaiStored, _) => {
+                return Err(self.invalid("lookup", "openai_stored needs kind = \"openai\""))
+            }
+            (LookupMode::SimLedger, _) => {
+                return Err(self.invalid("lookup", "sim_ledger needs kind = \"sim\""))
+            }
+        }
+        if self.store && self.kind == ProviderKind::Anthropic {
+            return Err(self.invalid("store", "only OpenAI-style providers store completions"));
+        }
+        if self.anthropic_version.is_some() && self.kind != ProviderKind::Anthropic {
+            return Err(self.invalid("anthropic_version", "only for kind = \"anthropic\""));
+        }
+        Ok(())
+    }
+
+    /// The API key from the environment variable named by `api_key_env`;
+    /// `None` when the provider needs none.
+    pub fn resolve_api_key(&self) -> Result<Option<Secret>, ProviderConfigError> {
+        let Some(var) = &self.api_key_env else {
+            return Ok(None);
+        };
+        match std::env::var(var) {
+            Ok(value) if !value.is_empty() => Ok(Some(Secret(value))),
+            _ => Err(ProviderConfigError::MissingApiKey {
+                path: self.source.clone(),
+                var: var.clone(),
+            }),
+        }
+    }
+
+    /// Open (and close) a TCP connection to `base_url`'s host and port within
+    /// the connect timeout.
+    pub async fn check_reachable(&self) -> Result<(), ProviderConfigError> {
+        let unreachable = |message: String| ProviderConfigError::Unreachable {
+            path: self.source.clone(),
+            base_url: self.base_url.clone(),
+            connect_ms: self.timeouts.connect_ms,
+            message,
+        };
+        let url = reqwest::Url::parse(&self.base_url).map_err(|e| unreachable(e.to_string()))?;
+        let host = url
+            .host_str()
+            .ok_or_else(|| unreachable("no host".into()))?
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let port = url
+            .port_or_known_default()
+            .ok_or_else(|| unreachable("no port".into()))?;
+        let connect = tokio::net::TcpStream::connect((host.as_str(), port));
+        match tokio::time::timeout(self.timeouts.connect(), connect).await {
+            Ok(Ok(_stream)) => Ok(()),
+            Ok(Err(e)) => Err(unreachable(e.to_string())),
+            Err(_) => Err(unreachable("connect timed out".into())),
+        }
+    }
+
+    /// Hex SHA-256 of the canonical JSON of this configuration (defaults
+    /// filled in, source path left out): contract runs made under another
+    /// digest are stale.
+    pub fn digest(&self) -> String {
+        fingerprint(&serde_json::to_value(self).unwrap_or(serde_json::Value::Null))
+    }
+
+    pub fn anthropic_version(&self) -> &str {
+        self.anthropic_version
+            .as_deref()
+            .unwrap_or(DEFAULT_ANTHROPIC_VERSION)
+    }
+
+    /// `base_url` without a trailing slash, ready for `format!("{}/v1/…")`.
+    pub fn base(&self) -> &str {
+        self.base_url.trim_end_matches('/')
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SIM: &str = r#"
+kind = "sim"
+base_url = "http://127.0.0.1:8090"
+model = "healthy"
+tokenizer = "o200k_base"
+context_window = 16384
+lookup = "sim_ledger"
+"#;
+
+    #[test]
+    fn omitted_defaults_equal_written_defaults_in_the_digest() {
+        let a = ProviderConfig::parse(SIM, Path::new("a.toml")).unwrap();
+        let with = format!("{SIM}\n[timeouts]\nconnect_ms = 2000\n");
+        let b = ProviderConfig::parse(&with, Path::new("b.toml")).unwrap();
+        assert_eq!(a.digest(), b.digest());
+        let other = SIM.replace("\"healthy\"", "\"hang\"");
+        let c = ProviderConfig::parse(&other, Path::new("a.toml")).unwrap();
+        assert_ne!(a.digest(), c.digest());
+    }
+
+    #[test]
+    fn wrong_type_names_the_line_and_field() {
+        let text = SIM.replace("16384", "\"big\"");
+        let err = ProviderConfig::parse(&text, Path::new("p/x.toml")).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.starts_with("p/x.toml: line 6:"), "{msg}");
+        assert!(msg.contains("context_window"), "{msg}");
+    }
+
+    #[test]
+    fn secret_debug_hides_the_key() {
+        assert_eq!(format!("{:?}", Secret::new("sk-live")), "***");
+    }
+
+    #[test]
+    fn openai_stored_lookup_needs_store() {
+        let text = SIM
+            .replace("\"sim\"", "\"openai\"")
+            .replace("sim_ledger", "openai_stored")
+            + "api_key_env = \"K\"\n";
+        let err = ProviderConfig::parse(&text, Path::new("o.toml")).unwrap_err();
+        assert!(err.to_string().contains("lookup"), "{err}");
+    }
+}

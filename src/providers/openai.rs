@@ -1,0 +1,230 @@
+//! OpenAI Chat Completions (`POST /v1/chat/completions`), also spoken by the
+//! simulator and by OpenAI-compatible servers.
+//!
+//! Lookup by key works only for completions stored with `store: true` and
+//! `metadata.onejob_key`, listed with `GET /v1/chat/completions?metadata[onejob_key]=K`.
+
+use super::classify::{classify_response, error_chain, ErrorBody};
+use super::config::{LookupMode, ProviderConfig, Secret, Timeouts};
+use super::transport::{exchange, RawResponse};
+use super::{CallOutcome, ChatRequest, Failure, Lookup, Provider, Success, Usage};
+use crate::domain::request::Role;
+use async_trait::async_trait;
+use serde_json::{json, Map, Value};
+use std::time::Duration;
+
+/// Metadata key under which the stable key is stored with a completion.
+pub const METADATA_KEY: &str = "onejob_key";
+
+#[derive(Debug, Clone)]
+pub struct OpenAiProvider {
+    name: String,
+    client: reqwest::Client,
+    base: String,
+    model: String,
+    api_key: Option<Secret>,
+    store: bool,
+    lookup: LookupMode,
+    timeouts: Timeouts,
+}
+
+impl OpenAiProvider {
+    pub fn new(
+        name: &str,
+        config: &ProviderConfig,
+        client: reqwest::Client,
+        api_key: Option<Secret>,
+    ) -> Self {
+        OpenAiProvider {
+            name: name.to_string(),
+            client,
+            base: config.base().to_string(),
+            model: config.model.clone(),
+            api_key,
+            store: config.store,
+            lookup: config.lookup,
+            timeouts: config.timeouts,
+        }
+    }
+
+    /// A GET to `{base}{path}` with this provider's auth, under its timeouts.
+    pub(crate) async fn get(
+        &self,
+        path: &str,
+        query: &[(&str, &str)],
+    ) -> Result<RawResponse, CallOutcome> {
+        let mut request = self.client.get(format!("{}{path}", self.base)).query(query);
+        if let Some(key) = &self.api_key {
+            request = request.bearer_auth(key.expose());
+        }
+        exchange(request, &self.timeouts).await
+    }
+
+    async fn lookup_stored(&self, key: &str) -> Lookup {
+        let filter = format!("metadata[{METADATA_KEY}]");
+        let response = match self
+            .get("/v1/chat/completions", &[(filter.as_str(), key)])
+            .await
+        {
+            Ok(r) => r,
+            Err(outcome) => return Lookup::CannotTell(format!("lookup failed: {outcome:?}")),
+        };
+        if !response.status.is_success() {
+            let error = ErrorBody::parse(&response.body);
+            return Lookup::CannotTell(format!(
+                "lookup answered HTTP {}: {}",
+                response.status.as_u16(),
+                error.message.unwrap_or_default()
+            ));
+        }
+        let list: Value = match serde_json::from_slice(&response.body) {
+            Ok(v) => v,
+            Err(e) => return Lookup::CannotTell(format!("unreadable lookup answer: {e}")),
+        };
+        match list["data"].as_array().map(|d| d.first()) {
+            None => Lookup::CannotTell("lookup answer has no data list".into()),
+            Some(None) => Lookup::NotFound,
+            Some(Some(completion)) => match completion_to_success(completion, Duration::ZERO) {
+                Ok(Ok(success)) => Lookup::Found(success),
+                Ok(Err(failure)) => Lookup::CannotTell(format!(
+                    "stored completion is a {}: {}",
+                    failure.kind, failure.message
+                )),
+                Err(e) => Lookup::CannotTell(format!("unreadable stored completion: {e}")),
+            },
+        }
+    }
+}
+
+/// The request body in OpenAI's wire format: system first, then the turns.
+pub fn request_body(model: &str, request: &ChatRequest, store: bool) -> Value {
+    let mut messages = Vec::with_capacity(request.messages.len() + 1);
+    if let Some(system) = &request.system {
+        messages.push(json!({"role": "system", "content": system}));
+    }
+    for m in &request.messages {
+        let role = match m.role {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+        };
+        messages.push(json!({"role": role, "content": m.content}));
+    }
+    let mut body = Map::new();
+    body.insert("model".into(), json!(model));
+    body.insert("messages".into(), Value::Array(messages));
+    if let Some(t) = request.temperature {
+        body.insert("temperature".into(), json!(t));
+    }
+    if let Some(m) = request.max_tokens {
+        body.insert("max_tokens".into(), json!(m));
+    }
+    if let Some(p) = request.top_p {
+        body.insert("top_p".into(), json!(p));
+    }
+    if let Some(schema) = &request.response_schema {
+        body.insert(
+            "response_format".into(),
+            json!({"type": "json_schema",
+                   "json_schema": {"name": "output", "schema": schema, "strict": true}}),
+        );
+    }
+    if store {
+        body.insert("store".into(), json!(true));
+        body.insert(
+            "metadata".into(),
+            json!({ METADATA_KEY: request.idempotency_key }),
+        );
+    }
+    Value::Object(body)
+}
+
+/// Read a chat completion object (the answer to a create, or an item of the
+/// stored list). A refusal or a content-filter stop is a definitive failure.
+pub fn completion_to_success(
+    completion: &Value,
+    latency: Duration,
+) -> Result<Result<Success, Failure>, String> {
+    let choice = &completion["choices"][0];
+    let message = &choice["message"];
+    let refused = message["refusal"].as_str().filter(|r| !r.is_empty());
+    if refused.is_some() || choice["finish_reason"] == "content_filter" {
+        return Ok(Err(Failure {
+            retryable: false,
+            retry_after: None,
+            kind: "content_policy".into(),
+            message: refused
+                .unwrap_or("finish_reason content_filter")
+                .to_string(),
+            status: None,
+        }));
+    }
+    let output = message["content"]
+        .as_str()
+        .ok_or("choices[0].message.content is missing")?
+        .to_string();
+    let usage = &completion["usage"];
+    let usage = match (
+        usage["prompt_tokens"].as_u64(),
+        usage["completion_tokens"].as_u64(),
+    ) {
+        (Some(p), Some(c)) => Some(Usage {
+            prompt_tokens: u32::try_from(p).unwrap_or(u32::MAX),
+            completion_tokens: u32::try_from(c).unwrap_or(u32::MAX),
+        }),
+        _ => None,
+    };
+    Ok(Ok(Success {
+        output,
+        usage,
+        provider_request_id: completion["id"].as_str().map(str::to_string),
+        latency,
+    }))
+}
+
+/// Send `request` in OpenAI's wire format and classify the answer. Shared
+/// with the simulator client.
+pub(crate) async fn call_openai_wire(p: &OpenAiProvider, request: &ChatRequest) -> CallOutcome {
+    let body = request_body(&p.model, request, p.store);
+    let mut builder = p
+        .client
+        .post(format!("{}/v1/chat/completions", p.base))
+        .header("Idempotency-Key", &request.idempotency_key)
+        .json(&body);
+    if let Some(key) = &p.api_key {
+        builder = builder.bearer_auth(key.expose());
+    }
+    let response = match exchange(builder, &p.timeouts).await {
+        Ok(r) => r,
+        Err(outcome) => return outcome,
+    };
+    let latency = response.latency;
+    classify_response(response.status, &response.headers, &response.body, |body| {
+        let value: Value = serde_json::from_slice(body).map_err(|e| error_chain(&e))?;
+        completion_to_success(&value, latency)
+    })
+}
+
+#[async_trait]
+impl Provider for OpenAiProvider {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    #[tracing::instrument(skip_all, fields(provider = %self.name, key = %request.idempotency_key))]
+    async fn call(&self, request: &ChatRequest) -> CallOutcome {
+        let outcome = call_openai_wire(self, request).await;
+        super::trace_outcome(&outcome);
+        outcome
+    }
+
+    #[tracing::instrument(skip_all, fields(provider = %self.name, key = %idempotency_key))]
+    async fn lookup(&self, idempotency_key: &str) -> Lookup {
+        match self.lookup {
+            LookupMode::OpenaiStored => self.lookup_stored(idempotency_key).await,
+            LookupMode::None | LookupMode::SimLedger => {
+                Lookup::CannotTell(format!("provider {} has no lookup configured", self.name))
+            }
+        }
+    }
+}

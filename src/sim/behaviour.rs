@@ -1,0 +1,150 @@
+//! Behaviour specs: the request's `model` names how the simulator behaves,
+//! e.g. `healthy`, `healthy:latency=20`, `healthy:latency=10..50`, `fail:503`,
+//! `slow_first_byte:ms=500`, `rate_limit:retry_after=2`.
+//!
+//! Grammar: `NAME[:PARAM(,PARAM)*]`, a PARAM being `KEY=VALUE` or a bare
+//! status code. `latency` applies to every behaviour that answers.
+
+use rand::Rng;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// A valid answer (JSON matching the request's schema, or prose).
+    Healthy,
+    /// Never answers; nothing is executed.
+    Hang,
+    /// Executes and records in the ledger, then drops the connection.
+    DropResponse,
+    /// 400 invalid request.
+    Reject,
+    /// An error status (500 unless given).
+    Fail(u16),
+    /// 429 with `Retry-After` seconds.
+    RateLimit { retry_after_s: u64 },
+    /// 529 overloaded (Anthropic's).
+    Overloaded,
+    /// Executes, then waits this long before sending headers.
+    SlowFirstByte(Duration),
+    /// Valid output plus an invented top-level key.
+    HallucinateKey,
+    /// Prose instead of the JSON the schema asks for.
+    IgnoreSystem,
+    /// Prompt tokens as another tokenizer would count them (x1.5).
+    WrongUsage,
+    /// `stream: true`: some chunks, then the connection is cut.
+    StreamCut,
+    /// `stream: true`: some chunks, then silence forever.
+    StreamStall,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Latency {
+    Fixed(u64),
+    /// Uniform in `lo..=hi` milliseconds.
+    Uniform(u64, u64),
+}
+
+impl Latency {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let ms = |s: &str| {
+            s.trim()
+                .parse::<u64>()
+                .map_err(|_| format!("latency {text:?}: expected MS or LO..HI"))
+        };
+        match text.split_once("..") {
+            Some((lo, hi)) => {
+                let (lo, hi) = (ms(lo)?, ms(hi)?);
+                if lo > hi {
+                    return Err(format!("latency {text:?}: LO must not exceed HI"));
+                }
+                Ok(Latency::Uniform(lo, hi))
+            }
+            None => Ok(Latency::Fixed(ms(text)?)),
+        }
+    }
+
+    pub fn sample(&self) -> Duration {
+        match *self {
+            Latency::Fixed(ms) => Duration::from_millis(ms),
+            Latency::Uniform(lo, hi) => {
+                Duration::from_millis(rand::thread_rng().gen_range(lo..=hi))
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Behaviour {
+    pub fault: Fault,
+    pub latency: Option<Latency>,
+}
+
+impl Behaviour {
+    pub fn parse(spec: &str) -> Result<Self, String> {
+        let (name, params) = spec.split_once(':').unwrap_or((spec, ""));
+        let mut latency = None;
+        let mut status = None;
+        let mut ms = None;
+        let mut retry_after_s = None;
+        for param in params.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let number = |v: &str| {
+                v.parse::<u64>()
+                    .map_err(|_| format!("{spec:?}: {param:?} needs a whole number"))
+            };
+            match param.split_once('=') {
+                Some(("latency", v)) => latency = Some(Latency::parse(v)?),
+                Some(("ms", v)) => ms = Some(number(v)?),
+                Some(("retry_after", v)) => retry_after_s = Some(number(v)?),
+                Some((key, _)) => return Err(format!("{spec:?}: unknown parameter {key:?}")),
+                None => status = Some(number(param)?),
+            }
+        }
+        let fault = match name.trim() {
+            "healthy" => Fault::Healthy,
+            "hang" => Fault::Hang,
+            "drop_response" => Fault::DropResponse,
+            "reject" => Fault::Reject,
+            "fail" => {
+                let code = status.unwrap_or(500);
+                if !(400..=599).contains(&code) {
+                    return Err(format!("{spec:?}: status must be 400..599"));
+                }
+                Fault::Fail(code as u16)
+            }
+            "rate_limit" => Fault::RateLimit {
+                retry_after_s: retry_after_s.unwrap_or(1),
+            },
+            "overloaded" => Fault::Overloaded,
+            "slow_first_byte" => Fault::SlowFirstByte(Duration::from_millis(ms.unwrap_or(5_000))),
+            "hallucinate_key" => Fault::HallucinateKey,
+            "ignore_system" => Fault::IgnoreSystem,
+            "wrong_usage" => Fault::WrongUsage,
+            "stream_cut" => Fault::StreamCut,
+            "stream_stall" => Fault::StreamStall,
+            other => return Err(format!("unknown behaviour {other:?}")),
+        };
+        Ok(Behaviour { fault, latency })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse() {
+        let b = Behaviour::parse("healthy:latency=10..50").unwrap();
+        assert_eq!(b.latency, Some(Latency::Uniform(10, 50)));
+        assert_eq!(
+            Behaviour::parse("fail:503").unwrap().fault,
+            Fault::Fail(503)
+        );
+        assert_eq!(
+            Behaviour::parse("slow_first_byte:ms=250").unwrap().fault,
+            Fault::SlowFirstByte(Duration::from_millis(250))
+        );
+        assert!(Behaviour::parse("gpt-4o").is_err());
+        assert!(Behaviour::parse("healthy:speed=3").is_err());
+    }
+}

@@ -1,0 +1,98 @@
+//! The simulator's ledger: per idempotency key, how many times the work was
+//! executed and what was answered. A repeated key replays the recorded
+//! answer without executing again, so executions stay at one.
+
+use crate::providers::Usage;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+
+/// What an execution answered, independent of the wire format.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Answer {
+    pub id: String,
+    pub model: String,
+    pub output: String,
+    pub usage: Usage,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    executions: u64,
+    /// Fingerprint of the request that executed: the key may not be reused
+    /// with another body.
+    request_digest: String,
+    answer: Answer,
+}
+
+/// How a keyed request relates to the ledger.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Recorded {
+    /// Executed now, for the first time.
+    Executed(Answer),
+    /// Executed before with the same body: here is what was answered.
+    Replayed(Answer),
+    /// The key was used before with another body.
+    KeyReused,
+}
+
+#[derive(Debug, Default)]
+pub struct Ledger {
+    entries: Mutex<HashMap<String, Entry>>,
+}
+
+impl Ledger {
+    fn entries(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
+        // A panic while holding the lock leaves a consistent map: every
+        // mutation is a single insert.
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Execute (`execute` builds the answer) unless `key` was executed
+    /// before; check and record are one step under the lock.
+    pub fn execute_once(
+        &self,
+        key: &str,
+        request_digest: &str,
+        execute: impl FnOnce() -> Answer,
+    ) -> Recorded {
+        let mut entries = self.entries();
+        if let Some(entry) = entries.get(key) {
+            return if entry.request_digest == request_digest {
+                Recorded::Replayed(entry.answer.clone())
+            } else {
+                Recorded::KeyReused
+            };
+        }
+        let answer = execute();
+        entries.insert(
+            key.to_string(),
+            Entry {
+                executions: 1,
+                request_digest: request_digest.to_string(),
+                answer: answer.clone(),
+            },
+        );
+        Recorded::Executed(answer)
+    }
+
+    /// What the ledger holds for `key`, if it was executed: a replay, or a
+    /// reuse with another body.
+    pub fn recorded(&self, key: &str, request_digest: &str) -> Option<Recorded> {
+        self.entries().get(key).map(|entry| {
+            if entry.request_digest == request_digest {
+                Recorded::Replayed(entry.answer.clone())
+            } else {
+                Recorded::KeyReused
+            }
+        })
+    }
+
+    pub fn executions(&self, key: &str) -> u64 {
+        self.entries().get(key).map_or(0, |e| e.executions)
+    }
+
+    pub fn answer(&self, key: &str) -> Option<Answer> {
+        self.entries().get(key).map(|e| e.answer.clone())
+    }
+}

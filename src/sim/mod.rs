@@ -1,0 +1,242 @@
+//! The simulated provider: a real HTTP server speaking OpenAI's and
+//! Anthropic's wire formats, whose `model` picks a behaviour (healthy,
+//! hanging, dropping the connection after executing, rate limiting, …), with
+//! a ledger counting executions per `Idempotency-Key`.
+//!
+//! Endpoints: `POST /v1/chat/completions`, `GET /v1/chat/completions?metadata[K]=V`
+//! (stored completions), `POST /v1/messages`, `GET /sim/ledger?key=K`, `GET /healthz`.
+
+pub mod behaviour;
+pub mod ledger;
+pub mod schema_gen;
+mod wire;
+
+use axum::routing::{get, post};
+use axum::Router;
+use behaviour::{Behaviour, Latency};
+use ledger::Ledger;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Behaviour overrides, optionally read from `--config FILE`:
+///
+/// ```toml
+/// default_latency = "10..50"    # ms, fixed ("20") or uniform ("LO..HI")
+/// default_behaviour = "healthy" # for a model name that is not a behaviour spec
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct SimConfig {
+    pub default_latency: Option<Latency>,
+    pub default_behaviour: Option<Behaviour>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SimConfigFile {
+    default_latency: Option<String>,
+    default_behaviour: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SimConfigError {
+    #[error("cannot read simulator config {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("simulator config {}: {message}", path.display())]
+    Invalid { path: PathBuf, message: String },
+}
+
+impl SimConfig {
+    pub fn load(path: &Path) -> Result<Self, SimConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| SimConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let invalid = |message: String| SimConfigError::Invalid {
+            path: path.to_path_buf(),
+            message,
+        };
+        let file: SimConfigFile = toml::from_str(&text).map_err(|e| invalid(e.to_string()))?;
+        Ok(SimConfig {
+            default_latency: file
+                .default_latency
+                .as_deref()
+                .map(Latency::parse)
+                .transpose()
+                .map_err(|m| invalid(format!("default_latency: {m}")))?,
+            default_behaviour: file
+                .default_behaviour
+                .as_deref()
+                .map(Behaviour::parse)
+                .transpose()
+                .map_err(|m| invalid(format!("default_behaviour: {m}")))?,
+        })
+    }
+}
+
+type StoredCompletion = (Map<String, Value>, Value);
+
+pub(crate) struct SimState {
+    config: SimConfig,
+    ledger: Arc<Ledger>,
+    stored: Mutex<Vec<StoredCompletion>>,
+    closing: watch::Receiver<bool>,
+}
+
+impl SimState {
+    /// Resolves when the server shuts down (hanging handlers wait on this).
+    async fn closing(&self) {
+        let mut closing = self.closing.clone();
+        // An error means the sender is gone: the server is going away too.
+        let _ = closing.wait_for(|c| *c).await;
+    }
+
+    fn store(&self, metadata: Map<String, Value>, completion: Value) {
+        self.stored
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((metadata, completion));
+    }
+
+    fn stored_matching(&self, filters: &[(&str, &str)]) -> Vec<Value> {
+        self.stored
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(meta, _)| {
+                filters
+                    .iter()
+                    .all(|(k, v)| meta.get(*k).and_then(Value::as_str) == Some(*v))
+            })
+            .map(|(_, completion)| completion.clone())
+            .collect()
+    }
+}
+
+fn router(state: Arc<SimState>) -> Router {
+    Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(wire::openai_chat).get(wire::list_stored),
+        )
+        .route("/v1/messages", post(wire::anthropic_messages))
+        .route("/sim/ledger", get(wire::ledger))
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(state)
+}
+
+/// Serve the simulator on `listener` until the process ends.
+pub async fn serve(listener: TcpListener, config: SimConfig) -> std::io::Result<()> {
+    serve_with_shutdown(
+        listener,
+        config,
+        Arc::new(Ledger::default()),
+        std::future::pending(),
+    )
+    .await
+}
+
+/// Serve until `shutdown` resolves; then hanging requests are released and
+/// in-flight ones finish.
+pub async fn serve_with_shutdown(
+    listener: TcpListener,
+    config: SimConfig,
+    ledger: Arc<Ledger>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let (closing_tx, closing) = watch::channel(false);
+    let state = Arc::new(SimState {
+        config,
+        ledger,
+        stored: Mutex::new(Vec::new()),
+        closing,
+    });
+    tracing::info!(addr = ?listener.local_addr().ok(), "simulator listening");
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            let _ = closing_tx.send(true);
+        })
+        .await
+}
+
+/// The simulator as an object, for tests and the demo: start on a port
+/// (0 for any), read the ledger, shut down.
+pub struct SimServer;
+
+impl SimServer {
+    pub async fn start(addr: &str) -> std::io::Result<SimHandle> {
+        Self::start_with(addr, SimConfig::default()).await
+    }
+
+    pub async fn start_with(addr: &str, config: SimConfig) -> std::io::Result<SimHandle> {
+        let listener = TcpListener::bind(addr).await?;
+        let local_addr = listener.local_addr()?;
+        let ledger = Arc::new(Ledger::default());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(serve_with_shutdown(
+            listener,
+            config,
+            ledger.clone(),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        Ok(SimHandle {
+            local_addr,
+            ledger,
+            stop: Some(stop),
+            task,
+        })
+    }
+}
+
+pub struct SimHandle {
+    local_addr: SocketAddr,
+    ledger: Arc<Ledger>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+impl SimHandle {
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// `http://ADDR`, the `base_url` a provider config points at.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.local_addr)
+    }
+
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// Stop accepting, release hanging requests, wait for the server to end.
+    pub async fn shutdown(mut self) -> std::io::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match (&mut self.task).await {
+            Ok(result) => result,
+            Err(e) => Err(std::io::Error::other(e)),
+        }
+    }
+}
+
+impl Drop for SimHandle {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}

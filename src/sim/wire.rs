@@ -1,0 +1,450 @@
+//! The simulator's HTTP handlers, speaking OpenAI's and Anthropic's
+//! published wire formats, and the one place a request is executed.
+//!
+//! Usage is approximate and documented as such: a text counts
+//! `ceil(chars / 4)` tokens and each message adds 3. (`wrong_usage` reports
+//! 1.5 times the prompt count, as a tokenizer with another vocabulary might.)
+
+use super::behaviour::{Behaviour, Fault};
+use super::ledger::{Answer, Recorded};
+use super::schema_gen::{generate, prose};
+use super::SimState;
+use crate::domain::fingerprint::{canonical_json, fingerprint};
+use crate::providers::Usage;
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::stream::{self, BoxStream, StreamExt};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use serde_json::{json, Map, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wire {
+    OpenAi,
+    Anthropic,
+}
+
+/// A chat request, whichever wire it came in on.
+#[derive(Debug)]
+struct SimRequest {
+    model: String,
+    /// Role and text of every turn, system turns included, in order.
+    turns: Vec<(String, String)>,
+    schema: Option<Value>,
+    stream: bool,
+    store: bool,
+    metadata: Map<String, Value>,
+    /// Fingerprint of the body minus `stream`: a key may not be reused with another.
+    digest: String,
+    seed: u64,
+}
+
+/// Text of a `content` that is a string or a list of `{type:"text",text}` blocks.
+fn text_of(content: &Value) -> Option<String> {
+    match content {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(blocks) => Some(blocks.iter().filter_map(|b| b["text"].as_str()).collect()),
+        _ => None,
+    }
+}
+
+fn parse_request(wire: Wire, body: &Value) -> Result<SimRequest, String> {
+    let model = body["model"]
+        .as_str()
+        .ok_or("model: required string")?
+        .to_string();
+    let mut turns = Vec::new();
+    if wire == Wire::Anthropic {
+        if let Some(system) = body.get("system").and_then(text_of) {
+            turns.push(("system".to_string(), system));
+        }
+        if body["max_tokens"].as_u64().is_none() {
+            return Err("max_tokens: Field required".into());
+        }
+    }
+    for (i, m) in body["messages"]
+        .as_array()
+        .ok_or("messages: required list")?
+        .iter()
+        .enumerate()
+    {
+        let role = m["role"]
+            .as_str()
+            .ok_or(format!("messages.{i}.role: required"))?;
+        if wire == Wire::Anthropic && !matches!(role, "user" | "assistant") {
+            return Err(format!("messages.{i}.role: unexpected role {role:?}"));
+        }
+        let content = text_of(&m["content"]).ok_or(format!("messages.{i}.content: required"))?;
+        turns.push((role.to_string(), content));
+    }
+    let schema = match wire {
+        Wire::OpenAi => body.pointer("/response_format/json_schema/schema"),
+        Wire::Anthropic => body.pointer("/output_format/schema"),
+    }
+    .cloned();
+    let mut unstreamed = body.clone();
+    if let Some(o) = unstreamed.as_object_mut() {
+        o.remove("stream");
+    }
+    let seed_text = canonical_json(&json!({"turns": turns, "schema": schema}));
+    let seed_hex = fingerprint(&Value::String(seed_text));
+    Ok(SimRequest {
+        model,
+        turns,
+        schema,
+        stream: body["stream"] == true,
+        store: body["store"] == true,
+        metadata: body["metadata"].as_object().cloned().unwrap_or_default(),
+        digest: fingerprint(&unstreamed),
+        seed: u64::from_str_radix(&seed_hex[..16], 16).unwrap_or(0),
+    })
+}
+
+fn approx_tokens(text: &str) -> u32 {
+    u32::try_from(text.chars().count().div_ceil(4)).unwrap_or(u32::MAX)
+}
+
+/// Execute the request: the answer is a pure function of the prompt and schema.
+fn execute(request: &SimRequest, fault: Fault) -> Answer {
+    let mut rng = StdRng::seed_from_u64(request.seed);
+    let output = match &request.schema {
+        Some(schema) if fault != Fault::IgnoreSystem => {
+            let mut value = generate(schema, &mut rng);
+            if let (Fault::HallucinateKey, Value::Object(fields)) = (fault, &mut value) {
+                fields.insert("confidence_note".into(), json!("invented by the model"));
+            }
+            value.to_string()
+        }
+        _ => prose(&mut rng, 12),
+    };
+    let mut prompt_tokens: u32 = request
+        .turns
+        .iter()
+        .map(|(_, t)| approx_tokens(t) + 3)
+        .sum();
+    if fault == Fault::WrongUsage {
+        prompt_tokens = prompt_tokens.saturating_mul(3) / 2 + 1;
+    }
+    Answer {
+        id: format!("sim-{}", uuid::Uuid::new_v4().simple()),
+        model: request.model.clone(),
+        usage: Usage {
+            prompt_tokens,
+            completion_tokens: approx_tokens(&output),
+        },
+        output,
+    }
+}
+
+pub(crate) fn openai_completion(a: &Answer) -> Value {
+    json!({
+        "id": a.id, "object": "chat.completion", "created": 0, "model": a.model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": a.output, "refusal": null},
+                     "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": a.usage.prompt_tokens, "completion_tokens": a.usage.completion_tokens,
+                  "total_tokens": a.usage.prompt_tokens + a.usage.completion_tokens},
+    })
+}
+
+fn anthropic_message(a: &Answer) -> Value {
+    json!({
+        "id": a.id, "type": "message", "role": "assistant", "model": a.model,
+        "content": [{"type": "text", "text": a.output}],
+        "stop_reason": "end_turn", "stop_sequence": null,
+        "usage": {"input_tokens": a.usage.prompt_tokens, "output_tokens": a.usage.completion_tokens},
+    })
+}
+
+fn error(wire: Wire, status: u16, kind: &str, code: &str, message: &str) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let body = match wire {
+        Wire::OpenAi => {
+            json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
+        }
+        Wire::Anthropic => json!({"type": "error", "error": {"type": kind, "message": message}}),
+    };
+    (status, Json(body)).into_response()
+}
+
+type Frames = BoxStream<'static, Result<Bytes, std::io::Error>>;
+
+fn aborted() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::ConnectionAborted,
+        "simulated connection drop",
+    )
+}
+
+/// SSE frames of `answer` in the wire's streaming format.
+fn sse_frames(wire: Wire, a: &Answer) -> Vec<String> {
+    let chars: Vec<char> = a.output.chars().collect();
+    let pieces: Vec<String> = chars.chunks(16).map(|c| c.iter().collect()).collect();
+    let frame = |event: Option<&str>, data: Value| match event {
+        Some(e) => format!("event: {e}\ndata: {data}\n\n"),
+        None => format!("data: {data}\n\n"),
+    };
+    let mut frames = Vec::new();
+    match wire {
+        Wire::OpenAi => {
+            let chunk = |delta: Value, finish: Value| {
+                json!({"id": a.id, "object": "chat.completion.chunk", "created": 0, "model": a.model,
+                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+            };
+            frames.push(frame(
+                None,
+                chunk(json!({"role": "assistant", "content": ""}), Value::Null),
+            ));
+            for p in pieces {
+                frames.push(frame(None, chunk(json!({"content": p}), Value::Null)));
+            }
+            frames.push(frame(None, chunk(json!({}), json!("stop"))));
+            frames.push("data: [DONE]\n\n".to_string());
+        }
+        Wire::Anthropic => {
+            let mut start = anthropic_message(a);
+            start["content"] = json!([]);
+            frames.push(frame(
+                Some("message_start"),
+                json!({"type": "message_start", "message": start}),
+            ));
+            frames.push(frame(
+                Some("content_block_start"),
+                json!({"type": "content_block_start",
+                "index": 0, "content_block": {"type": "text", "text": ""}}),
+            ));
+            for p in pieces {
+                frames.push(frame(
+                    Some("content_block_delta"),
+                    json!({"type": "content_block_delta",
+                    "index": 0, "delta": {"type": "text_delta", "text": p}}),
+                ));
+            }
+            frames.push(frame(
+                Some("content_block_stop"),
+                json!({"type": "content_block_stop", "index": 0}),
+            ));
+            frames.push(frame(Some("message_delta"), json!({"type": "message_delta",
+                "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": a.usage.completion_tokens}})));
+            frames.push(frame(Some("message_stop"), json!({"type": "message_stop"})));
+        }
+    }
+    frames
+}
+
+fn answer_response(
+    state: &Arc<SimState>,
+    wire: Wire,
+    a: &Answer,
+    stream: bool,
+    fault: Fault,
+) -> Response {
+    if !stream {
+        let body = match wire {
+            Wire::OpenAi => openai_completion(a),
+            Wire::Anthropic => anthropic_message(a),
+        };
+        return Json(body).into_response();
+    }
+    let mut frames = sse_frames(wire, a);
+    let tail: Frames = match fault {
+        Fault::StreamCut => {
+            frames.truncate(frames.len() / 2);
+            stream::once(async {
+                // One pending poll lets hyper flush the frames sent so far;
+                // erroring at once would drop them with the connection.
+                tokio::task::yield_now().await;
+                Err(aborted())
+            })
+            .boxed()
+        }
+        Fault::StreamStall => {
+            frames.truncate(frames.len() / 2);
+            let state = state.clone();
+            stream::once(async move {
+                state.closing().await;
+                Err(aborted())
+            })
+            .boxed()
+        }
+        _ => stream::empty().boxed(),
+    };
+    let body: Frames = stream::iter(frames.into_iter().map(|f| Ok(Bytes::from(f))))
+        .chain(tail)
+        .boxed();
+    let mut response = Response::new(Body::from_stream(body));
+    response.headers_mut().insert(
+        "content-type",
+        HeaderValue::from_static("text/event-stream"),
+    );
+    response
+}
+
+pub(crate) async fn openai_chat(
+    state: State<Arc<SimState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    chat(state, Wire::OpenAi, headers, body).await
+}
+
+pub(crate) async fn anthropic_messages(
+    state: State<Arc<SimState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    chat(state, Wire::Anthropic, headers, body).await
+}
+
+async fn chat(
+    State(state): State<Arc<SimState>>,
+    wire: Wire,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let invalid = |m: &str| error(wire, 400, "invalid_request_error", "invalid_request", m);
+    let value: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return invalid(&format!("body is not JSON: {e}")),
+    };
+    let request = match parse_request(wire, &value) {
+        Ok(r) => r,
+        Err(m) => return invalid(&m),
+    };
+    let behaviour = match Behaviour::parse(&request.model) {
+        Ok(b) => b,
+        Err(m) => match state.config.default_behaviour {
+            Some(b) => b,
+            None => return error(wire, 404, "not_found_error", "model_not_found", &m),
+        },
+    };
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let reused = || invalid("Idempotency-Key was already used with another request body");
+    // A recorded key is answered from the ledger whatever the behaviour now.
+    if let Some(recorded) = key
+        .as_deref()
+        .and_then(|k| state.ledger.recorded(k, &request.digest))
+    {
+        return match recorded {
+            Recorded::Replayed(answer) | Recorded::Executed(answer) => {
+                let mut response =
+                    answer_response(&state, wire, &answer, request.stream, Fault::Healthy);
+                response
+                    .headers_mut()
+                    .insert("idempotent-replayed", HeaderValue::from_static("true"));
+                response
+            }
+            Recorded::KeyReused => reused(),
+        };
+    }
+    match behaviour.fault {
+        Fault::Hang => {
+            state.closing().await;
+            return error(
+                wire,
+                503,
+                "api_error",
+                "shutting_down",
+                "simulator shutting down",
+            );
+        }
+        Fault::Reject => return invalid("simulated rejection"),
+        Fault::Fail(status) => {
+            return error(
+                wire,
+                status,
+                "api_error",
+                "server_error",
+                "simulated failure",
+            )
+        }
+        Fault::Overloaded => {
+            return error(wire, 529, "overloaded_error", "overloaded", "Overloaded")
+        }
+        Fault::RateLimit { retry_after_s } => {
+            let mut response = error(
+                wire,
+                429,
+                "rate_limit_error",
+                "rate_limit_exceeded",
+                "simulated rate limit",
+            );
+            response
+                .headers_mut()
+                .insert("retry-after", HeaderValue::from(retry_after_s));
+            return response;
+        }
+        _ => {}
+    }
+    let answer = match &key {
+        Some(k) => match state
+            .ledger
+            .execute_once(k, &request.digest, || execute(&request, behaviour.fault))
+        {
+            Recorded::Executed(a) | Recorded::Replayed(a) => a,
+            Recorded::KeyReused => return reused(),
+        },
+        None => execute(&request, behaviour.fault),
+    };
+    if request.store && wire == Wire::OpenAi {
+        state.store(request.metadata.clone(), openai_completion(&answer));
+    }
+    if let Some(latency) = behaviour.latency.or(state.config.default_latency) {
+        tokio::time::sleep(latency.sample()).await;
+    }
+    match behaviour.fault {
+        Fault::DropResponse => Response::new(Body::from_stream(stream::once(async {
+            Err::<Bytes, _>(aborted())
+        }))),
+        Fault::SlowFirstByte(wait) => {
+            tokio::time::sleep(wait).await;
+            answer_response(&state, wire, &answer, request.stream, behaviour.fault)
+        }
+        fault => answer_response(&state, wire, &answer, request.stream, fault),
+    }
+}
+
+/// `GET /v1/chat/completions?metadata[K]=V`: stored completions matching every filter.
+pub(crate) async fn list_stored(
+    State(state): State<Arc<SimState>>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Json<Value> {
+    let filters: Vec<(&str, &str)> = query
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix("metadata[")?.strip_suffix(']')?, v.as_str())))
+        .collect();
+    let data = state.stored_matching(&filters);
+    let id = |c: Option<&Value>| c.map_or(Value::Null, |c| c["id"].clone());
+    Json(
+        json!({"object": "list", "first_id": id(data.first()), "last_id": id(data.last()),
+                "has_more": false, "data": data}),
+    )
+}
+
+/// `GET /sim/ledger?key=K`.
+pub(crate) async fn ledger(
+    State(state): State<Arc<SimState>>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let Some(key) = query.get("key") else {
+        return error(
+            Wire::OpenAi,
+            400,
+            "invalid_request_error",
+            "missing_key",
+            "key is required",
+        );
+    };
+    Json(
+        json!({"key": key, "executions": state.ledger.executions(key),
+                "answer": state.ledger.answer(key)}),
+    )
+    .into_response()
+}

@@ -1,0 +1,174 @@
+//! The Anthropic adapter against a fake upstream speaking Anthropic's
+//! published Messages format.
+#![allow(clippy::unwrap_used)]
+
+mod upstream;
+
+use upstream::{json, json_with, request, run_rows, transport_rows, upstream, Expect, Row};
+use onejob::providers::{CallOutcome, Lookup};
+use serde_json::json;
+use std::time::Duration;
+
+const SUCCESS: &str = r#"{"id":"msg_1","type":"message","role":"assistant","model":"m",
+ "content":[{"type":"text","text":"{\"a\":"},{"type":"text","text":"\"x\"}"}],
+ "stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":20,"output_tokens":4}}"#;
+
+fn error(kind: &str, message: &str) -> String {
+    format!(r#"{{"type":"error","error":{{"type":"{kind}","message":"{message}"}}}}"#)
+}
+
+#[tokio::test]
+async fn every_answer_class_is_classified_where_it_is_born() {
+    let mut rows = vec![
+        Row {
+            name: "200 message",
+            reply: json(200, SUCCESS),
+            expect: Expect::Succeeded {
+                output: "{\"a\":\"x\"}",
+            },
+        },
+        Row {
+            name: "400 prompt too long",
+            reply: json(
+                400,
+                &error(
+                    "invalid_request_error",
+                    "prompt is too long: 210000 tokens > 200000 maximum",
+                ),
+            ),
+            expect: Expect::Failed {
+                retryable: false,
+                kind: "context_length_exceeded",
+                retry_after: None,
+            },
+        },
+        Row {
+            name: "400 usage policy",
+            reply: json(
+                400,
+                &error(
+                    "invalid_request_error",
+                    "Output blocked by content filtering policy (content_filter)",
+                ),
+            ),
+            expect: Expect::Failed {
+                retryable: false,
+                kind: "content_policy",
+                retry_after: None,
+            },
+        },
+        Row {
+            name: "429 with Retry-After",
+            reply: json_with(
+                429,
+                vec![("retry-after", "12")],
+                &error(
+                    "rate_limit_error",
+                    "Number of request tokens has exceeded your per-minute rate limit",
+                ),
+            ),
+            expect: Expect::Failed {
+                retryable: true,
+                kind: "rate_limited",
+                retry_after: Some(Duration::from_secs(12)),
+            },
+        },
+        Row {
+            name: "529 overloaded",
+            reply: json(529, &error("overloaded_error", "Overloaded")),
+            expect: Expect::Failed {
+                retryable: true,
+                kind: "overloaded",
+                retry_after: None,
+            },
+        },
+        Row {
+            name: "401",
+            reply: json(401, &error("authentication_error", "invalid x-api-key")),
+            expect: Expect::Failed {
+                retryable: false,
+                kind: "unauthorized",
+                retry_after: None,
+            },
+        },
+        Row {
+            name: "200 refusal",
+            reply: json(
+                200,
+                r#"{"id":"m","type":"message","content":[],"stop_reason":"refusal","usage":{"input_tokens":1,"output_tokens":0}}"#,
+            ),
+            expect: Expect::Failed {
+                retryable: false,
+                kind: "content_policy",
+                retry_after: None,
+            },
+        },
+        Row {
+            name: "200 without content",
+            reply: json(200, r#"{"id":"m","type":"message"}"#),
+            expect: Expect::Unknown {
+                kind: "invalid_body",
+            },
+        },
+    ];
+    rows.extend(transport_rows());
+    run_rows("anthropic", rows).await;
+}
+
+#[tokio::test]
+async fn request_has_top_level_system_alternating_turns_and_headers() {
+    let up = upstream(json(200, SUCCESS)).await;
+    let provider = upstream::provider("anthropic", &up.base_url);
+    let outcome = provider.call(&request()).await;
+    let CallOutcome::Succeeded(success) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert_eq!(success.provider_request_id.as_deref(), Some("msg_1"));
+    assert_eq!(
+        success
+            .usage
+            .map(|u| (u.prompt_tokens, u.completion_tokens)),
+        Some((20, 4))
+    );
+
+    let s = &up.seen()[0];
+    assert_eq!(s.uri.path(), "/v1/messages");
+    assert_eq!(s.headers["x-api-key"], upstream::KEY_VALUE);
+    assert_eq!(s.headers["anthropic-version"], "2023-06-01");
+    assert_eq!(s.headers["idempotency-key"], "onejob-test-key");
+    assert_eq!(s.body["system"], "Answer in JSON.");
+    assert_eq!(
+        s.body["messages"],
+        json!([{"role":"user","content":"first\n\nsecond"},{"role":"assistant","content":"ok"},
+               {"role":"user","content":"third"}])
+    );
+    assert_eq!(s.body["max_tokens"], 64);
+}
+
+#[tokio::test]
+async fn a_conversation_opening_with_the_assistant_is_never_sent() {
+    let up = upstream(json(200, SUCCESS)).await;
+    let provider = upstream::provider("anthropic", &up.base_url);
+    let mut req = request();
+    req.messages.insert(
+        0,
+        onejob::domain::request::Message {
+            role: onejob::domain::request::Role::Assistant,
+            content: "hello".into(),
+        },
+    );
+    let outcome = provider.call(&req).await;
+    assert!(
+        matches!(&outcome, CallOutcome::Failed(f) if !f.retryable && f.kind == "invalid_prompt"),
+        "{outcome:?}"
+    );
+    assert!(up.seen().is_empty());
+}
+
+#[tokio::test]
+async fn anthropic_cannot_tell_by_key() {
+    let up = upstream(json(200, SUCCESS)).await;
+    let provider = upstream::provider("anthropic", &up.base_url);
+    assert!(matches!(provider.lookup("k").await, Lookup::CannotTell(m) if m.contains("no lookup")));
+    assert!(up.seen().is_empty());
+}

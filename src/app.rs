@@ -6,6 +6,7 @@
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::http::{self, AppState};
+use crate::providers::catalog::Catalog;
 use crate::store::{self, Store};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -14,6 +15,10 @@ use tokio::net::TcpListener;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    #[error(transparent)]
+    Providers(#[from] crate::providers::config::ProviderConfigError),
+    #[error(transparent)]
+    Contracts(#[from] crate::contracts::ContractError),
     #[error("cannot open database {url}: {source}")]
     Database {
         url: String,
@@ -62,11 +67,22 @@ impl Application {
                     addr: config.listen,
                     source,
                 })?;
+        let providers = Arc::new(Catalog::load(
+            &config.providers_dir,
+            config.sim_base_url.as_deref(),
+        )?);
+        let contracts = Arc::new(if config.contracts_dir.exists() {
+            crate::contracts::load_all(&config.contracts_dir)?
+        } else {
+            Default::default()
+        });
         let state = AppState {
             config: Arc::new(config),
             store,
             clock,
             keys: Arc::default(),
+            providers,
+            contracts,
         };
         Ok(Application { listener, state })
     }

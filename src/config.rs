@@ -41,6 +41,10 @@ pub struct ServerSection {
     pub database_url: Option<String>,
     /// Largest accepted request body, in bytes.
     pub max_body_bytes: Option<usize>,
+    /// One TOML per provider [default: providers/ beside the config].
+    pub providers_dir: Option<String>,
+    /// One folder per contract [default: contracts/ beside the config].
+    pub contracts_dir: Option<String>,
 }
 
 /// The policy a job runs under.
@@ -141,7 +145,12 @@ pub struct Config {
     pub listen: SocketAddr,
     pub database: DatabaseUrl,
     pub max_body_bytes: usize,
+    pub providers_dir: PathBuf,
+    pub contracts_dir: PathBuf,
     pub routes: BTreeMap<String, RouteConfig>,
+    /// Set by `onejob demo` and tests that start their own simulator: every
+    /// `kind = "sim"` provider talks to this URL instead of its `base_url`.
+    pub sim_base_url: Option<String>,
 }
 
 impl Config {
@@ -230,11 +239,16 @@ impl Config {
             routes.insert("default".to_string(), RouteConfig::builtin_default());
         }
         Ok(Config {
-            base_dir,
+            base_dir: base_dir.clone(),
             listen,
             database,
             max_body_bytes: file.server.max_body_bytes.unwrap_or(1024 * 1024),
+            providers_dir: base_dir
+                .join(file.server.providers_dir.as_deref().unwrap_or("providers")),
+            contracts_dir: base_dir
+                .join(file.server.contracts_dir.as_deref().unwrap_or("contracts")),
             routes,
+            sim_base_url: None,
         })
     }
 }

@@ -4,10 +4,10 @@
 
 mod upstream;
 
-use upstream::{json, json_with, request, run_rows, transport_rows, upstream, Expect, Row};
 use onejob::providers::{CallOutcome, Lookup};
 use serde_json::json;
 use std::time::Duration;
+use upstream::{json, json_with, request, run_rows, transport_rows, upstream, Expect, Row};
 
 const SUCCESS: &str = r#"{"id":"msg_1","type":"message","role":"assistant","model":"m",
  "content":[{"type":"text","text":"{\"a\":"},{"type":"text","text":"\"x\"}"}],

@@ -4,9 +4,9 @@
 
 mod upstream;
 
-use upstream::{json, json_with, request, run_rows, transport_rows, upstream, Expect, Row};
 use onejob::providers::{build_provider, CallOutcome, Lookup};
 use std::time::Duration;
+use upstream::{json, json_with, request, run_rows, transport_rows, upstream, Expect, Row};
 
 const SUCCESS: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m",
  "choices":[{"index":0,"message":{"role":"assistant","content":"{\"a\":\"x\"}","refusal":null},"finish_reason":"stop"}],

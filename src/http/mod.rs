@@ -7,6 +7,8 @@ pub mod views;
 
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::contracts::Contract;
+use crate::providers::catalog::Catalog;
 use crate::store::Store;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
@@ -14,6 +16,7 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use error::ApiError;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Everything a handler may use.
@@ -23,6 +26,8 @@ pub struct AppState {
     pub store: Arc<dyn Store>,
     pub clock: Arc<dyn Clock>,
     pub keys: Arc<auth::KeyCache>,
+    pub providers: Arc<Catalog>,
+    pub contracts: Arc<BTreeMap<String, Contract>>,
 }
 
 pub fn router(state: AppState) -> Router {

@@ -6,6 +6,7 @@
 //! key, whether it executed the work.
 
 pub mod anthropic;
+pub mod catalog;
 pub mod classify;
 pub mod config;
 pub mod openai;

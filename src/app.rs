@@ -5,8 +5,15 @@
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
+use crate::engine::{Engine, OpenGate};
 use crate::http::{self, AppState};
+use crate::metrics::Metrics;
 use crate::providers::catalog::Catalog;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// How long shutdown waits for jobs being driven to finish their round.
+const ENGINE_DRAIN: Duration = Duration::from_secs(10);
 use crate::store::{self, Store};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -76,13 +83,28 @@ impl Application {
         } else {
             Default::default()
         });
+        let config = Arc::new(config);
+        let metrics = Arc::new(Metrics::default());
+        let engine = config.engine.enabled.then(|| {
+            Engine::new(
+                config.clone(),
+                store.clone(),
+                clock.clone(),
+                providers.clone(),
+                contracts.clone(),
+                Arc::new(OpenGate),
+                metrics.clone(),
+            )
+        });
         let state = AppState {
-            config: Arc::new(config),
+            config,
             store,
             clock,
             keys: Arc::default(),
             providers,
             contracts,
+            engine,
+            metrics,
         };
         Ok(Application { listener, state })
     }
@@ -108,10 +130,26 @@ impl Application {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let store = self.state.store.clone();
+        let (stop, stopped) = watch::channel(false);
+        let engine = self.state.engine.clone().map(|engine| {
+            let stopped = stopped.clone();
+            let runner = engine.clone();
+            (
+                engine,
+                tokio::spawn(async move { runner.run(stopped).await }),
+            )
+        });
         let router = http::router(self.state);
         axum::serve(self.listener, router)
             .with_graceful_shutdown(shutdown)
             .await?;
+        let _ = stop.send(true);
+        if let Some((engine, runner)) = engine {
+            let _ = runner.await;
+            if !engine.drain(ENGINE_DRAIN).await {
+                tracing::warn!("jobs still in flight at shutdown; another process resumes them");
+            }
+        }
         store.close().await;
         Ok(())
     }

@@ -31,7 +31,52 @@ pub struct FileConfig {
     #[serde(default)]
     pub server: ServerSection,
     #[serde(default)]
+    pub engine: EngineConfig,
+    #[serde(default)]
     pub routes: BTreeMap<String, RouteConfig>,
+}
+
+/// How the engine inside `onejob serve` runs jobs.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineConfig {
+    /// Run jobs in this process (false: accept and store only).
+    pub enabled: bool,
+    /// How often the dispatcher looks for runnable jobs it was not handed
+    /// directly (retries due, jobs of a crashed process).
+    pub poll_interval_ms: u64,
+    /// How often unknown attempts are reconciled with their provider.
+    pub reconcile_interval_ms: u64,
+    /// An unknown attempt is first asked about this long after it started
+    /// (some providers list stored work only after a delay).
+    pub reconcile_min_age_ms: u64,
+    /// Jobs driven at once by this process.
+    pub max_concurrent_jobs: usize,
+    /// How long a losing attempt still in flight after another won may
+    /// finish (its usage is then recorded) before its request is dropped.
+    pub loser_grace_ms: u64,
+    pub breaker_threshold: u32,
+    pub breaker_open_ms: u64,
+    pub breaker_probe_every: u32,
+    /// Seed for backoff jitter; random when absent.
+    pub rng_seed: Option<u64>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            enabled: true,
+            poll_interval_ms: 250,
+            reconcile_interval_ms: 1_000,
+            reconcile_min_age_ms: 2_000,
+            max_concurrent_jobs: 4_096,
+            loser_grace_ms: 1_000,
+            breaker_threshold: 5,
+            breaker_open_ms: 5_000,
+            breaker_probe_every: 10,
+            rng_seed: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -148,6 +193,7 @@ pub struct Config {
     pub providers_dir: PathBuf,
     pub contracts_dir: PathBuf,
     pub routes: BTreeMap<String, RouteConfig>,
+    pub engine: EngineConfig,
     /// Set by `onejob demo` and tests that start their own simulator: every
     /// `kind = "sim"` provider talks to this URL instead of its `base_url`.
     pub sim_base_url: Option<String>,
@@ -165,6 +211,7 @@ impl Config {
             Ok(text) => Self::parse_file(&file_path, &text)?,
             Err(e) if !explicit && e.kind() == std::io::ErrorKind::NotFound => FileConfig {
                 server: ServerSection::default(),
+                engine: EngineConfig::default(),
                 routes: BTreeMap::new(),
             },
             Err(source) => {
@@ -248,6 +295,7 @@ impl Config {
             contracts_dir: base_dir
                 .join(file.server.contracts_dir.as_deref().unwrap_or("contracts")),
             routes,
+            engine: file.engine,
             sim_base_url: None,
         })
     }

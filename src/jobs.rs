@@ -7,6 +7,7 @@ use crate::domain::fingerprint::{canonical_json, fingerprint};
 use crate::domain::job::NewJob;
 use crate::domain::request::IdempotencyKey;
 use crate::domain::{new_id, Job, JobRequest, RequestError};
+use crate::engine::Engine;
 use crate::keys::Caller;
 use crate::store::{event, CreateOutcome, NewEvent, Store, StoreError};
 use std::collections::BTreeMap;
@@ -41,9 +42,10 @@ pub async fn submit(
     caller: &Caller,
     key: &IdempotencyKey,
     body: &[u8],
+    engine: Option<&Engine>,
 ) -> Result<Submission, SubmitError> {
     let request = JobRequest::parse(body)?;
-    if !routes.contains_key(&request.route) {
+    let Some(route) = routes.get(&request.route) else {
         let known: Vec<&str> = routes.keys().map(String::as_str).collect();
         return Err(RequestError::Invalid(format!(
             "route: unknown route {:?}; this server has: {}",
@@ -51,7 +53,7 @@ pub async fn submit(
             known.join(", ")
         ))
         .into());
-    }
+    };
     let normalised = request.to_value();
     let fingerprint = fingerprint(&normalised);
 
@@ -62,6 +64,7 @@ pub async fn submit(
     {
         return answer_existing(store, clock, caller, key, job, &fingerprint).await;
     }
+    let now = clock.now_ms();
     let new = NewJob {
         id: new_id(),
         owner_id: caller.owner_id.clone(),
@@ -69,14 +72,20 @@ pub async fn submit(
         fingerprint: fingerprint.clone(),
         request: canonical_json(&normalised),
         route: request.route.clone(),
-        created_at: clock.now_ms(),
-        lease: None,
+        created_at: now,
+        // Created and claimed in one commit: this process drives it at once.
+        lease: engine.map(|e| e.lease_for_new_job(route, now)),
     };
     match store.create_job(new).await? {
-        CreateOutcome::Created(job) => Ok(Submission {
-            job,
-            replayed: false,
-        }),
+        CreateOutcome::Created(job) => {
+            if let Some(engine) = engine {
+                engine.adopt(job.clone());
+            }
+            Ok(Submission {
+                job,
+                replayed: false,
+            })
+        }
         CreateOutcome::Existing(job) => {
             answer_existing(store, clock, caller, key, job, &fingerprint).await
         }

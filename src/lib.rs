@@ -6,6 +6,8 @@
 //! - [`contracts`]: contract loading, prompt rendering, output schema and
 //!   tokenizer checks, and the contract run that makes a provider eligible.
 //! - [`domain`]: pure types and transitions (jobs, attempts, fingerprints, the guard).
+//! - [`engine`]: runs jobs: hedging, timeouts as unknown, retries, reconciliation, review.
+//! - [`metrics`]: counters for `/metrics`.
 //! - [`jobs`]: accepting and reading jobs (idempotent create, replay, conflict).
 //! - [`keys`]: API keys, stored hashed; who the caller is.
 //! - [`http`]: the axum API: handlers, auth extractor, the error shape.
@@ -23,9 +25,11 @@ pub mod config;
 pub mod contracts;
 pub mod demo;
 pub mod domain;
+pub mod engine;
 pub mod http;
 pub mod jobs;
 pub mod keys;
+pub mod metrics;
 pub mod providers;
 pub mod sim;
 pub mod store;

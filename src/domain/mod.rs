@@ -2,9 +2,11 @@
 //! the guard that decides whether an attempt may start. No I/O here.
 
 pub mod attempt;
+pub mod breaker;
 pub mod fingerprint;
 pub mod job;
 pub mod request;
+pub mod retry;
 
 pub use attempt::{Attempt, AttemptKind, AttemptState, GuardRefusal, LiveAttempts};
 pub use job::{Job, JobState};

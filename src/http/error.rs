@@ -32,6 +32,10 @@ pub enum ApiError {
     PayloadTooLarge(usize),
     #[error("{0}")]
     AttemptOutcomeUnknown(String),
+    #[error("{0}")]
+    JobFinished(String),
+    #[error("{0}")]
+    AttemptNotUnknown(String),
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
 }
@@ -46,9 +50,10 @@ impl ApiError {
             ApiError::MissingIdempotencyKey
             | ApiError::InvalidIdempotencyKey(_)
             | ApiError::MalformedJson(_) => StatusCode::BAD_REQUEST,
-            ApiError::IdempotencyKeyReused(_) | ApiError::AttemptOutcomeUnknown(_) => {
-                StatusCode::CONFLICT
-            }
+            ApiError::IdempotencyKeyReused(_)
+            | ApiError::AttemptOutcomeUnknown(_)
+            | ApiError::JobFinished(_)
+            | ApiError::AttemptNotUnknown(_) => StatusCode::CONFLICT,
             ApiError::InvalidRequest(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -68,6 +73,8 @@ impl ApiError {
             ApiError::InvalidRequest(_) => "invalid_request",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::AttemptOutcomeUnknown(_) => "attempt_outcome_unknown",
+            ApiError::JobFinished(_) => "job_finished",
+            ApiError::AttemptNotUnknown(_) => "attempt_not_unknown",
             ApiError::Internal(_) => "internal",
         }
     }
@@ -96,6 +103,21 @@ impl IntoResponse for ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         ApiError::Internal(e.into())
+    }
+}
+
+impl From<crate::store::Refusal> for ApiError {
+    fn from(r: crate::store::Refusal) -> Self {
+        use crate::store::Refusal;
+        match r {
+            Refusal::NotFound => ApiError::NotFound("job"),
+            Refusal::Finished(_) => ApiError::JobFinished(r.to_string()),
+            Refusal::OutcomeUnknown => ApiError::AttemptOutcomeUnknown(
+                "an attempt of this job is started or its outcome is unknown; no retry may start until it is settled"
+                    .to_string(),
+            ),
+            Refusal::NotUnknown(_) => ApiError::AttemptNotUnknown(r.to_string()),
+        }
     }
 }
 

@@ -6,11 +6,13 @@ use super::AppState;
 use crate::domain::request::IdempotencyKey;
 use crate::jobs;
 use crate::keys::Caller;
+use crate::metrics::Metrics;
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use std::time::Duration;
 
 /// The raw request body, with the size limit answered as a JSON 413.
 pub struct LimitedBody(pub Bytes);
@@ -37,6 +39,26 @@ fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
     IdempotencyKey::parse(raw.as_bytes()).map_err(ApiError::InvalidIdempotencyKey)
 }
 
+/// `Prefer: wait=N` (RFC 7240): hold the answer up to N seconds (at most
+/// `MAX_WAIT_SECS`) for the job to reach a final state.
+fn preferred_wait(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get_all("prefer")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split([',', ';']))
+        .find_map(|pref| {
+            pref.trim()
+                .strip_prefix("wait=")?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .map(|n| n.min(MAX_WAIT_SECS))
+}
+
+pub const MAX_WAIT_SECS: u64 = 300;
+
 pub async fn create(
     State(state): State<AppState>,
     caller: Caller,
@@ -44,25 +66,52 @@ pub async fn create(
     LimitedBody(body): LimitedBody,
 ) -> Result<Response, ApiError> {
     let key = idempotency_key(&headers)?;
-    let submission = jobs::submit(
+    let submitted = jobs::submit(
         state.store.as_ref(),
         state.clock.as_ref(),
         &state.config.routes,
         &caller,
         &key,
         &body,
+        state.engine.as_ref(),
     )
-    .await?;
+    .await;
+    let submission = match submitted {
+        Ok(s) => s,
+        Err(e) => {
+            if matches!(e, jobs::SubmitError::KeyReused { .. }) {
+                Metrics::inc(&state.metrics.idempotency_conflicts);
+            }
+            return Err(e.into());
+        }
+    };
+    Metrics::inc(if submission.replayed {
+        &state.metrics.jobs_replayed
+    } else {
+        &state.metrics.jobs_created
+    });
     let status = if submission.replayed {
         StatusCode::OK
     } else {
         StatusCode::CREATED
     };
-    let mut response = (status, Json(JobView::new(submission.job, None))).into_response();
+    let mut job = submission.job;
+    let wait = preferred_wait(&headers);
+    if let (Some(secs), Some(engine)) = (wait, &state.engine) {
+        if let Some(settled) = engine.wait_for(&job.id, Duration::from_secs(secs)).await {
+            job = settled;
+        }
+    }
+    let mut response = (status, Json(JobView::new(job, None))).into_response();
     if submission.replayed {
         response
             .headers_mut()
             .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    if let Some(secs) = wait {
+        if let Ok(value) = HeaderValue::from_str(&format!("wait={secs}")) {
+            response.headers_mut().insert("preference-applied", value);
+        }
     }
     Ok(response)
 }

@@ -1,13 +1,18 @@
 //! The HTTP API (axum): routes, shared state, auth and the error shape.
 
+pub mod admin_review;
 pub mod auth;
+pub mod body;
 pub mod error;
+pub mod job_actions;
 pub mod jobs;
 pub mod views;
 
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::contracts::Contract;
+use crate::engine::Engine;
+use crate::metrics::Metrics;
 use crate::providers::catalog::Catalog;
 use crate::store::Store;
 use axum::extract::{DefaultBodyLimit, State};
@@ -28,6 +33,9 @@ pub struct AppState {
     pub keys: Arc<auth::KeyCache>,
     pub providers: Arc<Catalog>,
     pub contracts: Arc<BTreeMap<String, Contract>>,
+    /// `None` when this server only accepts and stores jobs.
+    pub engine: Option<Engine>,
+    pub metrics: Arc<Metrics>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -36,12 +44,40 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/jobs", post(jobs::create))
         .route("/v1/jobs/{id}", get(jobs::show))
         .route("/v1/jobs/{id}/attempts", get(jobs::attempts))
+        .route("/v1/jobs/{id}/retry", post(job_actions::retry))
+        .route("/v1/jobs/{id}/cancel", post(job_actions::cancel))
+        .route("/v1/admin/review", get(admin_review::list))
+        .route(
+            "/v1/admin/jobs/{id}/resolve",
+            post(admin_review::resolve_job),
+        )
+        .route(
+            "/v1/admin/attempts/{id}/resolve",
+            post(admin_review::resolve_attempt),
+        )
+        .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .fallback(|| async { ApiError::NotFound("route") })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
+}
+
+/// Prometheus text.
+async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    let engine = state
+        .engine
+        .as_ref()
+        .map(Engine::metrics_text)
+        .unwrap_or_default();
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        state.metrics.render(&engine),
+    )
 }
 
 /// Liveness: the process answers.

@@ -30,6 +30,16 @@ pub enum Tokenizer {
     Cl100kBase,
 }
 
+impl Tokenizer {
+    /// The tiktoken name, as written in the provider file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tokenizer::O200kBase => "o200k_base",
+            Tokenizer::Cl100kBase => "cl100k_base",
+        }
+    }
+}
+
 /// How an unknown attempt can be reconciled with this provider.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

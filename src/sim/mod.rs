@@ -88,8 +88,35 @@ type StoredCompletion = (Map<String, Value>, Value);
 pub(crate) struct SimState {
     config: SimConfig,
     ledger: Arc<Ledger>,
+    /// Model names bound to a behaviour at run time (`PUT /sim/models/NAME`),
+    /// so a test or demo can make a provider fail for a while, then recover.
+    models: Arc<Models>,
     stored: Mutex<Vec<StoredCompletion>>,
     closing: watch::Receiver<bool>,
+}
+
+/// Model name → behaviour, changeable while the simulator runs.
+#[derive(Default)]
+pub struct Models(Mutex<std::collections::HashMap<String, Behaviour>>);
+
+impl Models {
+    /// Bind `model` to the behaviour `spec` (e.g. `fail:503`, `healthy:latency=20`).
+    pub fn set(&self, model: &str, spec: &str) -> Result<(), String> {
+        let behaviour = Behaviour::parse(spec)?;
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(model.to_string(), behaviour);
+        Ok(())
+    }
+
+    pub(crate) fn get(&self, model: &str) -> Option<Behaviour> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(model)
+            .copied()
+    }
 }
 
 impl SimState {
@@ -130,6 +157,7 @@ fn router(state: Arc<SimState>) -> Router {
         )
         .route("/v1/messages", post(wire::anthropic_messages))
         .route("/sim/ledger", get(wire::ledger))
+        .route("/sim/models/{model}", axum::routing::put(wire::set_model))
         .route("/healthz", get(|| async { "ok" }))
         .with_state(state)
 }
@@ -140,6 +168,7 @@ pub async fn serve(listener: TcpListener, config: SimConfig) -> std::io::Result<
         listener,
         config,
         Arc::new(Ledger::default()),
+        Arc::new(Models::default()),
         std::future::pending(),
     )
     .await
@@ -151,12 +180,14 @@ pub async fn serve_with_shutdown(
     listener: TcpListener,
     config: SimConfig,
     ledger: Arc<Ledger>,
+    models: Arc<Models>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (closing_tx, closing) = watch::channel(false);
     let state = Arc::new(SimState {
         config,
         ledger,
+        models,
         stored: Mutex::new(Vec::new()),
         closing,
     });
@@ -182,11 +213,13 @@ impl SimServer {
         let listener = TcpListener::bind(addr).await?;
         let local_addr = listener.local_addr()?;
         let ledger = Arc::new(Ledger::default());
+        let models = Arc::new(Models::default());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(serve_with_shutdown(
             listener,
             config,
             ledger.clone(),
+            models.clone(),
             async {
                 let _ = stopped.await;
             },
@@ -194,6 +227,7 @@ impl SimServer {
         Ok(SimHandle {
             local_addr,
             ledger,
+            models,
             stop: Some(stop),
             task,
         })
@@ -203,6 +237,7 @@ impl SimServer {
 pub struct SimHandle {
     local_addr: SocketAddr,
     ledger: Arc<Ledger>,
+    models: Arc<Models>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: JoinHandle<std::io::Result<()>>,
 }
@@ -219,6 +254,11 @@ impl SimHandle {
 
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
+    }
+
+    /// Run-time model bindings (see [`Models`]).
+    pub fn models(&self) -> &Models {
+        &self.models
     }
 
     /// Stop accepting, release hanging requests, wait for the server to end.

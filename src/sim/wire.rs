@@ -315,7 +315,8 @@ async fn chat(
         Ok(r) => r,
         Err(m) => return invalid(&m),
     };
-    let behaviour = match Behaviour::parse(&request.model) {
+    let bound = state.models.get(&request.model);
+    let behaviour = match bound.map_or_else(|| Behaviour::parse(&request.model), Ok) {
         Ok(b) => b,
         Err(m) => match state.config.default_behaviour {
             Some(b) => b,
@@ -426,6 +427,19 @@ pub(crate) async fn list_stored(
         json!({"object": "list", "first_id": id(data.first()), "last_id": id(data.last()),
                 "has_more": false, "data": data}),
     )
+}
+
+/// `PUT /sim/models/NAME` with a behaviour spec as the body: from now on
+/// requests for model NAME behave that way.
+pub(crate) async fn set_model(
+    State(state): State<Arc<SimState>>,
+    axum::extract::Path(model): axum::extract::Path<String>,
+    body: String,
+) -> Response {
+    match state.models.set(&model, body.trim()) {
+        Ok(()) => (StatusCode::NO_CONTENT, "").into_response(),
+        Err(m) => (StatusCode::UNPROCESSABLE_ENTITY, m).into_response(),
+    }
 }
 
 /// `GET /sim/ledger?key=K`.

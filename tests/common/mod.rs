@@ -11,6 +11,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use tokio::sync::oneshot;
 
+pub mod world;
+
 pub const PG_ENV: &str = "ONEJOB_TEST_POSTGRES_URL";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

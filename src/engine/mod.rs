@@ -1,0 +1,309 @@
+//! The engine: runs every accepted job. It claims a job with a lease, starts
+//! the primary attempt, hedges to an eligible fallback after the route's
+//! silence threshold, lets the first success win the compare-and-swap, turns
+//! a timeout into `unknown` (never `failed`), retries retryable failures with
+//! backoff along the route, and hands what it cannot decide to the review
+//! queue. A reconciler asks providers about unknown attempts by key.
+//!
+//! Time (`Clock` for timestamps, tokio time for timers), randomness (a seeded
+//! RNG) and providers (the `Provider` trait) are injected.
+
+mod driver;
+pub mod plan;
+mod reconciler;
+
+use crate::clock::Clock;
+use crate::config::{Config, RouteConfig};
+use crate::contracts::Contract;
+use crate::domain::breaker::{Breaker, BreakerPolicy, BreakerState};
+use crate::domain::{Job, JobState, Millis};
+use crate::metrics::Metrics;
+use crate::providers::catalog::Catalog;
+use crate::store::Store;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{oneshot, watch, Notify, Semaphore};
+
+/// The one place that decides whether a provider may take a new attempt.
+pub trait Gate: Send + Sync {
+    /// `Ok` when `provider` may take a new attempt now; as a fallback (hedge or
+    /// failover away from the primary) it must also be eligible for the job's
+    /// contract. `Err` says why not.
+    fn admits(
+        &self,
+        provider: &str,
+        contract: Option<&str>,
+        as_fallback: bool,
+    ) -> Result<(), String>;
+}
+
+/// Admits every provider: for servers and tests with no ops switches.
+pub struct OpenGate;
+
+impl Gate for OpenGate {
+    fn admits(&self, _: &str, _: Option<&str>, _: bool) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Everything the engine's tasks share.
+pub(crate) struct Inner {
+    pub instance: String,
+    pub store: Arc<dyn Store>,
+    pub clock: Arc<dyn Clock>,
+    pub config: Arc<Config>,
+    pub catalog: Arc<Catalog>,
+    pub contracts: Arc<BTreeMap<String, Contract>>,
+    pub gate: Arc<dyn Gate>,
+    pub metrics: Arc<Metrics>,
+    pub rng: Mutex<StdRng>,
+    breakers: Mutex<HashMap<String, Breaker>>,
+    /// Jobs this process is driving now; a job is never driven twice here.
+    active: Mutex<HashSet<String>>,
+    slots: Semaphore,
+    wake: Notify,
+    waiters: Mutex<HashMap<String, Vec<oneshot::Sender<()>>>>,
+}
+
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+impl Engine {
+    pub fn new(
+        config: Arc<Config>,
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        catalog: Arc<Catalog>,
+        contracts: Arc<BTreeMap<String, Contract>>,
+        gate: Arc<dyn Gate>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let rng = match config.engine.rng_seed {
+            Some(seed) => StdRng::seed_from_u64(seed),
+            None => StdRng::from_entropy(),
+        };
+        let slots = Semaphore::new(config.engine.max_concurrent_jobs.max(1));
+        Engine {
+            inner: Arc::new(Inner {
+                instance: crate::domain::new_id(),
+                store,
+                clock,
+                config,
+                catalog,
+                contracts,
+                gate,
+                metrics,
+                rng: Mutex::new(rng),
+                breakers: Mutex::new(HashMap::new()),
+                active: Mutex::new(HashSet::new()),
+                slots,
+                wake: Notify::new(),
+                waiters: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// This process's lease holder name.
+    pub fn instance(&self) -> &str {
+        &self.inner.instance
+    }
+
+    /// The lease a job created here is taken with, so that create and claim
+    /// are one commit and the job needs no dispatcher round trip.
+    pub fn lease_for_new_job(&self, route: &RouteConfig, now: Millis) -> (String, Millis) {
+        (self.inner.instance.clone(), now + lease_ms(route))
+    }
+
+    /// Drive a job this process has just created (and holds the lease of).
+    pub fn adopt(&self, job: Job) {
+        driver::spawn(self.inner.clone(), job);
+    }
+
+    /// Dispatcher and reconciler, until `stop` turns true.
+    pub async fn run(&self, mut stop: watch::Receiver<bool>) {
+        let dispatcher = {
+            let inner = self.inner.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move { dispatch_loop(inner, stop).await })
+        };
+        let reconciler = {
+            let inner = self.inner.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move { reconciler::run(inner, stop).await })
+        };
+        let _ = stop.wait_for(|s| *s).await;
+        let _ = dispatcher.await;
+        let _ = reconciler.await;
+    }
+
+    /// Wait until the job reaches a state a caller can act on (finished, in
+    /// review, or blocked on an unknown attempt), at most `limit`. Works for
+    /// jobs driven by other processes too (it re-reads the job periodically).
+    pub async fn wait_for(&self, job_id: &str, limit: Duration) -> Option<Job> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let (tx, rx) = oneshot::channel();
+            if let Ok(mut waiters) = self.inner.waiters.lock() {
+                waiters.entry(job_id.to_string()).or_default().push(tx);
+            }
+            let job = self.inner.store.get_job(job_id).await.ok().flatten();
+            if let Some(job) = &job {
+                if settled(job) {
+                    return Some(job.clone());
+                }
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return job;
+            }
+            let recheck = (deadline - now).min(Duration::from_millis(250));
+            let _ = tokio::time::timeout(recheck, rx).await;
+        }
+    }
+
+    /// Wait (at most `limit`) until no job is being driven here; false when
+    /// some still are.
+    pub async fn drain(&self, limit: Duration) -> bool {
+        let all = self.inner.config.engine.max_concurrent_jobs.max(1) as u32;
+        matches!(
+            tokio::time::timeout(limit, self.inner.slots.acquire_many(all)).await,
+            Ok(Ok(_))
+        )
+    }
+
+    /// Make the dispatcher look for runnable jobs now (after a retry or resolution).
+    pub fn wake(&self) {
+        self.inner.wake.notify_one();
+    }
+
+    /// Breaker states, for the admin API.
+    pub fn breakers(&self) -> BTreeMap<String, BreakerState> {
+        self.inner
+            .breakers
+            .lock()
+            .map(|b| b.iter().map(|(k, v)| (k.clone(), v.state())).collect())
+            .unwrap_or_default()
+    }
+
+    /// Gauges the engine owns, in Prometheus text.
+    pub fn metrics_text(&self) -> String {
+        let mut out = String::from(
+            "# HELP onejob_breaker_open Whether a provider's circuit breaker is open (1) or half-open (0.5)\n\
+             # TYPE onejob_breaker_open gauge\n",
+        );
+        let mut trips = String::from("# HELP onejob_breaker_trips_total Times a breaker opened\n# TYPE onejob_breaker_trips_total counter\n");
+        if let Ok(breakers) = self.inner.breakers.lock() {
+            for (name, b) in breakers.iter() {
+                let open = match b.state() {
+                    BreakerState::Closed { .. } => "0",
+                    BreakerState::Open { .. } => "1",
+                    BreakerState::HalfOpen { .. } => "0.5",
+                };
+                let _ = writeln!(out, "onejob_breaker_open{{provider=\"{name}\"}} {open}");
+                let _ = writeln!(
+                    trips,
+                    "onejob_breaker_trips_total{{provider=\"{name}\"}} {}",
+                    b.trips
+                );
+            }
+        }
+        let active = self.inner.active.lock().map(|a| a.len()).unwrap_or(0);
+        let _ = writeln!(out, "# HELP onejob_jobs_driving Jobs this process drives now\n# TYPE onejob_jobs_driving gauge\nonejob_jobs_driving {active}");
+        out + &trips
+    }
+}
+
+/// A state a waiting client can act on.
+fn settled(job: &Job) -> bool {
+    job.state.is_final()
+        || job.state == JobState::NeedsReview
+        || (job.state == JobState::Running && job.next_run_at.is_none())
+}
+
+/// How long a lease must last for one round of attempts on `route`.
+pub(crate) fn lease_ms(route: &RouteConfig) -> Millis {
+    (route.silence_ms + route.attempt_timeout_ms + 5_000) as Millis
+}
+
+impl Inner {
+    pub(crate) fn notify(&self, job_id: &str) {
+        let waiting = self.waiters.lock().ok().and_then(|mut w| w.remove(job_id));
+        for tx in waiting.into_iter().flatten() {
+            let _ = tx.send(());
+        }
+    }
+
+    pub(crate) fn with_breaker<T>(&self, provider: &str, f: impl FnOnce(&mut Breaker) -> T) -> T {
+        let policy = BreakerPolicy {
+            threshold: self.config.engine.breaker_threshold.max(1),
+            open_for_ms: self.config.engine.breaker_open_ms as Millis,
+            probe_every: self.config.engine.breaker_probe_every.max(1),
+        };
+        let mut breakers = match self.breakers.lock() {
+            Ok(b) => b,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        f(breakers
+            .entry(provider.to_string())
+            .or_insert_with(|| Breaker::new(policy)))
+    }
+
+    /// Mark a job as driven here; false when it already is.
+    pub(crate) fn begin_driving(&self, job_id: &str) -> bool {
+        self.active
+            .lock()
+            .map(|mut a| a.insert(job_id.to_string()))
+            .unwrap_or(false)
+    }
+
+    pub(crate) fn end_driving(&self, job_id: &str) {
+        if let Ok(mut a) = self.active.lock() {
+            a.remove(job_id);
+        }
+    }
+}
+
+/// Claims runnable jobs that nobody holds: retries that came due, jobs of a
+/// process that died, jobs created while the engine was busy.
+async fn dispatch_loop(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
+    let interval = Duration::from_millis(inner.config.engine.poll_interval_ms.max(1));
+    let lease = inner
+        .config
+        .routes
+        .values()
+        .map(lease_ms)
+        .max()
+        .unwrap_or(60_000);
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let now = inner.clock.now_ms();
+        let free = inner.slots.available_permits().min(256) as i64;
+        if free > 0 {
+            match inner
+                .store
+                .claim_jobs(&inner.instance, now, now + lease, free)
+                .await
+            {
+                Ok(jobs) => {
+                    for job in jobs {
+                        driver::spawn(inner.clone(), job);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "claiming runnable jobs failed"),
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = inner.wake.notified() => {}
+            _ = stop.changed() => {}
+        }
+    }
+}

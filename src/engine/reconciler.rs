@@ -1,0 +1,157 @@
+//! Settles `unknown` attempts by asking their provider, by the job's stable
+//! key, whether it executed the work. Found: the attempt succeeds through the
+//! same compare-and-swap as a live answer. Not found: it failed, and the job
+//! may retry. Cannot tell: it stays unknown; past the route's
+//! `unknown_deadline_ms` the job goes to review.
+
+use super::plan::JobPlan;
+use super::Inner;
+use crate::domain::Attempt;
+use crate::metrics::Metrics;
+use crate::providers::{stable_key, Lookup};
+use crate::store::{AttemptEnd, FinishAttempt, FinishOutcome, JobTransition};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+const BATCH: i64 = 200;
+
+pub(crate) async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
+    let interval = Duration::from_millis(inner.config.engine.reconcile_interval_ms.max(1));
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        if let Err(e) = reconcile_once(&inner).await {
+            tracing::warn!(error = %e, "reconciliation pass failed");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
+
+/// One pass over the unknown attempts old enough to ask about.
+pub(crate) async fn reconcile_once(inner: &Arc<Inner>) -> Result<(), crate::store::StoreError> {
+    let now = inner.clock.now_ms();
+    let min_age = inner.config.engine.reconcile_min_age_ms as i64;
+    for attempt in inner.store.list_unknown_attempts(BATCH).await? {
+        if now - attempt.started_at < min_age {
+            continue;
+        }
+        reconcile(inner, &attempt).await?;
+    }
+    Ok(())
+}
+
+#[tracing::instrument(skip_all, fields(job_id = %attempt.job_id, attempt_id = %attempt.id))]
+async fn reconcile(inner: &Arc<Inner>, attempt: &Attempt) -> Result<(), crate::store::StoreError> {
+    let Some(job) = inner.store.get_job(&attempt.job_id).await? else {
+        return Ok(());
+    };
+    let lookup = match inner.catalog.get(&attempt.provider) {
+        Some(entry) => {
+            entry
+                .client
+                .lookup(&stable_key(&job.id, &attempt.provider))
+                .await
+        }
+        None => Lookup::CannotTell(format!(
+            "provider {} is no longer configured",
+            attempt.provider
+        )),
+    };
+    let now = inner.clock.now_ms();
+    let actor = "reconciler".to_string();
+    match lookup {
+        Lookup::Found(success) => {
+            Metrics::inc(&inner.metrics.reconciled_found);
+            let end = match JobPlan::new(&job.id, &job.request, &inner.contracts)
+                .map(|p| p.result_from(&success.output))
+            {
+                Ok(Ok(result)) => AttemptEnd::Succeeded {
+                    output: result,
+                    usage: success.usage.and_then(|u| serde_json::to_string(&u).ok()),
+                    provider_request_id: success.provider_request_id,
+                },
+                Ok(Err((kind, message))) => AttemptEnd::Failed {
+                    error_kind: kind,
+                    message,
+                },
+                Err(e) => AttemptEnd::Failed {
+                    error_kind: "invalid_request".to_string(),
+                    message: e.0,
+                },
+            };
+            let failed = matches!(end, AttemptEnd::Failed { .. });
+            let finish = FinishAttempt {
+                attempt_id: attempt.id.clone(),
+                end,
+                at: now,
+                actor,
+            };
+            match inner.store.finish_attempt(finish).await {
+                Ok(FinishOutcome::Won { .. }) => {
+                    Metrics::inc(&inner.metrics.jobs_succeeded);
+                    tracing::info!("unknown attempt found executed; job succeeded");
+                }
+                Ok(FinishOutcome::Lost) => Metrics::inc(&inner.metrics.cas_lost),
+                Ok(FinishOutcome::Recorded) => {}
+                // Another reconciler (or an admin) settled it first.
+                Err(e) => tracing::debug!(error = %e, "attempt already settled"),
+            }
+            if failed {
+                inner.store.wake_job(&job.id, now).await?;
+            }
+        }
+        Lookup::NotFound => {
+            Metrics::inc(&inner.metrics.reconciled_not_found);
+            let end = AttemptEnd::Failed {
+                error_kind: "not_executed".to_string(),
+                message: "reconciled: the provider has no record of the key".to_string(),
+            };
+            match inner
+                .store
+                .finish_attempt(FinishAttempt {
+                    attempt_id: attempt.id.clone(),
+                    end,
+                    at: now,
+                    actor,
+                })
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!("unknown attempt found not executed; the job may retry");
+                    inner.store.wake_job(&job.id, now).await?;
+                    inner.wake.notify_one();
+                }
+                Err(e) => tracing::debug!(error = %e, "attempt already settled"),
+            }
+        }
+        Lookup::CannotTell(why) => {
+            Metrics::inc(&inner.metrics.reconciled_cannot_tell);
+            let deadline = inner
+                .config
+                .routes
+                .get(&job.route)
+                .map(|r| r.unknown_deadline_ms)
+                .unwrap_or(0) as i64;
+            if now - attempt.started_at >= deadline {
+                let reason = format!(
+                    "attempt {} on {} has had an unknown outcome for over {deadline} ms and the provider cannot say: {why}",
+                    attempt.id, attempt.provider
+                );
+                if inner
+                    .store
+                    .transition_job(&job.id, None, JobTransition::Review { reason }, now)
+                    .await?
+                {
+                    Metrics::inc(&inner.metrics.jobs_to_review);
+                }
+            }
+        }
+    }
+    inner.notify(&job.id);
+    Ok(())
+}

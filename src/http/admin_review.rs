@@ -1,0 +1,167 @@
+//! The review queue and the decisions an admin makes on it. Every decision
+//! is written to the job's event log with who and why.
+
+use super::body;
+use super::error::ApiError;
+use super::jobs::LimitedBody;
+use super::views::JobView;
+use super::AppState;
+use crate::clock::rfc3339;
+use crate::http::auth::Admin;
+use crate::store::{AttemptResolution, JobResolution, ReviewItem};
+use axum::extract::{Path, State};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+#[derive(Debug, Serialize)]
+pub struct ReviewView {
+    pub job_id: String,
+    /// The business key: who asked, and their idempotency key.
+    pub owner: String,
+    pub idempotency_key: String,
+    pub route: String,
+    pub last_error: Option<String>,
+    pub attempt_count: i64,
+    pub last_attempt_at: Option<String>,
+    pub in_review_since: String,
+}
+
+impl From<ReviewItem> for ReviewView {
+    fn from(item: ReviewItem) -> Self {
+        ReviewView {
+            job_id: item.job.id,
+            owner: item.job.owner_id,
+            idempotency_key: item.job.idempotency_key,
+            route: item.job.route,
+            last_error: item.job.last_error,
+            attempt_count: item.job.attempt_count,
+            last_attempt_at: item.last_attempt_at.map(rfc3339),
+            in_review_since: rfc3339(item.job.updated_at),
+        }
+    }
+}
+
+pub async fn list(State(state): State<AppState>, _admin: Admin) -> Result<Json<Value>, ApiError> {
+    let items: Vec<ReviewView> = state
+        .store
+        .list_review(500)
+        .await?
+        .into_iter()
+        .map(Into::into)
+        .collect();
+    Ok(Json(serde_json::json!({ "jobs": items })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum JobAction {
+    Complete,
+    Retry,
+    Close,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResolveJob {
+    action: JobAction,
+    #[serde(default)]
+    result: Option<Value>,
+    reason: String,
+}
+
+/// `POST /v1/admin/jobs/{id}/resolve`: `complete` (with `result`), `retry`
+/// (a fresh retry budget, refused while an attempt is live) or `close`.
+pub async fn resolve_job(
+    State(state): State<AppState>,
+    Admin(admin): Admin,
+    Path(id): Path<String>,
+    LimitedBody(raw): LimitedBody,
+) -> Result<Json<JobView>, ApiError> {
+    let request: ResolveJob = body::parse(&raw)?;
+    let reason = body::reason(&request.reason)?;
+    let resolution = match (request.action, request.result) {
+        (JobAction::Complete, Some(result)) => JobResolution::Complete {
+            result: result.to_string(),
+        },
+        (JobAction::Complete, None) => {
+            return Err(ApiError::InvalidRequest(
+                "result: required with action complete".to_string(),
+            ))
+        }
+        (JobAction::Retry | JobAction::Close, Some(_)) => {
+            return Err(ApiError::InvalidRequest(
+                "result: only allowed with action complete".to_string(),
+            ))
+        }
+        (JobAction::Retry, None) => JobResolution::Retry,
+        (JobAction::Close, None) => JobResolution::Close,
+    };
+    let actor = format!("admin:{}", admin.owner_id);
+    let job = state
+        .store
+        .resolve_job(&id, resolution, &actor, reason, state.clock.now_ms())
+        .await??;
+    if let Some(engine) = &state.engine {
+        engine.wake();
+    }
+    Ok(Json(JobView::new(job, None)))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum AttemptOutcome {
+    Executed,
+    NotExecuted,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResolveAttempt {
+    outcome: AttemptOutcome,
+    #[serde(default)]
+    result: Option<Value>,
+    reason: String,
+}
+
+/// `POST /v1/admin/attempts/{id}/resolve`: settle an `unknown` attempt out of
+/// band. `executed` (with the provider's `result`) goes through the same
+/// compare-and-swap as a live answer; `not_executed` lets the job retry.
+pub async fn resolve_attempt(
+    State(state): State<AppState>,
+    Admin(admin): Admin,
+    Path(id): Path<String>,
+    LimitedBody(raw): LimitedBody,
+) -> Result<Json<JobView>, ApiError> {
+    let request: ResolveAttempt = body::parse(&raw)?;
+    let reason = body::reason(&request.reason)?;
+    let resolution = match (request.outcome, request.result) {
+        (AttemptOutcome::Executed, Some(result)) => AttemptResolution::Executed {
+            result: result.to_string(),
+        },
+        (AttemptOutcome::Executed, None) => {
+            return Err(ApiError::InvalidRequest(
+                "result: required with outcome executed".to_string(),
+            ))
+        }
+        (AttemptOutcome::NotExecuted, Some(_)) => {
+            return Err(ApiError::InvalidRequest(
+                "result: only allowed with outcome executed".to_string(),
+            ))
+        }
+        (AttemptOutcome::NotExecuted, None) => AttemptResolution::NotExecuted,
+    };
+    let actor = format!("admin:{}", admin.owner_id);
+    let job = state
+        .store
+        .resolve_attempt(&id, resolution, &actor, reason, state.clock.now_ms())
+        .await?
+        .map_err(|r| match r {
+            crate::store::Refusal::NotFound => ApiError::NotFound("attempt"),
+            other => other.into(),
+        })?;
+    if let Some(engine) = &state.engine {
+        engine.wake();
+    }
+    Ok(Json(JobView::new(job, None)))
+}

@@ -1,0 +1,39 @@
+//! JSON bodies of the admin and job-action endpoints: malformed JSON is a
+//! 400 `malformed_json`; JSON of the wrong shape is a 422 `invalid_request`
+//! naming the field.
+
+use super::error::ApiError;
+use serde::de::DeserializeOwned;
+
+pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::MalformedJson(format!("body is not valid JSON: {e}")))?;
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        ApiError::InvalidRequest(if path == "." {
+            inner.to_string()
+        } else {
+            format!("{path}: {inner}")
+        })
+    })
+}
+
+/// Like `parse`, but an empty body means the type's default.
+pub fn parse_or_default<T: DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    parse(body)
+}
+
+/// A required human reason (audited): 1–500 characters.
+pub fn reason(reason: &str) -> Result<&str, ApiError> {
+    let trimmed = reason.trim();
+    if trimmed.is_empty() || trimmed.chars().count() > 500 {
+        return Err(ApiError::InvalidRequest(
+            "reason: required, 1-500 characters".to_string(),
+        ));
+    }
+    Ok(trimmed)
+}

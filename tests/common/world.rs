@@ -1,0 +1,216 @@
+//! A whole onejob world for engine tests: the simulator on a real socket,
+//! provider files pointing at it, and a server with its engine running, over
+//! a fresh database.
+
+use super::{Backend, TestDb};
+use onejob::app::Application;
+use onejob::clock::SystemClock;
+use onejob::config::{Config, Overrides, RouteConfig};
+use onejob::sim::{SimHandle, SimServer};
+use onejob::store::Store;
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+/// A provider of the world: a name and the simulator model it asks for.
+pub struct ProviderSpec {
+    pub name: &'static str,
+    pub model: &'static str,
+}
+
+pub fn route(primary: &str, fallbacks: &[&str]) -> RouteConfig {
+    RouteConfig {
+        primary: primary.to_string(),
+        fallbacks: fallbacks.iter().map(|s| s.to_string()).collect(),
+        silence_ms: 10_000,
+        attempt_timeout_ms: 20_000,
+        max_hedges: 1,
+        max_attempts: 4,
+        backoff_base_ms: 10,
+        backoff_cap_ms: 50,
+        unknown_deadline_ms: 60_000,
+    }
+}
+
+pub struct World {
+    pub address: String,
+    pub store: Arc<dyn Store>,
+    pub client: reqwest::Client,
+    pub key: String,
+    pub admin_key: String,
+    pub sim: SimHandle,
+    pub db: TestDb,
+    _providers: tempfile::TempDir,
+    shutdown: Option<oneshot::Sender<()>>,
+    server: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Write `providers` as provider files of kind sim in a new directory.
+pub fn provider_dir(providers: &[ProviderSpec], base_url: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for p in providers {
+        let text = format!(
+            "kind = \"sim\"\nbase_url = \"{base_url}\"\nmodel = \"{}\"\ntokenizer = \"o200k_base\"\n\
+             context_window = 16384\nhonours_idempotency_key = true\nlookup = \"sim_ledger\"\n\
+             [timeouts]\nconnect_ms = 1000\nfirst_byte_ms = 30000\ntotal_ms = 30000\n",
+            p.model
+        );
+        std::fs::write(dir.path().join(format!("{}.toml", p.name)), text).unwrap();
+    }
+    dir
+}
+
+/// The engine settings tests use: fast polling and reconciliation.
+pub fn fast_engine(config: &mut Config) {
+    config.engine.poll_interval_ms = 20;
+    config.engine.reconcile_interval_ms = 20;
+    config.engine.reconcile_min_age_ms = 0;
+    config.engine.rng_seed = Some(42);
+}
+
+pub async fn start_world(
+    backend: Backend,
+    providers: &[ProviderSpec],
+    route: RouteConfig,
+    tune: impl FnOnce(&mut Config),
+) -> World {
+    let sim = SimServer::start("127.0.0.1:0").await.unwrap();
+    let dir = provider_dir(providers, &sim.base_url());
+    let db = TestDb::new(backend).await;
+    let overrides = Overrides {
+        listen: Some("127.0.0.1:0".into()),
+        database_url: Some(db.url_string()),
+    };
+    let mut config = Config::load(None, &overrides).unwrap();
+    config.providers_dir = dir.path().to_path_buf();
+    config.routes.clear();
+    config.routes.insert("default".into(), route);
+    fast_engine(&mut config);
+    tune(&mut config);
+    let store = db.store().await;
+    let app = Application::with_store(config, store.clone(), Arc::new(SystemClock))
+        .await
+        .unwrap();
+    let address = format!("http://{}", app.local_addr());
+    let (tx, rx) = oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        app.run_until_stopped(async {
+            let _ = rx.await;
+        })
+        .await
+        .unwrap();
+    });
+    let key = onejob::keys::create_key(store.as_ref(), &SystemClock, "alice", false)
+        .await
+        .unwrap();
+    let admin_key = onejob::keys::create_key(store.as_ref(), &SystemClock, "ops", true)
+        .await
+        .unwrap();
+    World {
+        address,
+        store,
+        client: reqwest::Client::new(),
+        key,
+        admin_key,
+        sim,
+        db,
+        _providers: dir,
+        shutdown: Some(tx),
+        server: Some(server),
+    }
+}
+
+impl World {
+    /// `POST /v1/jobs`, optionally holding for the result (`Prefer: wait`).
+    pub async fn submit(&self, key: &str, body: &Value, wait_secs: Option<u64>) -> (u16, Value) {
+        let mut request = self
+            .client
+            .post(format!("{}/v1/jobs", self.address))
+            .bearer_auth(&self.key)
+            .header("Idempotency-Key", key)
+            .json(body);
+        if let Some(secs) = wait_secs {
+            request = request.header("Prefer", format!("wait={secs}"));
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap())
+    }
+
+    pub async fn post(&self, key: &str, path: &str, body: &Value) -> (u16, Value) {
+        let response = self
+            .client
+            .post(format!("{}{path}", self.address))
+            .bearer_auth(key)
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn get(&self, key: &str, path: &str) -> (u16, Value) {
+        let response = self
+            .client
+            .get(format!("{}{path}", self.address))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn job(&self, id: &str) -> Value {
+        self.get(&self.key, &format!("/v1/jobs/{id}")).await.1
+    }
+
+    pub async fn attempts(&self, id: &str) -> Vec<Value> {
+        let body = self
+            .get(&self.key, &format!("/v1/jobs/{id}/attempts"))
+            .await
+            .1;
+        body["attempts"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Poll `check` on the job until it holds, at most `limit`. Waiting for
+    /// the engine is the point here; the poll only observes.
+    pub async fn until(
+        &self,
+        id: &str,
+        limit: Duration,
+        check: impl Fn(&Value, &[Value]) -> bool,
+    ) -> (Value, Vec<Value>) {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let job = self.job(id).await;
+            let attempts = self.attempts(id).await;
+            if check(&job, &attempts) {
+                return (job, attempts);
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "condition not reached within {limit:?}; job {job}, attempts {attempts:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// How many times the simulator executed the work under this job's key at `provider`.
+    pub fn executions(&self, job_id: &str, provider: &str) -> u64 {
+        self.sim
+            .ledger()
+            .executions(&onejob::providers::stable_key(job_id, provider))
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(server) = self.server.take() {
+            server.await.unwrap();
+        }
+    }
+}

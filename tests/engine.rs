@@ -1,0 +1,383 @@
+//! The engine through the real server and the simulator on a real socket:
+//! double clicks, timeouts as unknown, hedging and the compare-and-swap, the
+//! lost response, bounded retries, review. Times are scaled down.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::world::{route, start_world, ProviderSpec};
+use common::{chat_body, Backend};
+use serde_json::{json, Value};
+use std::collections::HashSet;
+use std::time::Duration;
+
+on_both_backends!(
+    double_click_through_the_engine_executes_once,
+    a_timeout_is_unknown_and_blocks_retries_until_reconciled,
+    reverse_order_finish_discards_the_late_primary,
+    the_lost_response_is_found_by_reconciliation,
+    retryable_refusals_end_in_review_after_the_limit,
+    a_non_retryable_refusal_fails_the_job_at_once,
+    cancel_makes_a_late_result_lose,
+    review_resolutions_are_audited,
+);
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn state(job: &Value) -> &str {
+    job["state"].as_str().unwrap_or_default()
+}
+
+async fn double_click_through_the_engine_executes_once(backend: Backend) {
+    let providers = [ProviderSpec {
+        name: "primary",
+        model: "healthy:latency=50",
+    }];
+    let world = start_world(backend, &providers, route("primary", &[]), |_| {}).await;
+    let body = chat_body("charge the card once");
+    let mut calls = Vec::new();
+    for _ in 0..20 {
+        let request = world
+            .client
+            .post(format!("{}/v1/jobs", world.address))
+            .bearer_auth(&world.key)
+            .header("Idempotency-Key", "pay-1")
+            .header("Prefer", "wait=5")
+            .json(&body);
+        calls.push(tokio::spawn(request.send()));
+    }
+    let mut ids = HashSet::new();
+    for call in calls {
+        let job: Value = call.await.unwrap().unwrap().json().await.unwrap();
+        ids.insert(job["id"].as_str().unwrap().to_string());
+    }
+    assert_eq!(ids.len(), 1);
+    let id = ids.into_iter().next().unwrap();
+    let (job, attempts) = world.until(&id, WAIT, |j, _| state(j) == "succeeded").await;
+    assert_eq!(attempts.len(), 1, "one primary attempt: {attempts:?}");
+    assert_eq!(attempts[0]["kind"], "primary");
+    assert_eq!(job["completed_by"], attempts[0]["id"]);
+    assert_eq!(
+        world.executions(&id, "primary"),
+        1,
+        "the provider executed the work once"
+    );
+    world.stop().await;
+}
+
+async fn a_timeout_is_unknown_and_blocks_retries_until_reconciled(backend: Backend) {
+    let providers = [ProviderSpec {
+        name: "primary",
+        model: "primary-model",
+    }];
+    let mut r = route("primary", &[]);
+    r.silence_ms = 100;
+    r.attempt_timeout_ms = 300;
+    let world = start_world(backend, &providers, r, |c| {
+        // Ask the provider only after the test has looked at the unknown state.
+        c.engine.reconcile_min_age_ms = 1_500;
+    })
+    .await;
+    world.sim.models().set("primary-model", "hang").unwrap();
+    let (status, job) = world.submit("slow-1", &chat_body("x"), None).await;
+    assert_eq!(status, 201);
+    let id = job["id"].as_str().unwrap().to_string();
+
+    let (job, attempts) = world
+        .until(&id, WAIT, |_, a| {
+            a.first().is_some_and(|a| a["state"] == "unknown")
+        })
+        .await;
+    assert_eq!(state(&job), "running", "a timeout does not fail the job");
+    assert_eq!(job["blocked_on"], "unknown_attempt");
+    assert_eq!(attempts.len(), 1);
+    let (status, body) = world
+        .post(&world.key, &format!("/v1/jobs/{id}/retry"), &json!({}))
+        .await;
+    assert_eq!(status, 409);
+    assert_eq!(body["error"]["code"], "attempt_outcome_unknown");
+
+    // The provider recovers; the reconciler finds the attempt never executed
+    // (a hanging request does not), so a retry may run.
+    world.sim.models().set("primary-model", "healthy").unwrap();
+    let (job, attempts) = world.until(&id, WAIT, |j, _| state(j) == "succeeded").await;
+    assert_eq!(attempts.len(), 2, "{attempts:?}");
+    assert_eq!(
+        (
+            attempts[0]["state"].as_str(),
+            attempts[0]["error_kind"].as_str()
+        ),
+        (Some("failed"), Some("not_executed"))
+    );
+    assert_eq!(
+        (attempts[1]["kind"].as_str(), attempts[1]["state"].as_str()),
+        (Some("retry"), Some("succeeded"))
+    );
+    assert_eq!(job["completed_by"], attempts[1]["id"]);
+    assert_eq!(world.executions(&id, "primary"), 1);
+    world.stop().await;
+}
+
+async fn reverse_order_finish_discards_the_late_primary(backend: Backend) {
+    let providers = [
+        ProviderSpec {
+            name: "primary",
+            model: "healthy:latency=900",
+        },
+        ProviderSpec {
+            name: "fallback",
+            model: "healthy:latency=100",
+        },
+    ];
+    let mut r = route("primary", &["fallback"]);
+    r.silence_ms = 200;
+    let world = start_world(backend, &providers, r, |c| c.engine.loser_grace_ms = 5_000).await;
+    let (_, job) = world
+        .submit("hedged-1", &chat_body("reverse order"), None)
+        .await;
+    let id = job["id"].as_str().unwrap().to_string();
+
+    let (won, _) = world.until(&id, WAIT, |j, _| state(j) == "succeeded").await;
+    let (job, attempts) = world
+        .until(&id, WAIT, |_, a| {
+            a.iter()
+                .any(|a| a["kind"] == "primary" && a["state"] == "discarded")
+        })
+        .await;
+    let primary = attempts.iter().find(|a| a["kind"] == "primary").unwrap();
+    let hedge = attempts.iter().find(|a| a["kind"] == "hedge").unwrap();
+    assert_eq!(hedge["provider"], "fallback");
+    assert_eq!(hedge["state"], "succeeded");
+    assert_eq!(job["completed_by"], hedge["id"], "the fallback won");
+    assert_eq!(
+        job["result"], won["result"],
+        "the late result changed nothing"
+    );
+    assert_eq!(job["version"], 1);
+    assert!(
+        primary["output"].is_null(),
+        "the late result is discarded, not stored"
+    );
+    assert!(!primary["usage"].is_null(), "its usage is kept for cost");
+    let events = world.store.list_events(&id).await.unwrap();
+    let race = events
+        .iter()
+        .find(|e| e.kind == "cas_lost")
+        .expect("the race is logged");
+    assert_eq!(race.attempt_id.as_deref(), primary["id"].as_str());
+    assert_eq!(world.executions(&id, "primary"), 1);
+    assert_eq!(world.executions(&id, "fallback"), 1);
+    world.stop().await;
+}
+
+async fn the_lost_response_is_found_by_reconciliation(backend: Backend) {
+    let providers = [ProviderSpec {
+        name: "primary",
+        model: "drop_response",
+    }];
+    let mut r = route("primary", &[]);
+    r.max_hedges = 0;
+    let world = start_world(backend, &providers, r, |_| {}).await;
+    let (_, job) = world
+        .submit("lost-1", &chat_body("the lost response"), None)
+        .await;
+    let id = job["id"].as_str().unwrap().to_string();
+    let (job, attempts) = world.until(&id, WAIT, |j, _| state(j) == "succeeded").await;
+    assert_eq!(attempts.len(), 1, "never retried: {attempts:?}");
+    assert_eq!(attempts[0]["state"], "succeeded");
+    assert_eq!(job["completed_by"], attempts[0]["id"]);
+    assert_eq!(
+        world.executions(&id, "primary"),
+        1,
+        "exactly one execution for the key"
+    );
+    let kinds: Vec<String> = world
+        .store
+        .list_events(&id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert!(kinds.contains(&"attempt_unknown".to_string()), "{kinds:?}");
+    world.stop().await;
+}
+
+async fn retryable_refusals_end_in_review_after_the_limit(backend: Backend) {
+    let providers = [ProviderSpec {
+        name: "primary",
+        model: "fail:503",
+    }];
+    let mut r = route("primary", &[]);
+    r.max_attempts = 3;
+    let world = start_world(backend, &providers, r, |_| {}).await;
+    let (_, job) = world.submit("busy-1", &chat_body("x"), None).await;
+    let id = job["id"].as_str().unwrap().to_string();
+    let (job, attempts) = world
+        .until(&id, WAIT, |j, _| state(j) == "needs_review")
+        .await;
+    assert_eq!(attempts.len(), 3);
+    assert!(
+        attempts
+            .iter()
+            .all(|a| a["state"] == "failed" && a["error_kind"] == "unavailable"),
+        "{attempts:?}"
+    );
+    assert!(job["result"].is_null(), "no partial record");
+    assert_eq!(world.executions(&id, "primary"), 0, "503 executed nothing");
+
+    let (status, review) = world.get(&world.admin_key, "/v1/admin/review").await;
+    assert_eq!(status, 200);
+    let item = review["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["job_id"] == id.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (item["owner"].as_str(), item["idempotency_key"].as_str()),
+        (Some("alice"), Some("busy-1"))
+    );
+    assert_eq!(item["attempt_count"], 3);
+    assert!(
+        item["last_error"].as_str().unwrap().contains("unavailable"),
+        "{item}"
+    );
+    assert!(item["last_attempt_at"].is_string());
+    let (status, _) = world.get(&world.key, "/v1/admin/review").await;
+    assert_eq!(status, 403, "the review queue is for admins");
+    world.stop().await;
+}
+
+async fn a_non_retryable_refusal_fails_the_job_at_once(backend: Backend) {
+    let providers = [
+        ProviderSpec {
+            name: "primary",
+            model: "reject",
+        },
+        ProviderSpec {
+            name: "fallback",
+            model: "healthy",
+        },
+    ];
+    let world = start_world(backend, &providers, route("primary", &["fallback"]), |_| {}).await;
+    let (_, job) = world.submit("refused-1", &chat_body("x"), Some(5)).await;
+    let id = job["id"].as_str().unwrap().to_string();
+    let (job, attempts) = world.until(&id, WAIT, |j, _| state(j) == "failed").await;
+    assert_eq!(
+        attempts.len(),
+        1,
+        "one attempt, no failover for a definitive no"
+    );
+    assert!(
+        job["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("simulated rejection"),
+        "{job}"
+    );
+    assert_eq!(job["version"], 1);
+    world.stop().await;
+}
+
+async fn cancel_makes_a_late_result_lose(backend: Backend) {
+    let providers = [ProviderSpec {
+        name: "primary",
+        model: "healthy:latency=400",
+    }];
+    let world = start_world(backend, &providers, route("primary", &[]), |_| {}).await;
+    let (_, job) = world.submit("cancel-1", &chat_body("x"), None).await;
+    let id = job["id"].as_str().unwrap().to_string();
+    world.until(&id, WAIT, |_, a| !a.is_empty()).await;
+    let (status, cancelled) = world
+        .post(
+            &world.key,
+            &format!("/v1/jobs/{id}/cancel"),
+            &json!({"reason": "user left"}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(state(&cancelled), "cancelled");
+    let (job, attempts) = world
+        .until(&id, WAIT, |_, a| a[0]["state"] == "discarded")
+        .await;
+    assert_eq!(state(&job), "cancelled");
+    assert!(job["result"].is_null(), "the late result is not the job's");
+    assert_eq!(attempts.len(), 1);
+    let (status, body) = world
+        .post(&world.key, &format!("/v1/jobs/{id}/cancel"), &json!({}))
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("job_finished"))
+    );
+    world.stop().await;
+}
+
+async fn review_resolutions_are_audited(backend: Backend) {
+    let providers = [ProviderSpec {
+        name: "primary",
+        model: "primary-model",
+    }];
+    let mut r = route("primary", &[]);
+    r.max_attempts = 1;
+    let world = start_world(backend, &providers, r, |_| {}).await;
+    world.sim.models().set("primary-model", "fail:500").unwrap();
+    let (_, job) = world.submit("review-1", &chat_body("x"), None).await;
+    let id = job["id"].as_str().unwrap().to_string();
+    world
+        .until(&id, WAIT, |j, _| state(j) == "needs_review")
+        .await;
+
+    let path = format!("/v1/admin/jobs/{id}/resolve");
+    let (status, body) = world
+        .post(&world.admin_key, &path, &json!({"action": "retry"}))
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (422, Some("invalid_request")),
+        "a reason is required"
+    );
+    let (status, _) = world
+        .post(
+            &world.key,
+            &path,
+            &json!({"action": "retry", "reason": "x"}),
+        )
+        .await;
+    assert_eq!(status, 403);
+
+    world.sim.models().set("primary-model", "healthy").unwrap();
+    let (status, job) = world
+        .post(
+            &world.admin_key,
+            &path,
+            &json!({"action": "retry", "reason": "provider fixed"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{job}");
+    let (job, attempts) = world.until(&id, WAIT, |j, _| state(j) == "succeeded").await;
+    assert_eq!(attempts.len(), 2);
+    let (status, body) = world
+        .post(
+            &world.admin_key,
+            &path,
+            &json!({"action": "close", "reason": "late"}),
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("job_finished"))
+    );
+    let events = world.store.list_events(&id).await.unwrap();
+    let resolved = events.iter().find(|e| e.kind == "resolved").unwrap();
+    assert_eq!(resolved.actor, "admin:ops");
+    assert!(resolved
+        .detail
+        .as_deref()
+        .unwrap()
+        .contains("provider fixed"));
+    assert_eq!(job["version"], 1);
+    world.stop().await;
+}

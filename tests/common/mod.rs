@@ -122,12 +122,15 @@ pub struct TestApp {
     server: Option<tokio::task::JoinHandle<()>>,
 }
 
+/// A server that accepts and stores jobs but runs none (API tests).
 pub fn test_config(db: &TestDb) -> Config {
     let overrides = Overrides {
         listen: Some("127.0.0.1:0".into()),
         database_url: Some(db.url_string()),
     };
-    Config::load(None, &overrides).unwrap()
+    let mut config = Config::load(None, &overrides).unwrap();
+    config.engine.enabled = false;
+    config
 }
 
 pub async fn spawn_app(backend: Backend) -> TestApp {

@@ -7,6 +7,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::http::{self, AppState};
 use crate::providers::catalog::Catalog;
+use crate::providers::switches::{ProviderSwitches, REFRESH_EVERY};
 use crate::store::{self, Store};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -76,6 +77,16 @@ impl Application {
         } else {
             Default::default()
         });
+        // Loaded before the first request: a provider switched off stays off
+        // from the first attempt on.
+        let switches = Arc::new(ProviderSwitches::default());
+        switches
+            .refresh(store.as_ref())
+            .await
+            .map_err(|source| StartError::Database {
+                url: config.database.to_string(),
+                source,
+            })?;
         let state = AppState {
             config: Arc::new(config),
             store,
@@ -83,6 +94,7 @@ impl Application {
             keys: Arc::default(),
             providers,
             contracts,
+            switches,
         };
         Ok(Application { listener, state })
     }
@@ -101,6 +113,10 @@ impl Application {
         self.state.store.clone()
     }
 
+    pub fn switches(&self) -> Arc<ProviderSwitches> {
+        self.state.switches.clone()
+    }
+
     /// Serve until `shutdown` resolves; in-flight requests finish first, then
     /// every queued write is committed before this returns.
     pub async fn run_until_stopped(
@@ -108,10 +124,17 @@ impl Application {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let store = self.state.store.clone();
+        let refresher = self
+            .state
+            .switches
+            .clone()
+            .spawn_refresher(store.clone(), REFRESH_EVERY);
         let router = http::router(self.state);
-        axum::serve(self.listener, router)
+        let served = axum::serve(self.listener, router)
             .with_graceful_shutdown(shutdown)
-            .await?;
+            .await;
+        refresher.abort();
+        served?;
         store.close().await;
         Ok(())
     }

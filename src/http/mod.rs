@@ -1,5 +1,6 @@
 //! The HTTP API (axum): routes, shared state, auth and the error shape.
 
+pub mod admin_providers;
 pub mod auth;
 pub mod error;
 pub mod jobs;
@@ -9,6 +10,7 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::contracts::Contract;
 use crate::providers::catalog::Catalog;
+use crate::providers::switches::ProviderSwitches;
 use crate::store::Store;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
@@ -28,6 +30,8 @@ pub struct AppState {
     pub keys: Arc<auth::KeyCache>,
     pub providers: Arc<Catalog>,
     pub contracts: Arc<BTreeMap<String, Contract>>,
+    /// Which providers are switched on (in memory, refreshed from the store).
+    pub switches: Arc<ProviderSwitches>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -36,6 +40,19 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/jobs", post(jobs::create))
         .route("/v1/jobs/{id}", get(jobs::show))
         .route("/v1/jobs/{id}/attempts", get(jobs::attempts))
+        .route("/v1/admin/providers", get(admin_providers::list))
+        .route(
+            "/v1/admin/providers/{name}/enable",
+            post(admin_providers::enable),
+        )
+        .route(
+            "/v1/admin/providers/{name}/disable",
+            post(admin_providers::disable),
+        )
+        .route(
+            "/v1/admin/providers/{name}/audit",
+            get(admin_providers::audit),
+        )
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .fallback(|| async { ApiError::NotFound("route") })

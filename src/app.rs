@@ -5,20 +5,21 @@
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
-use crate::engine::{Engine, OpenGate};
+use crate::engine::Engine;
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
 use crate::providers::catalog::Catalog;
-use std::time::Duration;
-use tokio::sync::watch;
-
-/// How long shutdown waits for jobs being driven to finish their round.
-const ENGINE_DRAIN: Duration = Duration::from_secs(10);
+use crate::providers::switches::{ProviderSwitches, REFRESH_EVERY};
 use crate::store::{self, Store};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// How long shutdown waits for jobs being driven to finish their round.
+const ENGINE_DRAIN: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -83,6 +84,16 @@ impl Application {
         } else {
             Default::default()
         });
+        // Loaded before the first request: a provider switched off stays off
+        // from the first attempt on.
+        let switches = Arc::new(ProviderSwitches::default());
+        switches
+            .refresh(store.as_ref())
+            .await
+            .map_err(|source| StartError::Database {
+                url: config.database.to_string(),
+                source,
+            })?;
         let config = Arc::new(config);
         let metrics = Arc::new(Metrics::default());
         let engine = config.engine.enabled.then(|| {
@@ -92,7 +103,7 @@ impl Application {
                 clock.clone(),
                 providers.clone(),
                 contracts.clone(),
-                Arc::new(OpenGate),
+                switches.clone(),
                 metrics.clone(),
             )
         });
@@ -105,6 +116,7 @@ impl Application {
             contracts,
             engine,
             metrics,
+            switches,
         };
         Ok(Application { listener, state })
     }
@@ -123,6 +135,10 @@ impl Application {
         self.state.store.clone()
     }
 
+    pub fn switches(&self) -> Arc<ProviderSwitches> {
+        self.state.switches.clone()
+    }
+
     /// Serve until `shutdown` resolves; in-flight requests finish first, then
     /// every queued write is committed before this returns.
     pub async fn run_until_stopped(
@@ -130,6 +146,11 @@ impl Application {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let store = self.state.store.clone();
+        let refresher = self
+            .state
+            .switches
+            .clone()
+            .spawn_refresher(store.clone(), REFRESH_EVERY);
         let (stop, stopped) = watch::channel(false);
         let engine = self.state.engine.clone().map(|engine| {
             let stopped = stopped.clone();
@@ -140,9 +161,9 @@ impl Application {
             )
         });
         let router = http::router(self.state);
-        axum::serve(self.listener, router)
+        let served = axum::serve(self.listener, router)
             .with_graceful_shutdown(shutdown)
-            .await?;
+            .await;
         let _ = stop.send(true);
         if let Some((engine, runner)) = engine {
             let _ = runner.await;
@@ -150,6 +171,8 @@ impl Application {
                 tracing::warn!("jobs still in flight at shutdown; another process resumes them");
             }
         }
+        refresher.abort();
+        served?;
         store.close().await;
         Ok(())
     }

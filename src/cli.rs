@@ -9,6 +9,10 @@ use anyhow::Context;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+pub mod providers;
+pub mod sim;
+pub mod validate;
+
 /// The flags every command that talks to the database takes.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct DbArgs {
@@ -42,15 +46,15 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
     Ok(store)
 }
 
-pub async fn serve(db: &DbArgs, listen: Option<String>, validate: bool) -> anyhow::Result<()> {
+pub async fn serve(
+    db: &DbArgs,
+    listen: Option<String>,
+    validate: bool,
+    check_reachable: bool,
+) -> anyhow::Result<()> {
     let config = db.load(listen)?;
     if validate {
-        println!(
-            "config ok: {} route(s), database {}",
-            config.routes.len(),
-            config.database
-        );
-        return Ok(());
+        return validate::validate(&config, check_reachable).await;
     }
     let app = Application::build(config.clone()).await?;
     tracing::info!(address = %app.local_addr(), database = %config.database, "onejob serving");

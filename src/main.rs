@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use onejob::cli::{self, DbArgs};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -24,9 +25,27 @@ enum Command {
         /// Address to listen on [default: 127.0.0.1:8080]
         #[arg(long, env = "ONEJOB_LISTEN")]
         listen: Option<String>,
-        /// Check the configuration and exit.
+        /// Check the configuration, provider files, API key variables and
+        /// contracts, then exit.
         #[arg(long)]
         validate: bool,
+        /// With --validate: also open a TCP connection to each provider.
+        #[arg(long, requires = "validate")]
+        check_reachable: bool,
+    },
+    /// Run the simulated provider.
+    Sim {
+        /// Address to listen on [default: 127.0.0.1:8090]
+        #[arg(long)]
+        listen: Option<String>,
+        /// Behaviour overrides (default_latency, default_behaviour)
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// List providers, switch them on or off.
+    Providers {
+        #[command(subcommand)]
+        command: ProvidersCommand,
     },
     /// Play the scenarios against a throwaway server on a temporary SQLite file.
     Demo,
@@ -44,6 +63,33 @@ enum Command {
     Jobs {
         #[command(subcommand)]
         command: JobsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ProvidersCommand {
+    /// Configured providers with their switch (enabled, by whom, why).
+    List {
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Let a provider take new attempts again.
+    Enable {
+        #[command(flatten)]
+        db: DbArgs,
+        name: String,
+        /// Why (1-500 characters); kept in the audit trail.
+        #[arg(long)]
+        reason: String,
+    },
+    /// Stop giving a provider new attempts.
+    Disable {
+        #[command(flatten)]
+        db: DbArgs,
+        name: String,
+        /// Why (1-500 characters); kept in the audit trail.
+        #[arg(long)]
+        reason: String,
     },
 }
 
@@ -98,7 +144,20 @@ fn main() -> ExitCode {
                 db,
                 listen,
                 validate,
-            } => cli::serve(&db, listen, validate).await,
+                check_reachable,
+            } => cli::serve(&db, listen, validate, check_reachable).await,
+            Command::Sim { listen, config } => {
+                cli::sim::run(listen.as_deref(), config.as_deref()).await
+            }
+            Command::Providers { command } => match command {
+                ProvidersCommand::List { db } => cli::providers::list(&db).await,
+                ProvidersCommand::Enable { db, name, reason } => {
+                    cli::providers::switch(&db, &name, true, &reason).await
+                }
+                ProvidersCommand::Disable { db, name, reason } => {
+                    cli::providers::switch(&db, &name, false, &reason).await
+                }
+            },
             Command::Migrate { db } => cli::migrate(&db).await,
             Command::Demo => onejob::demo::run().await,
             Command::Keys {

@@ -41,12 +41,23 @@ pub trait Gate: Send + Sync {
     ) -> Result<(), String>;
 }
 
-/// Admits every provider: for servers and tests with no ops switches.
-pub struct OpenGate;
-
-impl Gate for OpenGate {
-    fn admits(&self, _: &str, _: Option<&str>, _: bool) -> Result<(), String> {
-        Ok(())
+/// Ops switches: a disabled provider takes no new attempt, on any instance
+/// sharing the database (the switches refresh from it).
+impl Gate for crate::providers::switches::ProviderSwitches {
+    fn admits(
+        &self,
+        provider: &str,
+        _contract: Option<&str>,
+        _as_fallback: bool,
+    ) -> Result<(), String> {
+        if self.is_enabled(provider) {
+            return Ok(());
+        }
+        Err(format!(
+            "disabled ({})",
+            self.reason(provider)
+                .unwrap_or_else(|| "no reason given".into())
+        ))
     }
 }
 

@@ -1,5 +1,6 @@
 //! The HTTP API (axum): routes, shared state, auth and the error shape.
 
+pub mod admin_providers;
 pub mod admin_review;
 pub mod auth;
 pub mod body;
@@ -14,6 +15,7 @@ use crate::contracts::Contract;
 use crate::engine::Engine;
 use crate::metrics::Metrics;
 use crate::providers::catalog::Catalog;
+use crate::providers::switches::ProviderSwitches;
 use crate::store::Store;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
@@ -36,6 +38,8 @@ pub struct AppState {
     /// `None` when this server only accepts and stores jobs.
     pub engine: Option<Engine>,
     pub metrics: Arc<Metrics>,
+    /// Which providers are switched on (in memory, refreshed from the store).
+    pub switches: Arc<ProviderSwitches>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -56,6 +60,19 @@ pub fn router(state: AppState) -> Router {
             post(admin_review::resolve_attempt),
         )
         .route("/metrics", get(metrics))
+        .route("/v1/admin/providers", get(admin_providers::list))
+        .route(
+            "/v1/admin/providers/{name}/enable",
+            post(admin_providers::enable),
+        )
+        .route(
+            "/v1/admin/providers/{name}/disable",
+            post(admin_providers::disable),
+        )
+        .route(
+            "/v1/admin/providers/{name}/audit",
+            get(admin_providers::audit),
+        )
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .fallback(|| async { ApiError::NotFound("route") })

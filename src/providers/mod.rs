@@ -11,6 +11,7 @@ pub mod classify;
 pub mod config;
 pub mod openai;
 pub mod sim;
+pub mod switches;
 pub mod transport;
 
 use crate::domain::request::Message;

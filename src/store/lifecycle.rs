@@ -444,6 +444,26 @@ macro_rules! lifecycle_ops {
                 })
                 .collect())
         }
+
+        pub(crate) async fn provider_audit(
+            conn: &mut $conn,
+            name: Option<&str>,
+            limit: i64,
+        ) -> Result<Vec<crate::store::ProviderAuditEntry>, StoreError> {
+            // `id` breaks ties between changes made in the same millisecond.
+            let rows: Vec<(i64, String, bool, String, String, i64)> = sqlx::query_as(
+                "SELECT id, name, enabled, actor, reason, at FROM provider_audit \
+                 WHERE ($1 IS NULL OR name = $1) ORDER BY at DESC, id DESC LIMIT $2",
+            )
+            .bind(name)
+            .bind(limit)
+            .fetch_all(&mut *conn)
+            .await?;
+            Ok(rows
+                .into_iter()
+                .map(|(id, name, enabled, actor, reason, at)| crate::store::ProviderAuditEntry { id, name, enabled, actor, reason, at })
+                .collect())
+        }
     };
 }
 

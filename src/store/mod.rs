@@ -145,6 +145,17 @@ pub struct ProviderSwitch {
     pub changed_at: Millis,
 }
 
+/// One operator change of a provider switch, as the audit trail keeps it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProviderAuditEntry {
+    pub id: i64,
+    pub name: String,
+    pub enabled: bool,
+    pub actor: String,
+    pub reason: String,
+    pub at: Millis,
+}
+
 /// What finishing an attempt did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishOutcome {
@@ -322,6 +333,13 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<(), StoreError>;
 
     async fn provider_switches(&self) -> Result<Vec<ProviderSwitch>, StoreError>;
+
+    /// The audit trail of provider switches (of `name`, or of all), newest first.
+    async fn provider_audit(
+        &self,
+        name: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<ProviderAuditEntry>, StoreError>;
 }
 
 /// Open the store a URL names, without migrating.

@@ -247,4 +247,12 @@ impl Store for PgStore {
     async fn provider_switches(&self) -> Result<Vec<ProviderSwitch>, StoreError> {
         ops::provider_switches(&mut *self.pool.acquire().await?).await
     }
+
+    async fn provider_audit(
+        &self,
+        name: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<super::ProviderAuditEntry>, StoreError> {
+        ops::provider_audit(&mut *self.pool.acquire().await?, name, limit).await
+    }
 }

@@ -447,4 +447,12 @@ impl Store for SqliteStore {
     async fn provider_switches(&self) -> Result<Vec<ProviderSwitch>, StoreError> {
         ops::provider_switches(&mut *self.read.acquire().await?).await
     }
+
+    async fn provider_audit(
+        &self,
+        name: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<super::ProviderAuditEntry>, StoreError> {
+        ops::provider_audit(&mut *self.read.acquire().await?, name, limit).await
+    }
 }

@@ -1,0 +1,61 @@
+//! `onejob serve --validate [--check-reachable]`: everything the server
+//! would refuse at start (or trip over on the first job), checked without
+//! starting it: the config file, every provider file (named by file and
+//! line), the API key variables they name, the routes' providers, the
+//! contracts, and optionally a TCP connect to each provider.
+
+use crate::config::Config;
+use crate::providers::config::load_dir;
+use std::collections::BTreeMap;
+
+pub async fn validate(config: &Config, check_reachable: bool) -> anyhow::Result<()> {
+    let providers = if config.providers_dir.exists() {
+        load_dir(&config.providers_dir)?
+    } else {
+        BTreeMap::new()
+    };
+    let mut problems = Vec::new();
+    for provider in providers.values() {
+        if let Err(e) = provider.resolve_api_key() {
+            problems.push(e.to_string());
+        }
+    }
+    for (route_name, route) in &config.routes {
+        let fallbacks = route.fallbacks.iter().map(|f| ("fallbacks", f));
+        for (field, provider) in std::iter::once(("primary", &route.primary)).chain(fallbacks) {
+            if !providers.contains_key(provider) {
+                problems.push(format!(
+                    "routes.{route_name}.{field}: provider {provider:?} is not configured in {}",
+                    config.providers_dir.display()
+                ));
+            }
+        }
+    }
+    let contracts = if config.contracts_dir.exists() {
+        crate::contracts::load_all(&config.contracts_dir)?
+    } else {
+        BTreeMap::new()
+    };
+    if check_reachable {
+        for provider in providers.values() {
+            if let Err(e) = provider.check_reachable().await {
+                problems.push(e.to_string());
+            }
+        }
+    }
+    if !problems.is_empty() {
+        for problem in &problems {
+            eprintln!("{problem}");
+        }
+        anyhow::bail!("configuration has {} problem(s)", problems.len());
+    }
+    println!(
+        "config ok: {} route(s), {} provider(s){}, {} contract(s), database {}",
+        config.routes.len(),
+        providers.len(),
+        if check_reachable { " reachable" } else { "" },
+        contracts.len(),
+        config.database
+    );
+    Ok(())
+}

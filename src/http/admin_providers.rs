@@ -1,0 +1,238 @@
+//! Ops control of providers (admin key only): list what is configured with
+//! its switch and eligibility, switch a provider on or off with a reason,
+//! read the audit trail. `enabled` is read from the server's in-memory
+//! switches, the same ones the engine consults, so what this answers is what
+//! the engine does.
+
+use super::auth::Admin;
+use super::error::ApiError;
+use super::AppState;
+use crate::clock::rfc3339;
+use crate::contracts::Contract;
+use crate::providers::config::{ProviderConfig, ProviderKind, Tokenizer};
+use crate::providers::switches::{switch_provider, SwitchError};
+use crate::store::{ProviderAuditEntry, ProviderSwitch};
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Most audit entries one answer carries.
+const MAX_AUDIT: i64 = 1_000;
+
+/// A configured provider as ops see it. Never carries an API key (only the
+/// name of the variable holding it is configured, and not shown either).
+#[derive(Debug, Serialize)]
+pub struct ProviderView {
+    pub name: String,
+    pub kind: ProviderKind,
+    pub model: String,
+    pub base_url: String,
+    pub tokenizer: Tokenizer,
+    pub context_window: u32,
+    pub digest: String,
+    pub enabled: bool,
+    pub changed_by: Option<String>,
+    pub reason: Option<String>,
+    pub changed_at: Option<String>,
+    pub eligibility: Vec<Eligibility>,
+}
+
+impl ProviderView {
+    /// `switch` is the provider's last switch; none means never switched (enabled).
+    pub fn new(
+        name: &str,
+        config: &ProviderConfig,
+        digest: &str,
+        switch: Option<&ProviderSwitch>,
+        contracts: &BTreeMap<String, Contract>,
+    ) -> Self {
+        ProviderView {
+            name: name.to_string(),
+            kind: config.kind,
+            model: config.model.clone(),
+            base_url: config.base_url.clone(),
+            tokenizer: config.tokenizer,
+            context_window: config.context_window,
+            digest: digest.to_string(),
+            enabled: switch.is_none_or(|s| s.enabled),
+            changed_by: switch.map(|s| s.changed_by.clone()),
+            reason: switch.map(|s| s.reason.clone()),
+            changed_at: switch.map(|s| rfc3339(s.changed_at)),
+            eligibility: eligibility(name, switch, contracts),
+        }
+    }
+}
+
+/// Whether a provider may take over a job of one contract, and why not.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Eligibility {
+    pub contract: String,
+    pub eligible: bool,
+    pub reason: String,
+}
+
+/// Eligibility of `provider` for each contract. Today only the switch
+/// decides; the contract runs (latest run for the current contract and
+/// provider-config digests passed) are to be added here, in this one place.
+pub fn eligibility(
+    provider: &str,
+    switch: Option<&ProviderSwitch>,
+    contracts: &BTreeMap<String, Contract>,
+) -> Vec<Eligibility> {
+    let disabled = switch.filter(|s| !s.enabled);
+    contracts
+        .keys()
+        .map(|contract| Eligibility {
+            contract: contract.clone(),
+            eligible: disabled.is_none(),
+            reason: match disabled {
+                Some(s) => format!("{provider} is disabled by {}: {}", s.changed_by, s.reason),
+                None => format!("{provider} is enabled"),
+            },
+        })
+        .collect()
+}
+
+#[derive(Debug, Serialize)]
+pub struct AuditView {
+    pub id: i64,
+    pub name: String,
+    pub enabled: bool,
+    pub actor: String,
+    pub reason: String,
+    pub at: String,
+}
+
+impl From<ProviderAuditEntry> for AuditView {
+    fn from(e: ProviderAuditEntry) -> Self {
+        AuditView {
+            id: e.id,
+            name: e.name,
+            enabled: e.enabled,
+            actor: e.actor,
+            reason: e.reason,
+            at: rfc3339(e.at),
+        }
+    }
+}
+
+impl From<SwitchError> for ApiError {
+    fn from(e: SwitchError) -> Self {
+        match e {
+            SwitchError::UnknownProvider(_) => ApiError::NotFound("provider"),
+            e @ SwitchError::InvalidReason(_) => ApiError::InvalidRequest(e.to_string()),
+            SwitchError::Store(e) => e.into(),
+        }
+    }
+}
+
+fn view(state: &AppState, name: &str) -> Result<ProviderView, ApiError> {
+    let entry = state
+        .providers
+        .get(name)
+        .ok_or(ApiError::NotFound("provider"))?;
+    Ok(ProviderView::new(
+        name,
+        &entry.config,
+        &entry.digest,
+        state.switches.get(name).as_ref(),
+        &state.contracts,
+    ))
+}
+
+/// `GET /v1/admin/providers`
+pub async fn list(
+    State(state): State<AppState>,
+    _admin: Admin,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let providers = state
+        .providers
+        .names()
+        .map(|name| view(&state, name))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Json(serde_json::json!({ "providers": providers })))
+}
+
+/// `POST /v1/admin/providers/{name}/enable`
+pub async fn enable(
+    state: State<AppState>,
+    admin: Admin,
+    name: Path<String>,
+    body: Bytes,
+) -> Result<Json<ProviderView>, ApiError> {
+    switch(state, admin, name, body, true).await
+}
+
+/// `POST /v1/admin/providers/{name}/disable`
+pub async fn disable(
+    state: State<AppState>,
+    admin: Admin,
+    name: Path<String>,
+    body: Bytes,
+) -> Result<Json<ProviderView>, ApiError> {
+    switch(state, admin, name, body, false).await
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct SwitchBody {
+    reason: Option<String>,
+}
+
+async fn switch(
+    State(state): State<AppState>,
+    Admin(admin): Admin,
+    Path(name): Path<String>,
+    body: Bytes,
+    enabled: bool,
+) -> Result<Json<ProviderView>, ApiError> {
+    // An empty body is a missing reason (422), not malformed JSON.
+    let body: SwitchBody = if body.iter().all(u8::is_ascii_whitespace) {
+        SwitchBody::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::MalformedJson(format!("body is not valid JSON: {e}")))?
+    };
+    let switch = switch_provider(
+        state.store.as_ref(),
+        state.providers.get(&name).is_some(),
+        &name,
+        enabled,
+        &admin.owner_id,
+        body.reason.as_deref(),
+        state.clock.now_ms(),
+    )
+    .await?;
+    tracing::info!(provider = %name, enabled, actor = %admin.owner_id, reason = %switch.reason, "provider switched");
+    state.switches.record(switch);
+    Ok(Json(view(&state, &name)?))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct AuditQuery {
+    limit: Option<i64>,
+}
+
+/// `GET /v1/admin/providers/{name}/audit`: newest first.
+pub async fn audit(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(name): Path<String>,
+    Query(query): Query<AuditQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    if state.providers.get(&name).is_none() {
+        return Err(ApiError::NotFound("provider"));
+    }
+    let limit = query.limit.unwrap_or(100).clamp(1, MAX_AUDIT);
+    let entries: Vec<AuditView> = state
+        .store
+        .provider_audit(Some(&name), limit)
+        .await?
+        .into_iter()
+        .map(Into::into)
+        .collect();
+    Ok(Json(
+        serde_json::json!({ "provider": name, "audit": entries }),
+    ))
+}

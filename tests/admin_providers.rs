@@ -1,0 +1,209 @@
+//! Ops control of providers over real HTTP: who may see and switch them,
+//! what a switch records, and what is refused without writing anything.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{error_code, spawn_app, Backend, TestApp};
+use onejob::clock::SystemClock;
+use serde_json::{json, Value};
+
+on_both_backends!(
+    list_shows_the_shipped_providers_enabled,
+    non_admin_keys_are_forbidden_and_no_key_is_unauthorized,
+    disabling_with_a_reason_shows_who_and_why_and_is_audited,
+    a_switch_without_a_valid_reason_is_refused_and_nothing_is_written,
+    an_unknown_provider_is_not_found,
+);
+
+async fn admin_key(app: &TestApp) -> String {
+    onejob::keys::create_key(app.store.as_ref(), &SystemClock, "ops", true)
+        .await
+        .unwrap()
+}
+
+async fn post(app: &TestApp, key: Option<&str>, path: &str, body: &str) -> reqwest::Response {
+    let mut request = app
+        .client
+        .post(format!("{}{path}", app.address))
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    request.send().await.unwrap()
+}
+
+async fn providers(app: &TestApp, key: &str) -> Vec<Value> {
+    let response = app.get(key, "/v1/admin/providers").await;
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+    body["providers"].as_array().unwrap().clone()
+}
+
+fn find<'a>(providers: &'a [Value], name: &str) -> &'a Value {
+    providers
+        .iter()
+        .find(|p| p["name"] == name)
+        .unwrap_or_else(|| panic!("{name} in {providers:?}"))
+}
+
+async fn list_shows_the_shipped_providers_enabled(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let admin = admin_key(&app).await;
+    let response = app.get(&admin, "/v1/admin/providers").await;
+    assert_eq!(response.status(), 200);
+    let text = response.text().await.unwrap();
+    assert!(!text.to_lowercase().contains("api_key"), "{text}");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    let list = body["providers"].as_array().unwrap();
+    for name in ["sim", "sim-backup"] {
+        let p = find(list, name);
+        assert_eq!(p["enabled"], true, "{p}");
+        assert_eq!(p["kind"], "sim");
+        assert_eq!(p["tokenizer"], "o200k_base");
+        assert_eq!(p["context_window"], 16384);
+        assert_eq!(p["digest"].as_str().unwrap().len(), 64);
+        assert!(p["changed_by"].is_null() && p["reason"].is_null() && p["changed_at"].is_null());
+        let eligibility = p["eligibility"].as_array().unwrap();
+        assert!(!eligibility.is_empty(), "one entry per shipped contract");
+        assert!(eligibility.iter().all(|e| e["eligible"] == true), "{p}");
+    }
+    assert_eq!(find(list, "sim")["model"], "healthy");
+    app.stop().await;
+}
+
+async fn non_admin_keys_are_forbidden_and_no_key_is_unauthorized(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let response = app.get(&app.key, "/v1/admin/providers").await;
+    assert_eq!(response.status(), 403);
+    assert_eq!(error_code(response).await, "forbidden");
+    let response = app
+        .client
+        .get(format!("{}/v1/admin/providers", app.address))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 401);
+    assert_eq!(error_code(response).await, "unauthorized");
+
+    let body = json!({ "reason": "not mine to switch" }).to_string();
+    let response = post(
+        &app,
+        Some(&app.key),
+        "/v1/admin/providers/sim/disable",
+        &body,
+    )
+    .await;
+    assert_eq!(response.status(), 403);
+    assert_eq!(error_code(response).await, "forbidden");
+    let response = post(&app, None, "/v1/admin/providers/sim/disable", &body).await;
+    assert_eq!(response.status(), 401);
+    let response = app.get(&app.key, "/v1/admin/providers/sim/audit").await;
+    assert_eq!(response.status(), 403);
+
+    assert!(app.store.provider_switches().await.unwrap().is_empty());
+    assert!(app.store.provider_audit(None, 10).await.unwrap().is_empty());
+    app.stop().await;
+}
+
+async fn disabling_with_a_reason_shows_who_and_why_and_is_audited(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let admin = admin_key(&app).await;
+    let body = json!({ "reason": "upstream returns 500s" }).to_string();
+    let response = post(&app, Some(&admin), "/v1/admin/providers/sim/disable", &body).await;
+    assert_eq!(response.status(), 200);
+    let answered: Value = response.json().await.unwrap();
+    assert_eq!(answered["name"], "sim");
+    assert_eq!(answered["enabled"], false);
+    assert_eq!(answered["changed_by"], "ops");
+    assert_eq!(answered["reason"], "upstream returns 500s");
+
+    let list = providers(&app, &admin).await;
+    let sim = find(&list, "sim");
+    assert_eq!(sim["enabled"], false);
+    assert_eq!(sim["changed_by"], "ops");
+    assert_eq!(sim["reason"], "upstream returns 500s");
+    assert!(sim["changed_at"].as_str().unwrap().ends_with('Z'), "{sim}");
+    let eligibility = sim["eligibility"].as_array().unwrap();
+    assert!(eligibility.iter().all(|e| e["eligible"] == false), "{sim}");
+    assert!(eligibility[0]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("upstream returns 500s"));
+    assert_eq!(find(&list, "sim-backup")["enabled"], true);
+
+    let switches = app.store.provider_switches().await.unwrap();
+    assert_eq!(switches.len(), 1);
+    assert!(!switches[0].enabled);
+
+    let body = json!({ "reason": "fixed upstream" }).to_string();
+    let response = post(&app, Some(&admin), "/v1/admin/providers/sim/enable", &body).await;
+    assert_eq!(response.status(), 200);
+    let answered: Value = response.json().await.unwrap();
+    assert_eq!(answered["enabled"], true);
+    assert_eq!(find(&providers(&app, &admin).await, "sim")["enabled"], true);
+
+    let response = app.get(&admin, "/v1/admin/providers/sim/audit").await;
+    assert_eq!(response.status(), 200);
+    let audit: Value = response.json().await.unwrap();
+    let entries = audit["audit"].as_array().unwrap();
+    assert_eq!(entries.len(), 2, "{audit}");
+    assert_eq!(entries[0]["enabled"], true, "newest first: {audit}");
+    assert_eq!(entries[0]["reason"], "fixed upstream");
+    assert_eq!(entries[1]["enabled"], false);
+    assert_eq!(entries[1]["reason"], "upstream returns 500s");
+    assert!(entries.iter().all(|e| e["actor"] == "ops"));
+    let other: Value = app
+        .get(&admin, "/v1/admin/providers/sim-backup/audit")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(other["audit"].as_array().unwrap().is_empty(), "{other}");
+    app.stop().await;
+}
+
+async fn a_switch_without_a_valid_reason_is_refused_and_nothing_is_written(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let admin = admin_key(&app).await;
+    let too_long = json!({ "reason": "x".repeat(501) }).to_string();
+    for body in [
+        "",
+        "{}",
+        r#"{"reason": ""}"#,
+        r#"{"reason": "   "}"#,
+        &too_long,
+    ] {
+        let response = post(&app, Some(&admin), "/v1/admin/providers/sim/disable", body).await;
+        assert_eq!(response.status(), 422, "body {body:?}");
+        assert_eq!(error_code(response).await, "invalid_request");
+    }
+    let response = post(&app, Some(&admin), "/v1/admin/providers/sim/disable", "{").await;
+    assert_eq!(response.status(), 400);
+    assert_eq!(error_code(response).await, "malformed_json");
+
+    assert!(app.store.provider_switches().await.unwrap().is_empty());
+    assert!(app.store.provider_audit(None, 10).await.unwrap().is_empty());
+    assert_eq!(find(&providers(&app, &admin).await, "sim")["enabled"], true);
+    app.stop().await;
+}
+
+async fn an_unknown_provider_is_not_found(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let admin = admin_key(&app).await;
+    let body = json!({ "reason": "typo" }).to_string();
+    for action in ["enable", "disable"] {
+        let path = format!("/v1/admin/providers/no-such-provider/{action}");
+        let response = post(&app, Some(&admin), &path, &body).await;
+        assert_eq!(response.status(), 404);
+        assert_eq!(error_code(response).await, "not_found");
+    }
+    let response = app
+        .get(&admin, "/v1/admin/providers/no-such-provider/audit")
+        .await;
+    assert_eq!(response.status(), 404);
+    assert!(app.store.provider_switches().await.unwrap().is_empty());
+    assert!(app.store.provider_audit(None, 10).await.unwrap().is_empty());
+    app.stop().await;
+}

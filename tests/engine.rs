@@ -20,6 +20,8 @@ on_both_backends!(
     a_non_retryable_refusal_fails_the_job_at_once,
     cancel_makes_a_late_result_lose,
     review_resolutions_are_audited,
+    a_disabled_provider_is_never_chosen,
+    the_breaker_sends_first_attempts_elsewhere_until_the_primary_recovers,
 );
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -379,5 +381,187 @@ async fn review_resolutions_are_audited(backend: Backend) {
         .unwrap()
         .contains("provider fixed"));
     assert_eq!(job["version"], 1);
+    world.stop().await;
+}
+
+async fn a_disabled_provider_is_never_chosen(backend: Backend) {
+    let providers = [
+        ProviderSpec {
+            name: "primary",
+            model: "healthy:latency=300",
+        },
+        ProviderSpec {
+            name: "fallback",
+            model: "healthy",
+        },
+    ];
+    let mut r = route("primary", &["fallback"]);
+    r.max_attempts = 2;
+    let world = start_world(backend, &providers, r, |_| {}).await;
+    let (_, first) = world.submit("before-disable", &chat_body("a"), None).await;
+    let first_id = first["id"].as_str().unwrap().to_string();
+    world.until(&first_id, WAIT, |_, a| !a.is_empty()).await;
+
+    let disable = json!({"reason": "vendor incident"});
+    let (status, _) = world
+        .post(
+            &world.admin_key,
+            "/v1/admin/providers/primary/disable",
+            &disable,
+        )
+        .await;
+    assert_eq!(status, 200);
+    // The attempt already in flight finishes and is recorded.
+    let (_, attempts) = world
+        .until(&first_id, WAIT, |j, _| state(j) == "succeeded")
+        .await;
+    assert_eq!(
+        (
+            attempts[0]["provider"].as_str(),
+            attempts[0]["state"].as_str()
+        ),
+        (Some("primary"), Some("succeeded"))
+    );
+
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let (_, job) = world
+            .submit(
+                &format!("after-disable-{i}"),
+                &chat_body(&format!("b{i}")),
+                Some(5),
+            )
+            .await;
+        ids.push(job["id"].as_str().unwrap().to_string());
+    }
+    for id in &ids {
+        let (_, attempts) = world.until(id, WAIT, |j, _| state(j) == "succeeded").await;
+        assert!(
+            attempts.iter().all(|a| a["provider"] == "fallback"),
+            "{attempts:?}"
+        );
+        assert_eq!(world.executions(id, "primary"), 0);
+    }
+
+    // With every provider disabled the job waits, then goes to review; no attempt is made.
+    let (status, _) = world
+        .post(
+            &world.admin_key,
+            "/v1/admin/providers/fallback/disable",
+            &disable,
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (_, job) = world.submit("nothing-enabled", &chat_body("c"), None).await;
+    let id = job["id"].as_str().unwrap().to_string();
+    let (job, attempts) = world
+        .until(&id, WAIT, |j, _| state(j) == "needs_review")
+        .await;
+    assert!(attempts.is_empty(), "{attempts:?}");
+    assert!(
+        job["last_error"].as_str().unwrap().contains("disabled"),
+        "{job}"
+    );
+    world.stop().await;
+}
+
+async fn the_breaker_sends_first_attempts_elsewhere_until_the_primary_recovers(backend: Backend) {
+    let providers = [
+        ProviderSpec {
+            name: "primary",
+            model: "primary-model",
+        },
+        ProviderSpec {
+            name: "fallback",
+            model: "healthy",
+        },
+    ];
+    let world = start_world(backend, &providers, route("primary", &["fallback"]), |c| {
+        c.engine.breaker_threshold = 3;
+        c.engine.breaker_open_ms = 300;
+        c.engine.breaker_probe_every = 2;
+    })
+    .await;
+    world.sim.models().set("primary-model", "fail:503").unwrap();
+    let run = |i: usize| {
+        let world = &world;
+        async move {
+            let (_, job) = world
+                .submit(&format!("b-{i}"), &chat_body(&format!("job {i}")), Some(5))
+                .await;
+            let id = job["id"].as_str().unwrap().to_string();
+            world
+                .until(&id, WAIT, |j, _| state(j) == "succeeded")
+                .await
+                .1
+        }
+    };
+    // Three jobs fail over after a 503 each: the breaker opens.
+    for i in 0..3 {
+        let attempts = run(i).await;
+        assert_eq!(attempts[0]["provider"], "primary");
+        assert_eq!(attempts.last().unwrap()["provider"], "fallback");
+    }
+    // Now new jobs start on the fallback without waiting on the primary.
+    let attempts = run(3).await;
+    assert_eq!(attempts.len(), 1, "{attempts:?}");
+    assert_eq!(attempts[0]["provider"], "fallback");
+    let (_, metrics) = (
+        0,
+        world
+            .client
+            .get(format!("{}/metrics", world.address))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+    );
+    assert!(
+        metrics.contains("onejob_breaker_open{provider=\"primary\"} 1"),
+        "{metrics}"
+    );
+
+    // The primary recovers; after the open period a probe reaches it and closes the breaker.
+    world.sim.models().set("primary-model", "healthy").unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut i = 4;
+    loop {
+        let attempts = run(i).await;
+        i += 1;
+        if attempts[0]["provider"] == "primary" && attempts.len() == 1 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the primary never served again"
+        );
+    }
+    for j in i..i + 3 {
+        let attempts = run(j).await;
+        assert_eq!(
+            (attempts.len(), attempts[0]["provider"].as_str()),
+            (1, Some("primary")),
+            "closed again"
+        );
+    }
+    let metrics = world
+        .client
+        .get(format!("{}/metrics", world.address))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("onejob_breaker_open{provider=\"primary\"} 0"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("onejob_breaker_trips_total{provider=\"primary\"} 1"),
+        "{metrics}"
+    );
     world.stop().await;
 }

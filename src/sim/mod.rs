@@ -180,8 +180,12 @@ async fn load_tokenizer() {
     .await;
     match loaded {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "simulator tokenizer unavailable; usage will be estimated"),
-        Err(e) => tracing::warn!(error = %e, "simulator tokenizer load panicked; usage will be estimated"),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "simulator tokenizer unavailable; usage will be estimated")
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "simulator tokenizer load panicked; usage will be estimated")
+        }
     }
 }
 

@@ -1,5 +1,6 @@
 //! The HTTP API (axum): routes, shared state, auth and the error shape.
 
+pub mod admin_contracts;
 pub mod auth;
 pub mod error;
 pub mod jobs;
@@ -36,6 +37,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/jobs", post(jobs::create))
         .route("/v1/jobs/{id}", get(jobs::show))
         .route("/v1/jobs/{id}/attempts", get(jobs::attempts))
+        .route("/v1/admin/contracts/run", post(admin_contracts::run))
+        .route("/v1/admin/contracts/runs", get(admin_contracts::latest))
+        .route("/v1/admin/contracts/runs/{id}", get(admin_contracts::show))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .fallback(|| async { ApiError::NotFound("route") })

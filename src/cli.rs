@@ -115,3 +115,64 @@ async fn show_job_in(store: &dyn Store, id: &str, attempts: bool) -> anyhow::Res
 pub fn clock() -> Arc<dyn Clock> {
     Arc::new(SystemClock)
 }
+
+/// What `onejob contracts run` writes besides the table on stdout.
+#[derive(Debug, Clone, Default)]
+pub struct ContractRunOutputs {
+    pub junit: Option<PathBuf>,
+    pub json: Option<PathBuf>,
+}
+
+/// `onejob contracts run`: run the selected contracts against the selected
+/// providers, store every run, print the provider × check table, write the
+/// JUnit XML / JSON files asked for. Any failed run is an error, so the
+/// process exits non-zero (after the table and files are written).
+pub async fn run_contracts(
+    db: &DbArgs,
+    provider: Option<&str>,
+    contract: Option<&str>,
+    outputs: &ContractRunOutputs,
+) -> anyhow::Result<()> {
+    let config = db.load(None)?;
+    let catalog = crate::providers::catalog::Catalog::load(
+        &config.providers_dir,
+        config.sim_base_url.as_deref(),
+    )?;
+    let contracts = crate::contracts::load_all(&config.contracts_dir)?;
+    let store = open_store(&config).await?;
+    let reports = crate::contracts::run_contracts(
+        &catalog,
+        &contracts,
+        store.as_ref(),
+        &SystemClock,
+        provider,
+        contract,
+        "cli",
+    )
+    .await;
+    store.close().await;
+    let reports = reports?;
+    if reports.is_empty() {
+        anyhow::bail!(
+            "nothing to run: no providers in {} or no contracts in {}",
+            config.providers_dir.display(),
+            config.contracts_dir.display()
+        );
+    }
+    print!("{}", crate::contracts::render_table(&reports));
+    let passed = reports.iter().all(|r| r.passed);
+    if let Some(path) = &outputs.junit {
+        std::fs::write(path, crate::contracts::reports_to_junit_xml(&reports))
+            .with_context(|| format!("cannot write JUnit XML to {}", path.display()))?;
+    }
+    if let Some(path) = &outputs.json {
+        let json = serde_json::json!({ "passed": passed, "reports": reports });
+        std::fs::write(path, serde_json::to_string_pretty(&json)?)
+            .with_context(|| format!("cannot write JSON to {}", path.display()))?;
+    }
+    let failed = reports.iter().filter(|r| !r.passed).count();
+    if failed > 0 {
+        anyhow::bail!("{failed} of {} contract runs failed", reports.len());
+    }
+    Ok(())
+}

@@ -64,6 +64,33 @@ enum Command {
         #[command(subcommand)]
         command: JobsCommand,
     },
+    /// Contract tests: which providers may take a contract's jobs.
+    Contracts {
+        #[command(subcommand)]
+        command: ContractsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ContractsCommand {
+    /// Run contracts against providers, store the runs, print the table;
+    /// exits non-zero when any check fails.
+    Run {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Only this provider [default: every provider]
+        #[arg(long)]
+        provider: Option<String>,
+        /// Only this contract [default: every contract]
+        #[arg(long)]
+        contract: Option<String>,
+        /// Also write the results as JUnit XML here.
+        #[arg(long)]
+        junit: Option<std::path::PathBuf>,
+        /// Also write the reports as JSON here.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -169,6 +196,19 @@ fn main() -> ExitCode {
             Command::Jobs {
                 command: JobsCommand::Attempts { db, id },
             } => cli::show_job(&db, &id, true).await,
+            Command::Contracts {
+                command:
+                    ContractsCommand::Run {
+                        db,
+                        provider,
+                        contract,
+                        junit,
+                        json,
+                    },
+            } => {
+                let outputs = cli::ContractRunOutputs { junit, json };
+                cli::run_contracts(&db, provider.as_deref(), contract.as_deref(), &outputs).await
+            }
         }
     });
     match result {

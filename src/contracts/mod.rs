@@ -16,20 +16,28 @@
 //! - [`output`]: schema validation of an answer and the round-trip rule;
 //! - [`tokenizer`]: tiktoken checks on a rendered prompt and on reported usage;
 //! - [`run`]: one contract against one live provider → [`ContractReport`];
-//! - [`report`]: the report and its table / JUnit renderings.
+//! - [`report`]: the report and its table / JUnit renderings;
+//! - [`runner`]: the suite over the provider catalog, each run stored;
+//! - [`eligibility`]: whether a provider may take a contract's jobs now.
 
 pub mod definition;
+pub mod eligibility;
 pub mod output;
 pub mod render;
 pub mod report;
 pub mod run;
+pub mod runner;
 pub mod tokenizer;
 
 pub use definition::{load_all, Case, Contract, ContractError, Expectation};
+pub use eligibility::{
+    eligibility, Eligibility, EligibilityCache, EligibilitySnapshot, EligibilityStatus,
+};
 pub use output::{Problem, RoundTripMismatch, Violation, CONTRACT_VIOLATION_KIND};
 pub use render::{RenderError, RenderedPrompt, WireFormat};
 pub use report::{render_table, reports_to_junit_xml, CheckKind, CheckResult, ContractReport};
 pub use run::{contract_run_key, run_contract, ProviderProfile};
+pub use runner::{run_contracts, RunError};
 pub use tokenizer::{
     check_prompt, check_usage_agreement, count_prompt_tokens, PromptTokens, TokenizerError,
     TokenizerViolation,

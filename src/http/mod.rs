@@ -1,5 +1,6 @@
 //! The HTTP API (axum): routes, shared state, auth and the error shape.
 
+pub mod admin_contracts;
 pub mod admin_providers;
 pub mod admin_review;
 pub mod auth;
@@ -73,6 +74,9 @@ pub fn router(state: AppState) -> Router {
             "/v1/admin/providers/{name}/audit",
             get(admin_providers::audit),
         )
+        .route("/v1/admin/contracts/run", post(admin_contracts::run))
+        .route("/v1/admin/contracts/runs", get(admin_contracts::latest))
+        .route("/v1/admin/contracts/runs/{id}", get(admin_contracts::show))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .fallback(|| async { ApiError::NotFound("route") })

@@ -184,6 +184,7 @@ pub async fn serve_with_shutdown(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (closing_tx, closing) = watch::channel(false);
+    load_tokenizer().await;
     let state = Arc::new(SimState {
         config,
         ledger,
@@ -200,6 +201,25 @@ pub async fn serve_with_shutdown(
         .await
 }
 
+/// Build the tokenizer usage is counted with (once per process; it takes a
+/// while, more in debug builds) before serving, so no request waits for it
+/// and latency-sensitive callers see the first answer as fast as the rest.
+async fn load_tokenizer() {
+    let loaded = tokio::task::spawn_blocking(|| {
+        crate::contracts::tokenizer::tokenizer(wire::SIM_TOKENIZER).map(|_| ())
+    })
+    .await;
+    match loaded {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "simulator tokenizer unavailable; usage will be estimated")
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "simulator tokenizer load panicked; usage will be estimated")
+        }
+    }
+}
+
 /// The simulator as an object, for tests and the demo: start on a port
 /// (0 for any), read the ledger, shut down.
 pub struct SimServer;
@@ -212,6 +232,7 @@ impl SimServer {
     pub async fn start_with(addr: &str, config: SimConfig) -> std::io::Result<SimHandle> {
         let listener = TcpListener::bind(addr).await?;
         let local_addr = listener.local_addr()?;
+        load_tokenizer().await;
         let ledger = Arc::new(Ledger::default());
         let models = Arc::new(Models::default());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -1,15 +1,20 @@
 //! The simulator's HTTP handlers, speaking OpenAI's and Anthropic's
 //! published wire formats, and the one place a request is executed.
 //!
-//! Usage is approximate and documented as such: a text counts
-//! `ceil(chars / 4)` tokens and each message adds 3. (`wrong_usage` reports
-//! 1.5 times the prompt count, as a tokenizer with another vocabulary might.)
+//! Prompt usage is counted with the simulator's declared tokenizer,
+//! `o200k_base`, by the same chat recipe the contract run uses
+//! ([`count_prompt_tokens`]), so an honest simulated provider passes the
+//! usage-agreement check. (`wrong_usage` reports 1.5 times that count, as a
+//! tokenizer with another vocabulary might, and so fails it.) Completion
+//! tokens stay approximate: `ceil(chars / 4)`.
 
 use super::behaviour::{Behaviour, Fault};
 use super::ledger::{Answer, Recorded};
 use super::schema_gen::{generate, prose};
 use super::SimState;
+use crate::contracts::{count_prompt_tokens, RenderedPrompt};
 use crate::domain::fingerprint::{canonical_json, fingerprint};
+use crate::domain::request::{Message, Role};
 use crate::providers::Usage;
 use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
@@ -105,8 +110,34 @@ fn parse_request(wire: Wire, body: &Value) -> Result<SimRequest, String> {
     })
 }
 
+/// The tokenizer the simulator's provider configs declare.
+pub(crate) const SIM_TOKENIZER: &str = "o200k_base";
+
 fn approx_tokens(text: &str) -> u32 {
     u32::try_from(text.chars().count().div_ceil(4)).unwrap_or(u32::MAX)
+}
+
+/// Prompt tokens as an honest provider with `o200k_base` reports them. The
+/// tokenizer is built once per process (the server warms it at start), so
+/// this costs one BPE pass over the prompt. Should the count fail (it cannot
+/// for valid UTF-8), the rough `chars / 4` estimate stands in.
+fn honest_prompt_tokens(turns: &[(String, String)]) -> u32 {
+    let prompt = RenderedPrompt {
+        system: None,
+        messages: turns
+            .iter()
+            .map(|(role, text)| Message {
+                role: match role.as_str() {
+                    "system" | "developer" => Role::System,
+                    "assistant" => Role::Assistant,
+                    _ => Role::User,
+                },
+                content: text.clone(),
+            })
+            .collect(),
+    };
+    count_prompt_tokens(SIM_TOKENIZER, &prompt)
+        .unwrap_or_else(|_| turns.iter().map(|(_, t)| approx_tokens(t) + 3).sum())
 }
 
 /// Execute the request: the answer is a pure function of the prompt and schema.
@@ -122,11 +153,7 @@ fn execute(request: &SimRequest, fault: Fault) -> Answer {
         }
         _ => prose(&mut rng, 12),
     };
-    let mut prompt_tokens: u32 = request
-        .turns
-        .iter()
-        .map(|(_, t)| approx_tokens(t) + 3)
-        .sum();
+    let mut prompt_tokens = honest_prompt_tokens(&request.turns);
     if fault == Fault::WrongUsage {
         prompt_tokens = prompt_tokens.saturating_mul(3) / 2 + 1;
     }

@@ -12,11 +12,14 @@ use crate::domain::{Attempt, GuardRefusal, Job, Millis};
 use async_trait::async_trait;
 use std::sync::Arc;
 
+mod contract_runs;
 mod lifecycle;
 mod ops;
 pub mod postgres;
 mod rows;
 pub mod sqlite;
+
+pub use contract_runs::{ContractRun, ContractRunSummary, NewContractRun};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -340,6 +343,15 @@ pub trait Store: Send + Sync + 'static {
         name: Option<&str>,
         limit: i64,
     ) -> Result<Vec<ProviderAuditEntry>, StoreError>;
+
+    // Contract runs (provider eligibility).
+
+    async fn insert_contract_run(&self, run: NewContractRun) -> Result<(), StoreError>;
+
+    /// The latest run of each (contract, provider) pair, by contract then provider.
+    async fn latest_contract_runs(&self) -> Result<Vec<ContractRunSummary>, StoreError>;
+
+    async fn contract_run(&self, id: &str) -> Result<Option<ContractRun>, StoreError>;
 }
 
 /// Open the store a URL names, without migrating.

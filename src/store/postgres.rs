@@ -7,6 +7,7 @@ use super::{
     ApiKey, AttemptResolution, CreateOutcome, FinishAttempt, FinishOutcome, JobEvent,
     JobResolution, JobTransition, NewEvent, ProviderSwitch, Refusal, ReviewItem, Store, StoreError,
 };
+use super::{ContractRun, ContractRunSummary, NewContractRun};
 use crate::domain::attempt::NewAttempt;
 use crate::domain::job::NewJob;
 use crate::domain::{Attempt, GuardRefusal, Job, Millis};
@@ -23,6 +24,7 @@ mod ops {
         " FOR UPDATE",
         " FOR UPDATE SKIP LOCKED"
     );
+    crate::store::contract_runs::contract_run_ops!(sqlx::PgConnection);
 }
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
@@ -254,5 +256,17 @@ impl Store for PgStore {
         limit: i64,
     ) -> Result<Vec<super::ProviderAuditEntry>, StoreError> {
         ops::provider_audit(&mut *self.pool.acquire().await?, name, limit).await
+    }
+
+    async fn insert_contract_run(&self, run: NewContractRun) -> Result<(), StoreError> {
+        ops::insert_contract_run(&mut *self.pool.acquire().await?, &run).await
+    }
+
+    async fn latest_contract_runs(&self) -> Result<Vec<ContractRunSummary>, StoreError> {
+        ops::latest_contract_runs(&mut *self.pool.acquire().await?).await
+    }
+
+    async fn contract_run(&self, id: &str) -> Result<Option<ContractRun>, StoreError> {
+        ops::contract_run(&mut *self.pool.acquire().await?, id).await
     }
 }

@@ -13,6 +13,7 @@ use super::{
     ApiKey, AttemptResolution, CreateOutcome, FinishAttempt, FinishOutcome, JobEvent,
     JobResolution, JobTransition, NewEvent, ProviderSwitch, Refusal, ReviewItem, Store, StoreError,
 };
+use super::{ContractRun, ContractRunSummary, NewContractRun};
 use crate::domain::attempt::NewAttempt;
 use crate::domain::job::NewJob;
 use crate::domain::{Attempt, GuardRefusal, Job, Millis};
@@ -27,6 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 mod ops {
     crate::store::ops::store_ops!(sqlx::SqliteConnection, "");
     crate::store::lifecycle::lifecycle_ops!(sqlx::SqliteConnection, "", "");
+    crate::store::contract_runs::contract_run_ops!(sqlx::SqliteConnection);
 }
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -454,5 +456,18 @@ impl Store for SqliteStore {
         limit: i64,
     ) -> Result<Vec<super::ProviderAuditEntry>, StoreError> {
         ops::provider_audit(&mut *self.read.acquire().await?, name, limit).await
+    }
+
+    async fn insert_contract_run(&self, run: NewContractRun) -> Result<(), StoreError> {
+        self.write(move |c| Box::pin(async move { ops::insert_contract_run(c, &run).await }))
+            .await
+    }
+
+    async fn latest_contract_runs(&self) -> Result<Vec<ContractRunSummary>, StoreError> {
+        ops::latest_contract_runs(&mut *self.read.acquire().await?).await
+    }
+
+    async fn contract_run(&self, id: &str) -> Result<Option<ContractRun>, StoreError> {
+        ops::contract_run(&mut *self.read.acquire().await?, id).await
     }
 }

@@ -1,0 +1,165 @@
+//! Admin: run contract tests and see, per (contract, provider), the latest
+//! run and whether the provider is eligible.
+
+use super::error::ApiError;
+use super::jobs::LimitedBody;
+use super::AppState;
+use crate::clock::rfc3339;
+use crate::contracts::eligibility::{is_enabled, EligibilitySnapshot};
+use crate::contracts::{run_contracts, ContractReport, Eligibility, RunError};
+use crate::http::auth::Admin;
+use crate::store::ContractRunSummary;
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunBody {
+    provider: Option<String>,
+    contract: Option<String>,
+}
+
+#[derive(Serialize)]
+struct RunAnswer {
+    passed: bool,
+    reports: Vec<ContractReport>,
+}
+
+/// `POST /v1/admin/contracts/run`: body `{"provider"?, "contract"?}` (or
+/// none) selects the pairs; answers once every selected run is stored.
+pub async fn run(
+    State(state): State<AppState>,
+    Admin(caller): Admin,
+    LimitedBody(body): LimitedBody,
+) -> Result<Response, Response> {
+    let selection: RunBody = if body.iter().all(u8::is_ascii_whitespace) {
+        RunBody::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            ApiError::InvalidRequest(format!(
+                "body: {e} (expected {{\"provider\"?, \"contract\"?}})"
+            ))
+            .into_response()
+        })?
+    };
+    let reports = run_contracts(
+        &state.providers,
+        &state.contracts,
+        state.store.as_ref(),
+        state.clock.as_ref(),
+        selection.provider.as_deref(),
+        selection.contract.as_deref(),
+        &format!("admin:{}", caller.owner_id),
+    )
+    .await
+    .map_err(run_error)?;
+    let passed = reports.iter().all(|r| r.passed);
+    Ok(Json(RunAnswer { passed, reports }).into_response())
+}
+
+/// An unknown name answers 404 with a code saying which kind of name; the
+/// message lists the known ones.
+fn run_error(e: RunError) -> Response {
+    let code = match &e {
+        RunError::UnknownProvider { .. } => "unknown_provider",
+        RunError::UnknownContract { .. } => "unknown_contract",
+        RunError::Store(_) => return ApiError::Internal(e.into()).into_response(),
+    };
+    let body = serde_json::json!({ "error": { "code": code, "message": e.to_string() } });
+    let mut response = (StatusCode::NOT_FOUND, Json(body)).into_response();
+    response
+        .headers_mut()
+        .insert("x-should-retry", HeaderValue::from_static("false"));
+    response
+}
+
+#[derive(Serialize)]
+struct RunView {
+    id: String,
+    passed: bool,
+    first_failure: Option<String>,
+    contract_digest: String,
+    provider_digest: String,
+    started_at: String,
+    finished_at: String,
+    actor: String,
+}
+
+impl From<&ContractRunSummary> for RunView {
+    fn from(run: &ContractRunSummary) -> Self {
+        RunView {
+            id: run.id.clone(),
+            passed: run.passed,
+            first_failure: run.first_failure.clone(),
+            contract_digest: run.contract_digest.clone(),
+            provider_digest: run.provider_digest.clone(),
+            started_at: rfc3339(run.started_at),
+            finished_at: rfc3339(run.finished_at),
+            actor: run.actor.clone(),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct PairView {
+    contract: String,
+    provider: String,
+    enabled: bool,
+    eligibility: Eligibility,
+    latest_run: Option<RunView>,
+}
+
+/// `GET /v1/admin/contracts/runs`: every loaded (contract, provider) pair
+/// with its latest run (if any) and eligibility.
+pub async fn latest(
+    State(state): State<AppState>,
+    _admin: Admin,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let switches = state.store.provider_switches().await?;
+    let runs = state.store.latest_contract_runs().await?;
+    let snapshot = EligibilitySnapshot::build(&state.providers, &state.contracts, &switches, &runs);
+    let by_pair: HashMap<(&str, &str), &ContractRunSummary> = runs
+        .iter()
+        .map(|r| ((r.contract.as_str(), r.provider.as_str()), r))
+        .collect();
+    let mut pairs = Vec::new();
+    for contract in state.contracts.keys() {
+        for provider in state.providers.names() {
+            pairs.push(PairView {
+                contract: contract.clone(),
+                provider: provider.to_string(),
+                enabled: is_enabled(&switches, provider),
+                eligibility: snapshot.get(provider, contract),
+                latest_run: by_pair
+                    .get(&(contract.as_str(), provider))
+                    .map(|r| RunView::from(*r)),
+            });
+        }
+    }
+    Ok(Json(serde_json::json!({ "runs": pairs })))
+}
+
+/// `GET /v1/admin/contracts/runs/{id}`: one run with its full report.
+pub async fn show(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let run = state
+        .store
+        .contract_run(&id)
+        .await?
+        .ok_or(ApiError::NotFound("contract run"))?;
+    let report: serde_json::Value = serde_json::from_str(&run.report)
+        .map_err(|e| ApiError::Internal(anyhow::anyhow!("stored report {id}: {e}")))?;
+    Ok(Json(serde_json::json!({
+        "run": RunView::from(&run.summary),
+        "contract": run.summary.contract,
+        "provider": run.summary.provider,
+        "report": report,
+    })))
+}

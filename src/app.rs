@@ -5,6 +5,8 @@
 
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
+use crate::contracts::EligibilityCache;
+use crate::engine::gate::EligibilityGate;
 use crate::engine::Engine;
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
@@ -94,6 +96,15 @@ impl Application {
                 url: config.database.to_string(),
                 source,
             })?;
+        let cache = EligibilityCache::new(store.clone(), providers.clone(), contracts.clone());
+        let gate = Arc::new(
+            EligibilityGate::load(switches.clone(), cache)
+                .await
+                .map_err(|source| StartError::Database {
+                    url: config.database.to_string(),
+                    source,
+                })?,
+        );
         let config = Arc::new(config);
         let metrics = Arc::new(Metrics::default());
         let engine = config.engine.enabled.then(|| {
@@ -103,7 +114,7 @@ impl Application {
                 clock.clone(),
                 providers.clone(),
                 contracts.clone(),
-                switches.clone(),
+                gate.clone(),
                 metrics.clone(),
             )
         });
@@ -117,6 +128,7 @@ impl Application {
             engine,
             metrics,
             switches,
+            gate,
         };
         Ok(Application { listener, state })
     }
@@ -151,6 +163,7 @@ impl Application {
             .switches
             .clone()
             .spawn_refresher(store.clone(), REFRESH_EVERY);
+        let eligibility_refresher = self.state.gate.clone().spawn_refresher(REFRESH_EVERY);
         let (stop, stopped) = watch::channel(false);
         let engine = self.state.engine.clone().map(|engine| {
             let stopped = stopped.clone();
@@ -172,6 +185,7 @@ impl Application {
             }
         }
         refresher.abort();
+        eligibility_refresher.abort();
         served?;
         store.close().await;
         Ok(())

@@ -250,6 +250,12 @@ impl EligibilityCache {
         Ok(self.snapshot().await?.get(provider, contract))
     }
 
+    /// The last snapshot taken, however old (for synchronous callers that
+    /// rely on a refresher to keep it fresh); `None` before the first.
+    pub fn latest(&self) -> Option<Arc<EligibilitySnapshot>> {
+        self.current.read().ok()?.clone()
+    }
+
     /// Forget the snapshot, so the next read sees the store (after a run or
     /// a switch made by this process).
     pub fn invalidate(&self) {

@@ -9,6 +9,7 @@
 //! RNG) and providers (the `Provider` trait) are injected.
 
 mod driver;
+pub mod gate;
 pub mod plan;
 mod reconciler;
 
@@ -39,26 +40,6 @@ pub trait Gate: Send + Sync {
         contract: Option<&str>,
         as_fallback: bool,
     ) -> Result<(), String>;
-}
-
-/// Ops switches: a disabled provider takes no new attempt, on any instance
-/// sharing the database (the switches refresh from it).
-impl Gate for crate::providers::switches::ProviderSwitches {
-    fn admits(
-        &self,
-        provider: &str,
-        _contract: Option<&str>,
-        _as_fallback: bool,
-    ) -> Result<(), String> {
-        if self.is_enabled(provider) {
-            return Ok(());
-        }
-        Err(format!(
-            "disabled ({})",
-            self.reason(provider)
-                .unwrap_or_else(|| "no reason given".into())
-        ))
-    }
 }
 
 /// Everything the engine's tasks share.

@@ -57,6 +57,10 @@ pub async fn run(
     )
     .await
     .map_err(run_error)?;
+    // The engine decides with the new runs from now on, not in 250 ms.
+    if let Err(e) = state.gate.refresh().await {
+        tracing::warn!(error = %e, "cannot refresh eligibility after a contract run");
+    }
     let passed = reports.iter().all(|r| r.passed);
     Ok(Json(RunAnswer { passed, reports }).into_response())
 }

@@ -9,6 +9,7 @@ use super::error::ApiError;
 use super::AppState;
 use crate::clock::rfc3339;
 use crate::contracts::Contract;
+use crate::contracts::EligibilitySnapshot;
 use crate::providers::config::{ProviderConfig, ProviderKind, Tokenizer};
 use crate::providers::switches::{switch_provider, SwitchError};
 use crate::store::{ProviderAuditEntry, ProviderSwitch};
@@ -46,6 +47,7 @@ impl ProviderView {
         config: &ProviderConfig,
         digest: &str,
         switch: Option<&ProviderSwitch>,
+        snapshot: Option<&EligibilitySnapshot>,
         contracts: &BTreeMap<String, Contract>,
     ) -> Self {
         ProviderView {
@@ -60,36 +62,43 @@ impl ProviderView {
             changed_by: switch.map(|s| s.changed_by.clone()),
             reason: switch.map(|s| s.reason.clone()),
             changed_at: switch.map(|s| rfc3339(s.changed_at)),
-            eligibility: eligibility(name, switch, contracts),
+            eligibility: eligibility(name, snapshot, contracts),
         }
     }
 }
 
-/// Whether a provider may take over a job of one contract, and why not.
+/// Whether a provider may take over a job of one contract as a fallback,
+/// and why not: the gate's own snapshot, so ops see what the engine decides.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Eligibility {
     pub contract: String,
     pub eligible: bool,
+    pub status: crate::contracts::EligibilityStatus,
     pub reason: String,
 }
 
-/// Eligibility of `provider` for each contract. Today only the switch
-/// decides; the contract runs (latest run for the current contract and
-/// provider-config digests passed) are to be added here, in this one place.
 pub fn eligibility(
     provider: &str,
-    switch: Option<&ProviderSwitch>,
+    snapshot: Option<&EligibilitySnapshot>,
     contracts: &BTreeMap<String, Contract>,
 ) -> Vec<Eligibility> {
-    let disabled = switch.filter(|s| !s.enabled);
     contracts
         .keys()
-        .map(|contract| Eligibility {
-            contract: contract.clone(),
-            eligible: disabled.is_none(),
-            reason: match disabled {
-                Some(s) => format!("{provider} is disabled by {}: {}", s.changed_by, s.reason),
-                None => format!("{provider} is enabled"),
+        .map(|contract| match snapshot {
+            Some(snapshot) => {
+                let e = snapshot.get(provider, contract);
+                Eligibility {
+                    contract: contract.clone(),
+                    eligible: e.eligible,
+                    status: e.status,
+                    reason: e.reason,
+                }
+            }
+            None => Eligibility {
+                contract: contract.clone(),
+                eligible: false,
+                status: crate::contracts::EligibilityStatus::Unknown,
+                reason: "eligibility not loaded yet".to_string(),
             },
         })
         .collect()
@@ -138,6 +147,7 @@ fn view(state: &AppState, name: &str) -> Result<ProviderView, ApiError> {
         &entry.config,
         &entry.digest,
         state.switches.get(name).as_ref(),
+        state.gate.snapshot().as_deref(),
         &state.contracts,
     ))
 }

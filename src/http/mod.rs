@@ -39,6 +39,8 @@ pub struct AppState {
     /// `None` when this server only accepts and stores jobs.
     pub engine: Option<Engine>,
     pub metrics: Arc<Metrics>,
+    /// Whether a provider may take an attempt, and as whose fallback.
+    pub gate: Arc<crate::engine::gate::EligibilityGate>,
     /// Which providers are switched on (in memory, refreshed from the store).
     pub switches: Arc<ProviderSwitches>,
 }

@@ -35,6 +35,7 @@ pub fn route(primary: &str, fallbacks: &[&str]) -> RouteConfig {
 
 pub struct World {
     pub address: String,
+    config: Config,
     pub store: Arc<dyn Store>,
     pub client: reqwest::Client,
     pub key: String,
@@ -89,18 +90,7 @@ pub async fn start_world(
     fast_engine(&mut config);
     tune(&mut config);
     let store = db.store().await;
-    let app = Application::with_store(config, store.clone(), Arc::new(SystemClock))
-        .await
-        .unwrap();
-    let address = format!("http://{}", app.local_addr());
-    let (tx, rx) = oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        app.run_until_stopped(async {
-            let _ = rx.await;
-        })
-        .await
-        .unwrap();
-    });
+    let (address, tx, server) = serve(config.clone(), store.clone()).await;
     let key = onejob::keys::create_key(store.as_ref(), &SystemClock, "alice", false)
         .await
         .unwrap();
@@ -109,6 +99,7 @@ pub async fn start_world(
         .unwrap();
     World {
         address,
+        config,
         store,
         client: reqwest::Client::new(),
         key,
@@ -121,7 +112,44 @@ pub async fn start_world(
     }
 }
 
+async fn serve(
+    config: Config,
+    store: Arc<dyn Store>,
+) -> (String, oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let app = Application::with_store(config, store, Arc::new(SystemClock))
+        .await
+        .unwrap();
+    let address = format!("http://{}", app.local_addr());
+    let (tx, rx) = oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        app.run_until_stopped(async {
+            let _ = rx.await;
+        })
+        .await
+        .unwrap();
+    });
+    (address, tx, server)
+}
+
 impl World {
+    /// Stop the server and start a new one on the same database and
+    /// simulator (as after a deploy), with `tune` applied to its config.
+    pub async fn restart(&mut self, tune: impl FnOnce(&mut Config)) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(server) = self.server.take() {
+            server.await.unwrap();
+        }
+        tune(&mut self.config);
+        let store = self.db.store().await;
+        let (address, tx, server) = serve(self.config.clone(), store.clone()).await;
+        self.address = address;
+        self.store = store;
+        self.shutdown = Some(tx);
+        self.server = Some(server);
+    }
+
     /// `POST /v1/jobs`, optionally holding for the result (`Prefer: wait`).
     pub async fn submit(&self, key: &str, body: &Value, wait_secs: Option<u64>) -> (u16, Value) {
         let mut request = self

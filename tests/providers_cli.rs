@@ -181,6 +181,12 @@ async fn a_cli_switch_reaches_every_running_server_within_a_second(backend: Back
         "{stdout}"
     );
     assert!(sim_row.ends_with("drill: upstream down"), "{stdout}");
+    // Eligibility per contract, with the reason: disabled comes first.
+    let eligibility = stdout
+        .lines()
+        .find(|l| l.starts_with("sim ") && l.contains("ticket-triage"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(eligibility.contains(" no ") && eligibility.ends_with("disabled"), "{stdout}");
 
     let output = onejob(&[
         "providers",

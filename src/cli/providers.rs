@@ -37,11 +37,19 @@ pub async fn list(db: &DbArgs) -> anyhow::Result<()> {
             config.providers_dir.display()
         );
     }
+    let contracts = if config.contracts_dir.exists() {
+        crate::contracts::load_all(&config.contracts_dir)?
+    } else {
+        BTreeMap::new()
+    };
     let store = open_store(&config).await?;
     let switches = store.provider_switches().await;
+    let runs = store.latest_contract_runs().await;
     store.close().await;
+    let (switches, runs) = (switches?, runs?);
+    let eligibility_rows = eligibility_rows(&providers, &contracts, &switches, &runs);
     let switches: BTreeMap<String, _> =
-        switches?.into_iter().map(|s| (s.name.clone(), s)).collect();
+        switches.into_iter().map(|s| (s.name.clone(), s)).collect();
     let mut rows = vec![[
         "NAME".to_string(),
         "KIND".into(),
@@ -69,7 +77,35 @@ pub async fn list(db: &DbArgs) -> anyhow::Result<()> {
         ]);
     }
     print!("{}", table(&rows));
+    if eligibility_rows.len() > 1 {
+        println!("\nEligibility as a fallback, per contract:");
+        print!("{}", table(&eligibility_rows));
+    }
     Ok(())
+}
+
+/// Provider × contract: may it take over a job of that contract, and why not.
+fn eligibility_rows(
+    providers: &BTreeMap<String, ProviderConfig>,
+    contracts: &BTreeMap<String, crate::contracts::Contract>,
+    switches: &[crate::store::ProviderSwitch],
+    runs: &[crate::store::ContractRunSummary],
+) -> Vec<[String; 4]> {
+    let mut rows = vec![["PROVIDER".to_string(), "CONTRACT".into(), "ELIGIBLE".into(), "WHY".into()]];
+    for (name, provider) in providers {
+        let enabled = crate::contracts::eligibility::is_enabled(switches, name);
+        for (contract_name, contract) in contracts {
+            let latest = runs.iter().find(|r| &r.provider == name && &r.contract == contract_name);
+            let e = crate::contracts::eligibility(enabled, &provider.digest(), contract, latest);
+            rows.push([
+                name.clone(),
+                contract_name.clone(),
+                if e.eligible { "yes" } else { "no" }.into(),
+                e.reason,
+            ]);
+        }
+    }
+    rows
 }
 
 /// Left-aligned columns two spaces apart; the last column is not padded.

@@ -102,7 +102,12 @@ pub async fn create(
             job = settled;
         }
     }
-    let mut response = (status, Json(JobView::new(job, None))).into_response();
+    // A job that waited and is still running says what it waits on.
+    let attempts = match (wait.is_some(), job.state) {
+        (true, crate::domain::JobState::Running) => Some(state.store.list_attempts(&job.id).await?),
+        _ => None,
+    };
+    let mut response = (status, Json(JobView::new(job, attempts.as_deref()))).into_response();
     if submission.replayed {
         response
             .headers_mut()

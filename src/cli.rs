@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub mod providers;
+pub mod review;
 pub mod sim;
 pub mod validate;
 

@@ -20,7 +20,12 @@ struct Demo {
     sim: SimHandle,
 }
 
-fn route(primary: &str, fallbacks: &[&str], max_hedges: u32, attempt_timeout_ms: u64) -> RouteConfig {
+fn route(
+    primary: &str,
+    fallbacks: &[&str],
+    max_hedges: u32,
+    attempt_timeout_ms: u64,
+) -> RouteConfig {
     RouteConfig {
         primary: primary.to_string(),
         fallbacks: fallbacks.iter().map(|f| f.to_string()).collect(),
@@ -46,8 +51,14 @@ pub async fn run() -> anyhow::Result<()> {
     let sim = SimServer::start("127.0.0.1:0").await?;
     let providers = dir.path().join("providers");
     std::fs::create_dir_all(&providers)?;
-    std::fs::write(providers.join("primary.toml"), provider_file(&sim.base_url(), "demo-primary"))?;
-    std::fs::write(providers.join("fallback.toml"), provider_file(&sim.base_url(), "demo-fallback"))?;
+    std::fs::write(
+        providers.join("primary.toml"),
+        provider_file(&sim.base_url(), "demo-primary"),
+    )?;
+    std::fs::write(
+        providers.join("fallback.toml"),
+        provider_file(&sim.base_url(), "demo-fallback"),
+    )?;
     let db_path = dir.path().join("onejob.db");
     let overrides = Overrides {
         listen: Some("127.0.0.1:0".to_string()),
@@ -56,8 +67,12 @@ pub async fn run() -> anyhow::Result<()> {
     let mut config = Config::load(None, &overrides)?;
     config.providers_dir = providers;
     config.routes.clear();
-    config.routes.insert("default".into(), route("primary", &["fallback"], 1, 3_000));
-    config.routes.insert("solo".into(), route("primary", &[], 0, 800));
+    config
+        .routes
+        .insert("default".into(), route("primary", &["fallback"], 1, 3_000));
+    config
+        .routes
+        .insert("solo".into(), route("primary", &[], 0, 800));
     config.engine.poll_interval_ms = 20;
     config.engine.reconcile_interval_ms = 100;
     // Old enough to ask about: after the demo has shown the unknown state.
@@ -71,11 +86,21 @@ pub async fn run() -> anyhow::Result<()> {
         let _ = stopped.await;
     }));
     let key = crate::keys::create_key(store.as_ref(), &SystemClock, "demo", false).await?;
-    println!("onejob demo: simulator at {}, server at {base}, SQLite {}", sim.base_url(), db_path.display());
+    println!(
+        "onejob demo: simulator at {}, server at {base}, SQLite {}",
+        sim.base_url(),
+        db_path.display()
+    );
     println!("providers: primary and fallback, both on the simulator");
     println!("routes: default = primary, hedge to fallback after 300 ms of silence, attempts time out after 3 s;");
     println!("        solo = primary only, attempts time out after 800 ms");
-    let demo = Demo { base, key, client: reqwest::Client::new(), store, sim };
+    let demo = Demo {
+        base,
+        key,
+        client: reqwest::Client::new(),
+        store,
+        sim,
+    };
 
     demo.double_click().await?;
     demo.mismatched_payload().await?;
@@ -91,12 +116,24 @@ pub async fn run() -> anyhow::Result<()> {
 
 impl Demo {
     fn bind(&self, primary: &str, fallback: &str) -> anyhow::Result<()> {
-        self.sim.models().set("demo-primary", primary).map_err(anyhow::Error::msg)?;
-        self.sim.models().set("demo-fallback", fallback).map_err(anyhow::Error::msg)?;
+        self.sim
+            .models()
+            .set("demo-primary", primary)
+            .map_err(anyhow::Error::msg)?;
+        self.sim
+            .models()
+            .set("demo-fallback", fallback)
+            .map_err(anyhow::Error::msg)?;
         Ok(())
     }
 
-    async fn submit(&self, key: &str, text: &str, route: &str, wait: u64) -> anyhow::Result<(u16, Value)> {
+    async fn submit(
+        &self,
+        key: &str,
+        text: &str,
+        route: &str,
+        wait: u64,
+    ) -> anyhow::Result<(u16, Value)> {
         let body = json!({ "messages": [{ "role": "user", "content": text }], "params": { "temperature": 0 }, "route": route });
         let response = self
             .client
@@ -132,21 +169,53 @@ impl Demo {
     async fn timeline(&self, job_id: &str) -> anyhow::Result<()> {
         let job = self.store.get_job(job_id).await?.context("job vanished")?;
         let attempts = self.store.list_attempts(job_id).await?;
-        let label: HashMap<&str, String> =
-            attempts.iter().map(|a| (a.id.as_str(), format!("#{} {} on {}", a.seq, a.kind.as_str(), a.provider))).collect();
+        let label: HashMap<&str, String> = attempts
+            .iter()
+            .map(|a| {
+                (
+                    a.id.as_str(),
+                    format!("#{} {} on {}", a.seq, a.kind.as_str(), a.provider),
+                )
+            })
+            .collect();
         for e in self.store.list_events(job_id).await? {
-            let what = e.attempt_id.as_deref().and_then(|a| label.get(a)).cloned().unwrap_or_default();
-            let detail: Value = e.detail.as_deref().and_then(|d| serde_json::from_str(d).ok()).unwrap_or(Value::Null);
+            let what = e
+                .attempt_id
+                .as_deref()
+                .and_then(|a| label.get(a))
+                .cloned()
+                .unwrap_or_default();
+            let detail: Value = e
+                .detail
+                .as_deref()
+                .and_then(|d| serde_json::from_str(d).ok())
+                .unwrap_or(Value::Null);
             let line = match e.kind.as_str() {
                 "created" => "job created (v0)".to_string(),
                 "replayed" => continue,
-                "attempt_started" => format!("attempt {what} started (read v{})", detail["read_version"]),
-                "attempt_succeeded" => format!("attempt {what} answered and WON the compare-and-swap -> v{}", detail["version"]),
-                "cas_lost" => format!("attempt {what} answered late: LOST the compare-and-swap, result discarded"),
-                "attempt_unknown" => format!("attempt {what} outcome UNKNOWN ({})", detail["error_kind"].as_str().unwrap_or("")),
-                "attempt_failed" => format!("attempt {what} failed: {} ({})", detail["error_kind"].as_str().unwrap_or(""), e.actor),
+                "attempt_started" => {
+                    format!("attempt {what} started (read v{})", detail["read_version"])
+                }
+                "attempt_succeeded" => format!(
+                    "attempt {what} answered and WON the compare-and-swap -> v{}",
+                    detail["version"]
+                ),
+                "cas_lost" => format!(
+                    "attempt {what} answered late: LOST the compare-and-swap, result discarded"
+                ),
+                "attempt_unknown" => format!(
+                    "attempt {what} outcome UNKNOWN ({})",
+                    detail["error_kind"].as_str().unwrap_or("")
+                ),
+                "attempt_failed" => format!(
+                    "attempt {what} failed: {} ({})",
+                    detail["error_kind"].as_str().unwrap_or(""),
+                    e.actor
+                ),
                 "attempt_abandoned" => format!("attempt {what} abandoned after another won"),
-                "blocked_on_unknown" => "job blocked: no retry while an attempt is unknown".to_string(),
+                "blocked_on_unknown" => {
+                    "job blocked: no retry while an attempt is unknown".to_string()
+                }
                 "retry_scheduled" => "retry scheduled (backoff)".to_string(),
                 other => other.replace('_', " "),
             };
@@ -156,11 +225,15 @@ impl Demo {
     }
 
     fn ledger(&self, job_id: &str, provider: &str) -> u64 {
-        self.sim.ledger().executions(&crate::providers::stable_key(job_id, provider))
+        self.sim
+            .ledger()
+            .executions(&crate::providers::stable_key(job_id, provider))
     }
 
     async fn double_click(&self) -> anyhow::Result<()> {
-        println!("\n1. Double click: 10 identical POST /v1/jobs at once, Idempotency-Key: order-42");
+        println!(
+            "\n1. Double click: 10 identical POST /v1/jobs at once, Idempotency-Key: order-42"
+        );
         self.bind("healthy:latency=50", "healthy")?;
         let mut calls = Vec::new();
         for _ in 0..10 {
@@ -170,7 +243,9 @@ impl Demo {
                 .bearer_auth(&self.key)
                 .header("Idempotency-Key", "order-42")
                 .header("Prefer", "wait=5")
-                .json(&json!({ "messages": [{ "role": "user", "content": "Summarise order 42" }] }));
+                .json(
+                    &json!({ "messages": [{ "role": "user", "content": "Summarise order 42" }] }),
+                );
             calls.push(tokio::spawn(request.send()));
         }
         let mut statuses = Vec::new();
@@ -182,26 +257,46 @@ impl Demo {
         }
         statuses.sort_unstable();
         let id = job["id"].as_str().unwrap_or_default();
-        println!("   answers: {statuses:?} -> one job {id}, state {}", job["state"]);
+        println!(
+            "   answers: {statuses:?} -> one job {id}, state {}",
+            job["state"]
+        );
         self.timeline(id).await?;
-        println!("   provider ledger: the key executed {} time(s)", self.ledger(id, "primary"));
+        println!(
+            "   provider ledger: the key executed {} time(s)",
+            self.ledger(id, "primary")
+        );
         Ok(())
     }
 
     async fn mismatched_payload(&self) -> anyhow::Result<()> {
         println!("\n2. Same key, another payload: Idempotency-Key order-42 with order 43's text");
-        let (status, body) = self.submit("order-42", "Summarise order 43", "default", 0).await?;
-        println!("   {status} {} ({})", body["error"]["code"], body["error"]["message"].as_str().unwrap_or(""));
-        println!("   jobs in the database: {}", self.store.count_jobs().await?);
+        let (status, body) = self
+            .submit("order-42", "Summarise order 43", "default", 0)
+            .await?;
+        println!(
+            "   {status} {} ({})",
+            body["error"]["code"],
+            body["error"]["message"].as_str().unwrap_or("")
+        );
+        println!(
+            "   jobs in the database: {}",
+            self.store.count_jobs().await?
+        );
         Ok(())
     }
 
     async fn timeout_is_unknown(&self) -> anyhow::Result<()> {
         println!("\n3. Timeout: the provider never answers (route solo, no fallback)");
         self.bind("hang", "healthy")?;
-        let (_, job) = self.submit("order-44", "Summarise order 44", "solo", 3).await?;
+        let (_, job) = self
+            .submit("order-44", "Summarise order 44", "solo", 3)
+            .await?;
         let id = job["id"].as_str().unwrap_or_default().to_string();
-        println!("   after the timeout: state {}, blocked_on {}", job["state"], job["blocked_on"]);
+        println!(
+            "   after the timeout: state {}, blocked_on {}",
+            job["state"], job["blocked_on"]
+        );
         let retry = self
             .client
             .post(format!("{}/v1/jobs/{id}/retry", self.base))
@@ -215,14 +310,21 @@ impl Demo {
         self.bind("healthy:latency=30", "healthy")?;
         let job = self.job(&id, "succeeded").await?;
         self.timeline(&id).await?;
-        println!("   final: {} v{}; provider ledger: executed {} time(s)", job["state"], job["version"], self.ledger(&id, "primary"));
+        println!(
+            "   final: {} v{}; provider ledger: executed {} time(s)",
+            job["state"],
+            job["version"],
+            self.ledger(&id, "primary")
+        );
         Ok(())
     }
 
     async fn reverse_order(&self) -> anyhow::Result<()> {
         println!("\n4. Reverse-order finish: primary answers after 1.2 s, the hedge to the fallback after 0.1 s");
         self.bind("healthy:latency=1200", "healthy:latency=100")?;
-        let (_, job) = self.submit("order-45", "Summarise order 45", "default", 5).await?;
+        let (_, job) = self
+            .submit("order-45", "Summarise order 45", "default", 5)
+            .await?;
         let id = job["id"].as_str().unwrap_or_default().to_string();
         // Let the primary's late answer arrive and lose.
         for _ in 0..100 {
@@ -244,7 +346,9 @@ impl Demo {
     async fn lost_response(&self) -> anyhow::Result<()> {
         println!("\n5. The lost response: the provider executes, then the connection drops before it answers");
         self.bind("drop_response", "healthy")?;
-        let (_, job) = self.submit("order-46", "Summarise order 46", "solo", 5).await?;
+        let (_, job) = self
+            .submit("order-46", "Summarise order 46", "solo", 5)
+            .await?;
         let id = job["id"].as_str().unwrap_or_default().to_string();
         let job = self.job(&id, "succeeded").await?;
         self.timeline(&id).await?;

@@ -64,10 +64,48 @@ enum Command {
         #[command(subcommand)]
         command: JobsCommand,
     },
+    /// The review queue: jobs waiting for a human.
+    Review {
+        #[command(subcommand)]
+        command: ReviewCommand,
+    },
     /// Contract tests: which providers may take a contract's jobs.
     Contracts {
         #[command(subcommand)]
         command: ContractsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ReviewCommand {
+    /// Jobs in review: business key, last error, attempts, last attempt time.
+    List {
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Decide a job: complete (with --result JSON), retry, or close.
+    Resolve {
+        #[command(flatten)]
+        db: DbArgs,
+        job_id: String,
+        #[arg(long, value_parser = ["complete", "retry", "close"])]
+        action: String,
+        #[arg(long)]
+        result: Option<String>,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Settle an unknown attempt: executed (with --result JSON) or not_executed.
+    ResolveAttempt {
+        #[command(flatten)]
+        db: DbArgs,
+        attempt_id: String,
+        #[arg(long, value_parser = ["executed", "not_executed"])]
+        outcome: String,
+        #[arg(long)]
+        result: Option<String>,
+        #[arg(long)]
+        reason: String,
     },
 }
 
@@ -186,6 +224,35 @@ fn main() -> ExitCode {
                 }
             },
             Command::Migrate { db } => cli::migrate(&db).await,
+            Command::Review { command } => match command {
+                ReviewCommand::List { db } => cli::review::list(&db).await,
+                ReviewCommand::Resolve {
+                    db,
+                    job_id,
+                    action,
+                    result,
+                    reason,
+                } => {
+                    cli::review::resolve_job(&db, &job_id, &action, result.as_deref(), &reason)
+                        .await
+                }
+                ReviewCommand::ResolveAttempt {
+                    db,
+                    attempt_id,
+                    outcome,
+                    result,
+                    reason,
+                } => {
+                    cli::review::resolve_attempt(
+                        &db,
+                        &attempt_id,
+                        &outcome,
+                        result.as_deref(),
+                        &reason,
+                    )
+                    .await
+                }
+            },
             Command::Demo => onejob::demo::run().await,
             Command::Keys {
                 command: KeysCommand::Create { db, owner, admin },

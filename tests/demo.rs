@@ -12,7 +12,11 @@ fn the_demo_plays_the_breakpoints_and_the_lost_response() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     for expected in [
         "answers: [200, 200, 200, 200, 200, 200, 200, 200, 200, 201]",
         "409 \"idempotency_key_reused\"",
@@ -25,7 +29,16 @@ fn the_demo_plays_the_breakpoints_and_the_lost_response() {
         "outcome UNKNOWN (connection_reset)",
         "executed 1 time(s) (no second charge)",
     ] {
-        assert!(stdout.contains(expected), "missing {expected:?} in:\n{stdout}");
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
     }
-    assert_eq!(stdout.matches("provider ledger: the key executed 1 time(s)").count(), 1, "{stdout}");
+    assert_eq!(
+        stdout
+            .matches("provider ledger: the key executed 1 time(s)")
+            .count(),
+        1,
+        "{stdout}"
+    );
 }

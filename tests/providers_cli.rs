@@ -186,7 +186,10 @@ async fn a_cli_switch_reaches_every_running_server_within_a_second(backend: Back
         .lines()
         .find(|l| l.starts_with("sim ") && l.contains("ticket-triage"))
         .unwrap_or_else(|| panic!("{stdout}"));
-    assert!(eligibility.contains(" no ") && eligibility.ends_with("disabled"), "{stdout}");
+    assert!(
+        eligibility.contains(" no ") && eligibility.ends_with("disabled"),
+        "{stdout}"
+    );
 
     let output = onejob(&[
         "providers",

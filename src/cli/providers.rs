@@ -48,8 +48,7 @@ pub async fn list(db: &DbArgs) -> anyhow::Result<()> {
     store.close().await;
     let (switches, runs) = (switches?, runs?);
     let eligibility_rows = eligibility_rows(&providers, &contracts, &switches, &runs);
-    let switches: BTreeMap<String, _> =
-        switches.into_iter().map(|s| (s.name.clone(), s)).collect();
+    let switches: BTreeMap<String, _> = switches.into_iter().map(|s| (s.name.clone(), s)).collect();
     let mut rows = vec![[
         "NAME".to_string(),
         "KIND".into(),
@@ -91,11 +90,18 @@ fn eligibility_rows(
     switches: &[crate::store::ProviderSwitch],
     runs: &[crate::store::ContractRunSummary],
 ) -> Vec<[String; 4]> {
-    let mut rows = vec![["PROVIDER".to_string(), "CONTRACT".into(), "ELIGIBLE".into(), "WHY".into()]];
+    let mut rows = vec![[
+        "PROVIDER".to_string(),
+        "CONTRACT".into(),
+        "ELIGIBLE".into(),
+        "WHY".into(),
+    ]];
     for (name, provider) in providers {
         let enabled = crate::contracts::eligibility::is_enabled(switches, name);
         for (contract_name, contract) in contracts {
-            let latest = runs.iter().find(|r| &r.provider == name && &r.contract == contract_name);
+            let latest = runs
+                .iter()
+                .find(|r| &r.provider == name && &r.contract == contract_name);
             let e = crate::contracts::eligibility(enabled, &provider.digest(), contract, latest);
             rows.push([
                 name.clone(),

@@ -1,0 +1,125 @@
+//! `onejob review list|resolve|resolve-attempt`: the review queue from the
+//! command line, with the same rules and audit trail as the admin API.
+
+use super::{open_store, DbArgs};
+use crate::clock::{rfc3339, Clock, SystemClock};
+use crate::store::{AttemptResolution, JobResolution, Refusal};
+use anyhow::{bail, Context};
+
+fn actor() -> String {
+    std::env::var("USER")
+        .map(|u| format!("cli:{u}"))
+        .unwrap_or_else(|_| "cli".to_string())
+}
+
+fn reason(reason: &str) -> anyhow::Result<&str> {
+    crate::http::body::reason(reason).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+fn result_json(result: Option<&str>) -> anyhow::Result<Option<String>> {
+    result
+        .map(|text| {
+            let value: serde_json::Value = serde_json::from_str(text)
+                .context("--result must be JSON (quote a string: '\"text\"')")?;
+            Ok(value.to_string())
+        })
+        .transpose()
+}
+
+fn refused(what: &str, id: &str, refusal: Refusal) -> anyhow::Error {
+    anyhow::anyhow!("{what} {id}: {refusal}")
+}
+
+pub async fn list(db: &DbArgs) -> anyhow::Result<()> {
+    let config = db.load(None)?;
+    let store = open_store(&config).await?;
+    let items = store.list_review(500).await;
+    store.close().await;
+    let items = items?;
+    if items.is_empty() {
+        println!("the review queue is empty");
+        return Ok(());
+    }
+    println!(
+        "{:<38} {:<16} {:<24} {:>8}  {:<24}  LAST ERROR",
+        "JOB", "OWNER", "IDEMPOTENCY KEY", "ATTEMPTS", "LAST ATTEMPT"
+    );
+    for item in items {
+        let job = item.job;
+        println!(
+            "{:<38} {:<16} {:<24} {:>8}  {:<24}  {}",
+            job.id,
+            job.owner_id,
+            job.idempotency_key,
+            job.attempt_count,
+            item.last_attempt_at
+                .map(rfc3339)
+                .unwrap_or_else(|| "-".into()),
+            job.last_error.unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+pub async fn resolve_job(
+    db: &DbArgs,
+    job_id: &str,
+    action: &str,
+    result: Option<&str>,
+    why: &str,
+) -> anyhow::Result<()> {
+    let why = reason(why)?;
+    let resolution = match (action, result_json(result)?) {
+        ("complete", Some(result)) => JobResolution::Complete { result },
+        ("complete", None) => bail!("--result is required with --action complete"),
+        ("retry" | "close", Some(_)) => bail!("--result is only allowed with --action complete"),
+        ("retry", None) => JobResolution::Retry,
+        ("close", None) => JobResolution::Close,
+        (other, _) => bail!("--action {other:?}: expected complete, retry or close"),
+    };
+    let config = db.load(None)?;
+    let store = open_store(&config).await?;
+    let outcome = store
+        .resolve_job(job_id, resolution, &actor(), why, SystemClock.now_ms())
+        .await;
+    store.close().await;
+    let job = outcome?.map_err(|r| refused("job", job_id, r))?;
+    println!(
+        "job {} is now {} (version {})",
+        job.id,
+        job.state.as_str(),
+        job.version
+    );
+    Ok(())
+}
+
+pub async fn resolve_attempt(
+    db: &DbArgs,
+    attempt_id: &str,
+    outcome: &str,
+    result: Option<&str>,
+    why: &str,
+) -> anyhow::Result<()> {
+    let why = reason(why)?;
+    let resolution = match (outcome, result_json(result)?) {
+        ("executed", Some(result)) => AttemptResolution::Executed { result },
+        ("executed", None) => bail!("--result is required with --outcome executed"),
+        ("not_executed", Some(_)) => bail!("--result is only allowed with --outcome executed"),
+        ("not_executed", None) => AttemptResolution::NotExecuted,
+        (other, _) => bail!("--outcome {other:?}: expected executed or not_executed"),
+    };
+    let config = db.load(None)?;
+    let store = open_store(&config).await?;
+    let settled = store
+        .resolve_attempt(attempt_id, resolution, &actor(), why, SystemClock.now_ms())
+        .await;
+    store.close().await;
+    let job = settled?.map_err(|r| refused("attempt", attempt_id, r))?;
+    println!(
+        "attempt {attempt_id} settled; job {} is now {} (version {})",
+        job.id,
+        job.state.as_str(),
+        job.version
+    );
+    Ok(())
+}

@@ -32,7 +32,7 @@ impl FromRequest<AppState> for LimitedBody {
     }
 }
 
-fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
+pub(crate) fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
     let raw = headers
         .get("idempotency-key")
         .ok_or(ApiError::MissingIdempotencyKey)?;
@@ -41,7 +41,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
 
 /// `Prefer: wait=N` (RFC 7240): hold the answer up to N seconds (at most
 /// `MAX_WAIT_SECS`) for the job to reach a final state.
-fn preferred_wait(headers: &HeaderMap) -> Option<u64> {
+pub(crate) fn preferred_wait(headers: &HeaderMap) -> Option<u64> {
     headers
         .get_all("prefer")
         .iter()

@@ -8,6 +8,7 @@ pub mod body;
 pub mod error;
 pub mod job_actions;
 pub mod jobs;
+pub mod openai_compat;
 pub mod views;
 
 use crate::clock::Clock;
@@ -51,6 +52,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/jobs", post(jobs::create))
         .route("/v1/jobs/{id}", get(jobs::show))
         .route("/v1/jobs/{id}/attempts", get(jobs::attempts))
+        .route("/v1/chat/completions", post(openai_compat::create))
         .route("/v1/jobs/{id}/retry", post(job_actions::retry))
         .route("/v1/jobs/{id}/cancel", post(job_actions::cancel))
         .route("/v1/admin/review", get(admin_review::list))

@@ -125,6 +125,7 @@ async fn a_server_killed_mid_flight_loses_nothing_and_runs_nothing_twice(backend
     assert_eq!(store.count_jobs().await.unwrap(), JOBS as i64);
     let mut recovered = 0;
     let mut reconciled_found = 0;
+    let mut reconciled_not_executed = 0;
     let mut retried = 0;
     let mut hedged = 0;
     for id in &ids {
@@ -156,17 +157,18 @@ async fn a_server_killed_mid_flight_loses_nothing_and_runs_nothing_twice(backend
                 "job {id} executed on both providers without a hedge: {attempts:?}"
             );
         }
-        let lost: Vec<_> = attempts
-            .iter()
-            .filter(|a| a.error_kind.as_deref() == Some("driver_lost"))
-            .collect();
-        if !lost.is_empty() {
-            recovered += 1;
-            reconciled_found += lost
+        // An orphan found executed keeps kind `driver_lost`; one found never
+        // executed becomes `not_executed`.
+        let lost = |kind: &str| {
+            attempts
                 .iter()
-                .filter(|a| a.state == AttemptState::Succeeded)
-                .count();
-        }
+                .filter(|a| a.error_kind.as_deref() == Some(kind))
+                .count()
+        };
+        let (found, not_found) = (lost("driver_lost"), lost("not_executed"));
+        recovered += usize::from(found + not_found > 0);
+        reconciled_found += found;
+        reconciled_not_executed += not_found;
         retried += usize::from(attempts.iter().any(|a| a.kind == AttemptKind::Retry));
         if job.state == JobState::Succeeded {
             let winners: Vec<_> = attempts
@@ -185,8 +187,9 @@ async fn a_server_killed_mid_flight_loses_nothing_and_runs_nothing_twice(backend
     let review = count(&jobs_at_end, "needs_review");
     eprintln!(
         "{backend:?}: submitted in {submitted:?}, killed at {killed:?}, settled at {settled:?}; \
-         {recovered} jobs had driver_lost attempts ({reconciled_found} found executed by \
-         reconciliation), {retried} retried, {hedged} hedged, {review} in review"
+         {recovered} jobs recovered from A's orphaned attempts ({reconciled_found} found \
+         executed by reconciliation, {reconciled_not_executed} never executed), {retried} \
+         retried, {hedged} hedged, {review} in review"
     );
     assert!(
         recovered > 0,

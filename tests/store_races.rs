@@ -8,7 +8,9 @@ use common::{Backend, TestDb};
 use onejob::domain::attempt::NewAttempt;
 use onejob::domain::job::NewJob;
 use onejob::domain::{new_id, AttemptKind, AttemptState, GuardRefusal, JobState};
-use onejob::store::{AttemptEnd, CreateOutcome, FinishAttempt, FinishOutcome, Store};
+use onejob::store::{
+    AttemptEnd, CreateOutcome, FinishAttempt, FinishOutcome, JobTransition, Store,
+};
 use std::sync::Arc;
 
 on_both_backends!(
@@ -17,6 +19,7 @@ on_both_backends!(
     reverse_order_finish_lets_the_later_attempt_lose,
     twenty_concurrent_finishes_have_exactly_one_winner,
     a_finished_attempt_cannot_finish_again,
+    an_unknown_settled_before_its_driver_blocks_leaves_the_job_runnable,
 );
 
 async fn new_job(store: &dyn Store) -> String {
@@ -290,6 +293,69 @@ async fn a_finished_attempt_cannot_finish_again(backend: Backend) {
     );
     let job = store.get_job(&job_id).await.unwrap().unwrap();
     assert_eq!((job.version, job.result.as_deref()), (1, Some("1")));
+}
+
+/// The lost wake-up: a driver records an attempt `unknown`; before it
+/// records that the job must wait for it, the reconciler settles the attempt
+/// as never executed and wakes the job, which is a no-op while the driver
+/// still holds it. The driver's block then comes second: it must leave the
+/// job runnable, not waiting on an attempt that is no longer live.
+async fn an_unknown_settled_before_its_driver_blocks_leaves_the_job_runnable(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let job = NewJob {
+        id: new_id(),
+        owner_id: "alice".into(),
+        idempotency_key: new_id(),
+        fingerprint: "f".into(),
+        request: "{}".into(),
+        route: "default".into(),
+        created_at: 1,
+        lease: Some(("driver".into(), 1_000)),
+    };
+    let CreateOutcome::Created(job) = store.create_job(job).await.unwrap() else {
+        panic!("expected a new job");
+    };
+    let first = store
+        .start_attempt(attempt(&job.id, AttemptKind::Primary, 0))
+        .await
+        .unwrap()
+        .unwrap();
+    let unknown = AttemptEnd::Unknown {
+        error_kind: "attempt_timeout".into(),
+        message: "no answer".into(),
+    };
+    store
+        .finish_attempt(finish(&first.id, unknown))
+        .await
+        .unwrap();
+    // The reconciler: not executed, wake the job.
+    let not_executed = AttemptEnd::Failed {
+        error_kind: "not_executed".into(),
+        message: "no record of the key".into(),
+    };
+    store
+        .finish_attempt(finish(&first.id, not_executed))
+        .await
+        .unwrap();
+    store.wake_job(&job.id, 4).await.unwrap();
+    // The driver, second.
+    store
+        .transition_job(&job.id, Some("driver"), JobTransition::BlockOnUnknown, 5)
+        .await
+        .unwrap();
+    let claimed = store.claim_jobs("other", 6, 10_000, 10).await.unwrap();
+    assert_eq!(
+        claimed.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(),
+        [job.id.as_str()],
+        "with nothing live the job goes on: {:?}",
+        store.get_job(&job.id).await.unwrap()
+    );
+    let retry = store
+        .start_attempt(attempt(&job.id, AttemptKind::Retry, 0))
+        .await
+        .unwrap();
+    assert!(retry.is_ok(), "{retry:?}");
 }
 
 /// Several writers on one SQLite file (each store has its own writer

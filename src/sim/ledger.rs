@@ -39,6 +39,9 @@ pub enum Recorded {
 #[derive(Debug, Default)]
 pub struct Ledger {
     entries: Mutex<HashMap<String, Entry>>,
+    /// Keyed requests received, executed or replayed: how often a caller
+    /// sent the same work, which `executions` (capped at one) cannot show.
+    deliveries: Mutex<HashMap<String, u64>>,
 }
 
 impl Ledger {
@@ -86,6 +89,18 @@ impl Ledger {
                 Recorded::KeyReused
             }
         })
+    }
+
+    /// Count one keyed request as received.
+    pub fn note_delivery(&self, key: &str) {
+        let mut deliveries = self.deliveries.lock().unwrap_or_else(|e| e.into_inner());
+        *deliveries.entry(key.to_string()).or_default() += 1;
+    }
+
+    /// How many requests arrived under `key` (a replay counts too).
+    pub fn deliveries(&self, key: &str) -> u64 {
+        let deliveries = self.deliveries.lock().unwrap_or_else(|e| e.into_inner());
+        deliveries.get(key).copied().unwrap_or(0)
     }
 
     pub fn executions(&self, key: &str) -> u64 {

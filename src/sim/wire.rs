@@ -354,6 +354,9 @@ async fn chat(
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
+    if let Some(k) = key.as_deref() {
+        state.ledger.note_delivery(k);
+    }
     let reused = || invalid("Idempotency-Key was already used with another request body");
     // A recorded key is answered from the ledger whatever the behaviour now.
     if let Some(recorded) = key

@@ -76,8 +76,14 @@ macro_rules! lifecycle_ops {
                     serde_json::json!({ "next_run_at": next_run_at, "reason": reason }),
                 ),
                 JobTransition::BlockOnUnknown => (
+                    // The reconciler may have settled the attempt between the
+                    // driver recording it unknown and this step; its wake-up
+                    // found the job still held and did nothing. Only a live
+                    // attempt may park the job; without one it is runnable now.
                     sqlx::query(
-                        "UPDATE jobs SET next_run_at = NULL, lease_owner = NULL, lease_until = NULL, updated_at = $3 \
+                        "UPDATE jobs SET next_run_at = CASE WHEN EXISTS (SELECT 1 FROM attempts \
+                         WHERE job_id = $1 AND state IN ('started', 'unknown')) THEN NULL ELSE $3 END, \
+                         lease_owner = NULL, lease_until = NULL, updated_at = $3 \
                          WHERE id = $1 AND ($2 IS NULL OR lease_owner = $2) \
                          AND state NOT IN ('succeeded', 'failed', 'cancelled', 'needs_review')",
                     )
@@ -128,6 +134,12 @@ macro_rules! lifecycle_ops {
                     serde_json::json!({}),
                 ),
             };
+            if transition == JobTransition::BlockOnUnknown {
+                // PostgreSQL: wait for a settlement in flight (it updates the
+                // job row too), so the statement below, on a fresh snapshot,
+                // sees it. SQLite writes are already serialised.
+                locked_job(conn, job_id).await?;
+            }
             let applied = query.execute(&mut *conn).await?.rows_affected() == 1;
             if applied && !kind.is_empty() {
                 insert_event(

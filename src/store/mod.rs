@@ -89,7 +89,9 @@ pub enum JobTransition {
         lease_until: Millis,
         reason: String,
     },
-    /// Nothing to drive until an unknown attempt is settled; the lease is released.
+    /// Nothing to drive until an unknown attempt is settled; the lease is
+    /// released. Should none be live any more (settled meanwhile), the job is
+    /// runnable at once instead.
     BlockOnUnknown,
     /// The provider said no: the job is `failed` (version bumped).
     Fail { reason: String },

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use tokio::sync::oneshot;
 
+pub mod procs;
 pub mod world;
 
 pub const PG_ENV: &str = "ONEJOB_TEST_POSTGRES_URL";

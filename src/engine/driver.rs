@@ -24,11 +24,42 @@ pub(crate) fn spawn(inner: Arc<Inner>, job: Job) {
     tokio::spawn(async move {
         let job_id = job.id.clone();
         if let Ok(_permit) = inner.slots.acquire().await {
-            drive(&inner, job).await;
+            if still_ours(&inner, &job).await {
+                drive(&inner, job).await;
+            }
         }
         inner.end_driving(&job_id);
         inner.notify(&job_id);
     });
+}
+
+/// A job that waited for a free slot may have outlived its lease; renew it
+/// (or learn that another process took it over) before driving. Without a
+/// wait this costs nothing.
+async fn still_ours(inner: &Inner, job: &Job) -> bool {
+    let Some(route) = inner.config.routes.get(&job.route) else {
+        return true;
+    };
+    let now = inner.clock.now_ms();
+    let lease = lease_ms(route);
+    if job.lease_until.is_some_and(|until| until - now > lease / 2) {
+        return true;
+    }
+    match inner
+        .store
+        .renew_lease(&job.id, &inner.instance, now + lease)
+        .await
+    {
+        Ok(true) => true,
+        Ok(false) => {
+            tracing::info!(job_id = %job.id, "lease lost while waiting for a slot; another process drives the job");
+            false
+        }
+        Err(e) => {
+            tracing::error!(error = %e, job_id = %job.id, "cannot renew a lease");
+            false
+        }
+    }
 }
 
 /// How a round of attempts ended.

@@ -48,9 +48,13 @@ struct CompletionRequest {
 /// refused, never silently dropped.
 fn job_body(raw: &[u8]) -> Result<Vec<u8>, ApiError> {
     let request: CompletionRequest = super::body::parse(raw)?;
-    let unsupported = |field: &str, why: &str| Err(ApiError::InvalidRequest(format!("{field}: {why}")));
+    let unsupported =
+        |field: &str, why: &str| Err(ApiError::InvalidRequest(format!("{field}: {why}")));
     if request.stream == Some(true) {
-        return unsupported("stream", "streaming is not supported; a job answers once it is final");
+        return unsupported(
+            "stream",
+            "streaming is not supported; a job answers once it is final",
+        );
     }
     if request.n.is_some_and(|n| n != 1) {
         return unsupported("n", "only one choice per job");
@@ -58,8 +62,15 @@ fn job_body(raw: &[u8]) -> Result<Vec<u8>, ApiError> {
     if request.tools.is_some() {
         return unsupported("tools", "tool calls are not supported");
     }
-    if request.response_format.as_ref().is_some_and(|f| f["type"] != "text") {
-        return unsupported("response_format", "use POST /v1/jobs with a contract for structured output");
+    if request
+        .response_format
+        .as_ref()
+        .is_some_and(|f| f["type"] != "text")
+    {
+        return unsupported(
+            "response_format",
+            "use POST /v1/jobs with a contract for structured output",
+        );
     }
     let mut messages = Vec::with_capacity(request.messages.len());
     for (i, m) in request.messages.iter().enumerate() {
@@ -73,12 +84,22 @@ fn job_body(raw: &[u8]) -> Result<Vec<u8>, ApiError> {
                 for part in parts {
                     match (part["type"].as_str(), part["text"].as_str()) {
                         (Some("text"), Some(t)) => text.push_str(t),
-                        _ => return unsupported(&format!("messages[{i}].content"), "only text parts are supported"),
+                        _ => {
+                            return unsupported(
+                                &format!("messages[{i}].content"),
+                                "only text parts are supported",
+                            )
+                        }
                     }
                 }
                 text
             }
-            _ => return unsupported(&format!("messages[{i}].content"), "a string or text parts is required"),
+            _ => {
+                return unsupported(
+                    &format!("messages[{i}].content"),
+                    "a string or text parts is required",
+                )
+            }
         };
         messages.push(json!({ "role": role, "content": content }));
     }
@@ -114,8 +135,14 @@ pub async fn create(
         state.engine.as_ref(),
     )
     .await?;
-    Metrics::inc(if submission.replayed { &state.metrics.jobs_replayed } else { &state.metrics.jobs_created });
-    let wait = super::jobs::preferred_wait(&headers).unwrap_or(DEFAULT_WAIT_SECS).min(MAX_WAIT_SECS);
+    Metrics::inc(if submission.replayed {
+        &state.metrics.jobs_replayed
+    } else {
+        &state.metrics.jobs_created
+    });
+    let wait = super::jobs::preferred_wait(&headers)
+        .unwrap_or(DEFAULT_WAIT_SECS)
+        .min(MAX_WAIT_SECS);
     let mut job = submission.job;
     if let Some(engine) = &state.engine {
         if let Some(settled) = engine.wait_for(&job.id, Duration::from_secs(wait)).await {
@@ -126,7 +153,9 @@ pub async fn create(
     let mut response = match job.state {
         JobState::Succeeded => {
             let attempts = state.store.list_attempts(&job.id).await?;
-            let winner = attempts.iter().find(|a| Some(&a.id) == job.completed_by.as_ref());
+            let winner = attempts
+                .iter()
+                .find(|a| Some(&a.id) == job.completed_by.as_ref());
             let usage: Value = winner
                 .and_then(|a| a.usage.as_deref())
                 .and_then(|u| serde_json::from_str(u).ok())
@@ -140,8 +169,10 @@ pub async fn create(
                     other => other.to_string(),
                 })
                 .unwrap_or_default();
-            let (prompt, completion) =
-                (usage["prompt_tokens"].as_u64().unwrap_or(0), usage["completion_tokens"].as_u64().unwrap_or(0));
+            let (prompt, completion) = (
+                usage["prompt_tokens"].as_u64().unwrap_or(0),
+                usage["completion_tokens"].as_u64().unwrap_or(0),
+            );
             let body = json!({
                 "id": format!("chatcmpl-{}", job.id),
                 "object": "chat.completion",
@@ -165,7 +196,8 @@ pub async fn create(
             );
             let body = json!({ "error": { "code": "job_not_completed", "message": message } });
             let mut r = (StatusCode::BAD_GATEWAY, Json(body)).into_response();
-            r.headers_mut().insert("x-should-retry", HeaderValue::from_static("false"));
+            r.headers_mut()
+                .insert("x-should-retry", HeaderValue::from_static("false"));
             r
         }
         JobState::Pending | JobState::Running => {
@@ -181,7 +213,9 @@ pub async fn create(
     };
     response.headers_mut().insert("x-onejob-job-id", job_id);
     if submission.replayed {
-        response.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
+        response
+            .headers_mut()
+            .insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
     Ok(response)
 }

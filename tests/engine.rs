@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::world::{route, start_world, ProviderSpec};
+use common::world::{route, start_world, write_provider, ProviderSpec};
 use common::{chat_body, Backend};
 use serde_json::{json, Value};
 use std::collections::HashSet;
@@ -22,6 +22,7 @@ on_both_backends!(
     review_resolutions_are_audited,
     a_disabled_provider_is_never_chosen,
     the_breaker_sends_first_attempts_elsewhere_until_the_primary_recovers,
+    a_provider_whose_window_cannot_hold_the_prompt_is_skipped,
 );
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -85,14 +86,20 @@ async fn a_timeout_is_unknown_and_blocks_retries_until_reconciled(backend: Backe
     assert_eq!(status, 201);
     let id = job["id"].as_str().unwrap().to_string();
 
-    let (job, attempts) = world
-        .until(&id, WAIT, |_, a| {
-            a.first().is_some_and(|a| a["state"] == "unknown")
-        })
+    // The job view says what it waits on (computed with its attempts in one request).
+    let (job, _) = world
+        .until(&id, WAIT, |j, _| j["blocked_on"] == "unknown_attempt")
         .await;
     assert_eq!(state(&job), "running", "a timeout does not fail the job");
-    assert_eq!(job["blocked_on"], "unknown_attempt");
+    let attempts = world.attempts(&id).await;
     assert_eq!(attempts.len(), 1);
+    assert_eq!(
+        (
+            attempts[0]["state"].as_str(),
+            attempts[0]["error_kind"].as_str()
+        ),
+        (Some("unknown"), Some("attempt_timeout"))
+    );
     let (status, body) = world
         .post(&world.key, &format!("/v1/jobs/{id}/retry"), &json!({}))
         .await;
@@ -562,6 +569,60 @@ async fn the_breaker_sends_first_attempts_elsewhere_until_the_primary_recovers(b
     assert!(
         metrics.contains("onejob_breaker_trips_total{provider=\"primary\"} 1"),
         "{metrics}"
+    );
+    world.stop().await;
+}
+
+async fn a_provider_whose_window_cannot_hold_the_prompt_is_skipped(backend: Backend) {
+    let providers = [
+        ProviderSpec {
+            name: "primary",
+            model: "healthy",
+        },
+        ProviderSpec {
+            name: "fallback",
+            model: "healthy",
+        },
+    ];
+    let mut world = start_world(backend, &providers, route("primary", &["fallback"]), |_| {}).await;
+    // The primary turns out to have a small window (a redeploy with its real config).
+    let base_url = world.sim.base_url();
+    write_provider(world.providers_path(), "primary", "healthy", &base_url, 512);
+    world.restart(|_| {}).await;
+
+    let long = "The quick brown fox jumps over the lazy dog. ".repeat(200);
+    let body =
+        json!({ "messages": [{"role": "user", "content": long}], "params": {"max_tokens": 100} });
+    let (_, job) = world.submit("long-1", &body, Some(5)).await;
+    let id = job["id"].as_str().unwrap().to_string();
+    let (_, attempts) = world.until(&id, WAIT, |j, _| state(j) == "succeeded").await;
+    assert_eq!(attempts.len(), 1, "{attempts:?}");
+    assert_eq!(
+        attempts[0]["provider"], "fallback",
+        "never sent where it must fail with context_length_exceeded"
+    );
+    assert_eq!(world.executions(&id, "primary"), 0);
+
+    // A short prompt still goes to the primary.
+    let short =
+        json!({ "messages": [{"role": "user", "content": "hi"}], "params": {"max_tokens": 100} });
+    let (_, job) = world.submit("short-1", &short, Some(5)).await;
+    let id = job["id"].as_str().unwrap().to_string();
+    let (_, attempts) = world.until(&id, WAIT, |j, _| state(j) == "succeeded").await;
+    assert_eq!(attempts[0]["provider"], "primary");
+
+    // Nothing can hold prompt + max_tokens: the job fails at once, no attempt made.
+    let body = json!({ "messages": [{"role": "user", "content": "hi"}], "params": {"max_tokens": 100_000} });
+    let (_, job) = world.submit("huge-1", &body, Some(5)).await;
+    let id = job["id"].as_str().unwrap().to_string();
+    let (job, attempts) = world.until(&id, WAIT, |j, _| state(j) == "failed").await;
+    assert!(attempts.is_empty(), "{attempts:?}");
+    assert!(
+        job["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("context_window"),
+        "{job}"
     );
     world.stop().await;
 }

@@ -38,6 +38,9 @@ pub struct ProviderView {
     pub reason: Option<String>,
     pub changed_at: Option<String>,
     pub eligibility: Vec<Eligibility>,
+    /// This server's circuit breaker for the provider (`closed` until it
+    /// first sees the provider fail); breakers are per process.
+    pub breaker: crate::domain::breaker::BreakerState,
 }
 
 impl ProviderView {
@@ -63,6 +66,9 @@ impl ProviderView {
             reason: switch.map(|s| s.reason.clone()),
             changed_at: switch.map(|s| rfc3339(s.changed_at)),
             eligibility: eligibility(name, snapshot, contracts),
+            breaker: crate::domain::breaker::BreakerState::Closed {
+                consecutive_failures: 0,
+            },
         }
     }
 }
@@ -142,14 +148,22 @@ fn view(state: &AppState, name: &str) -> Result<ProviderView, ApiError> {
         .providers
         .get(name)
         .ok_or(ApiError::NotFound("provider"))?;
-    Ok(ProviderView::new(
+    let mut view = ProviderView::new(
         name,
         &entry.config,
         &entry.digest,
         state.switches.get(name).as_ref(),
         state.gate.snapshot().as_deref(),
         &state.contracts,
-    ))
+    );
+    if let Some(breaker) = state
+        .engine
+        .as_ref()
+        .and_then(|e| e.breakers().remove(name))
+    {
+        view.breaker = breaker;
+    }
+    Ok(view)
 }
 
 /// `GET /v1/admin/providers`

@@ -51,15 +51,25 @@ pub struct World {
 pub fn provider_dir(providers: &[ProviderSpec], base_url: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     for p in providers {
-        let text = format!(
-            "kind = \"sim\"\nbase_url = \"{base_url}\"\nmodel = \"{}\"\ntokenizer = \"o200k_base\"\n\
-             context_window = 16384\nhonours_idempotency_key = true\nlookup = \"sim_ledger\"\n\
-             [timeouts]\nconnect_ms = 1000\nfirst_byte_ms = 30000\ntotal_ms = 30000\n",
-            p.model
-        );
-        std::fs::write(dir.path().join(format!("{}.toml", p.name)), text).unwrap();
+        write_provider(dir.path(), p.name, p.model, base_url, 16_384);
     }
     dir
+}
+
+/// One simulator provider file, `NAME.toml`, in `dir`.
+pub fn write_provider(
+    dir: &std::path::Path,
+    name: &str,
+    model: &str,
+    base_url: &str,
+    context_window: u32,
+) {
+    let text = format!(
+        "kind = \"sim\"\nbase_url = \"{base_url}\"\nmodel = \"{model}\"\ntokenizer = \"o200k_base\"\n\
+         context_window = {context_window}\nhonours_idempotency_key = true\nlookup = \"sim_ledger\"\n\
+         [timeouts]\nconnect_ms = 1000\nfirst_byte_ms = 30000\ntotal_ms = 30000\n"
+    );
+    std::fs::write(dir.join(format!("{name}.toml")), text).unwrap();
 }
 
 /// The engine settings tests use: fast polling and reconciliation.
@@ -132,6 +142,11 @@ async fn serve(
 }
 
 impl World {
+    /// The directory the server's provider files are in.
+    pub fn providers_path(&self) -> &std::path::Path {
+        self._providers.path()
+    }
+
     /// Stop the server and start a new one on the same database and
     /// simulator (as after a deploy), with `tune` applied to its config.
     pub async fn restart(&mut self, tune: impl FnOnce(&mut Config)) {

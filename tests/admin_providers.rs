@@ -67,7 +67,13 @@ async fn list_shows_the_shipped_providers_enabled(backend: Backend) {
         assert!(p["changed_by"].is_null() && p["reason"].is_null() && p["changed_at"].is_null());
         let eligibility = p["eligibility"].as_array().unwrap();
         assert!(!eligibility.is_empty(), "one entry per shipped contract");
-        assert!(eligibility.iter().all(|e| e["eligible"] == true), "{p}");
+        // Enabled, but no contract run has proven it yet: not a fallback.
+        assert!(
+            eligibility
+                .iter()
+                .all(|e| e["eligible"] == false && e["status"] == "never_run"),
+            "{p}"
+        );
     }
     assert_eq!(find(list, "sim")["model"], "healthy");
     app.stop().await;

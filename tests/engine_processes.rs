@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::procs::{count, until_jobs, ServeConfig, ServerProcess};
+use common::procs::{count, until_jobs, Process, ServeConfig};
 use common::world::{provider_dir, ProviderSpec};
 use common::{chat_body, postgres_admin_url, Backend, TestDb};
 use futures::StreamExt;
@@ -88,7 +88,7 @@ async fn a_server_killed_mid_flight_loses_nothing_and_runs_nothing_twice(backend
     let api_key = onejob::keys::create_key(store.as_ref(), &SystemClock, "alice", false)
         .await
         .unwrap();
-    let a = ServerProcess::start(&db, &config);
+    let a = Process::serve(&db, Some(&config));
 
     let client = reqwest::Client::new();
     let answers: Vec<(u16, String)> = futures::stream::iter(0..JOBS)
@@ -113,7 +113,7 @@ async fn a_server_killed_mid_flight_loses_nothing_and_runs_nothing_twice(backend
     let killed = began.elapsed();
     eprintln!("killed A at {killed:?}: jobs {jobs_at_kill:?}, attempts {attempts_at_kill:?}");
 
-    let b = ServerProcess::start(&db, &config);
+    let b = Process::serve(&db, Some(&config));
     let (jobs_at_end, attempts_at_end) =
         until_jobs(&db, Duration::from_secs(60), "every job settled", |j, _| {
             count(j, "succeeded") + count(j, "needs_review") == JOBS as i64
@@ -229,7 +229,7 @@ async fn three_servers_on_one_postgres_share_the_work_and_make_one_job_per_key()
     let api_key = onejob::keys::create_key(store.as_ref(), &SystemClock, "alice", false)
         .await
         .unwrap();
-    let servers: Vec<ServerProcess> = (0..3).map(|_| ServerProcess::start(&db, &config)).collect();
+    let servers: Vec<Process> = (0..3).map(|_| Process::serve(&db, Some(&config))).collect();
 
     // Request n goes to server n % 3; a key's two copies are requests 2i and
     // 2i + 1, so they always land on different servers, at the same time.

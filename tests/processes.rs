@@ -5,61 +5,12 @@
 
 mod common;
 
+use common::procs::Process;
 use common::{chat_body, Backend, TestDb};
 use onejob::clock::SystemClock;
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 
 on_both_backends!(double_click_across_two_server_processes_creates_one_job);
-
-struct Server {
-    child: Child,
-    address: String,
-}
-
-impl Server {
-    fn start(db: &TestDb) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_onejob"))
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--database-url",
-                &db.url_string(),
-            ])
-            .env_remove("ONEJOB_CONFIG")
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let address = line
-            .trim()
-            .strip_prefix("onejob listening on ")
-            .expect("the address line")
-            .to_string();
-        Server { child, address }
-    }
-
-    /// SIGTERM, then the exit status.
-    fn terminate(mut self) -> std::process::ExitStatus {
-        let pid = self.child.id().to_string();
-        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-        self.child.wait().unwrap()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 async fn double_click_across_two_server_processes_creates_one_job(backend: Backend) {
     let db = TestDb::new(backend).await;
@@ -67,7 +18,7 @@ async fn double_click_across_two_server_processes_creates_one_job(backend: Backe
     let key = onejob::keys::create_key(store.as_ref(), &SystemClock, "alice", false)
         .await
         .unwrap();
-    let servers = [Server::start(&db), Server::start(&db)];
+    let servers = [Process::serve(&db, None), Process::serve(&db, None)];
     let client = reqwest::Client::new();
     let body = chat_body("one click").to_string();
     let mut calls = Vec::new();

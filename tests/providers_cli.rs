@@ -5,72 +5,15 @@
 
 mod common;
 
+use common::procs::Process;
 use common::{Backend, TestDb};
 use onejob::clock::SystemClock;
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 on_both_backends!(a_cli_switch_reaches_every_running_server_within_a_second);
-
-/// A child process that printed `PREFIX http://ADDR` as its first line.
-struct Process {
-    child: Child,
-    address: String,
-}
-
-impl Process {
-    fn start(args: &[&str], prefix: &str) -> Process {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_onejob"))
-            .args(args)
-            .env_remove("ONEJOB_CONFIG")
-            .env_remove("ONEJOB_DATABASE_URL")
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let address = line
-            .trim()
-            .strip_prefix(prefix)
-            .unwrap_or_else(|| panic!("expected {prefix:?}, got {line:?}"))
-            .to_string();
-        Process { child, address }
-    }
-
-    fn serve(db: &TestDb) -> Process {
-        Process::start(
-            &[
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--database-url",
-                &db.url_string(),
-            ],
-            "onejob listening on ",
-        )
-    }
-
-    /// SIGTERM, then the exit status.
-    fn terminate(mut self) -> std::process::ExitStatus {
-        let pid = self.child.id().to_string();
-        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-        self.child.wait().unwrap()
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Run `onejob ARGS` to completion.
 fn onejob(args: &[&str]) -> Output {
@@ -140,7 +83,7 @@ async fn a_cli_switch_reaches_every_running_server_within_a_second(backend: Back
     let key = onejob::keys::create_key(store.as_ref(), &SystemClock, "ops", true)
         .await
         .unwrap();
-    let servers = [Process::serve(&db), Process::serve(&db)];
+    let servers = [Process::serve(&db, None), Process::serve(&db, None)];
     let client = reqwest::Client::new();
     for server in &servers {
         assert_eq!(

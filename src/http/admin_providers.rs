@@ -65,7 +65,7 @@ impl ProviderView {
             changed_by: switch.map(|s| s.changed_by.clone()),
             reason: switch.map(|s| s.reason.clone()),
             changed_at: switch.map(|s| rfc3339(s.changed_at)),
-            eligibility: eligibility(name, snapshot, contracts),
+            eligibility: eligibility(name, switch, snapshot, contracts),
             breaker: crate::domain::breaker::BreakerState::Closed {
                 consecutive_failures: 0,
             },
@@ -85,27 +85,38 @@ pub struct Eligibility {
 
 pub fn eligibility(
     provider: &str,
+    switch: Option<&ProviderSwitch>,
     snapshot: Option<&EligibilitySnapshot>,
     contracts: &BTreeMap<String, Contract>,
 ) -> Vec<Eligibility> {
+    use crate::contracts::EligibilityStatus;
+    let disabled = switch.filter(|s| !s.enabled);
     contracts
         .keys()
-        .map(|contract| match snapshot {
-            Some(snapshot) => {
-                let e = snapshot.get(provider, contract);
-                Eligibility {
-                    contract: contract.clone(),
-                    eligible: e.eligible,
-                    status: e.status,
-                    reason: e.reason,
+        .map(|contract| {
+            let (eligible, status, reason) = match (disabled, snapshot) {
+                // The switch this server holds now, with who and why.
+                (Some(s), _) => (
+                    false,
+                    EligibilityStatus::Disabled,
+                    format!("{provider} is disabled by {}: {}", s.changed_by, s.reason),
+                ),
+                (None, Some(snapshot)) => {
+                    let e = snapshot.get(provider, contract);
+                    (e.eligible, e.status, e.reason)
                 }
-            }
-            None => Eligibility {
+                (None, None) => (
+                    false,
+                    EligibilityStatus::Unknown,
+                    "eligibility not loaded yet".to_string(),
+                ),
+            };
+            Eligibility {
                 contract: contract.clone(),
-                eligible: false,
-                status: crate::contracts::EligibilityStatus::Unknown,
-                reason: "eligibility not loaded yet".to_string(),
-            },
+                eligible,
+                status,
+                reason,
+            }
         })
         .collect()
 }

@@ -52,23 +52,22 @@ impl ServeConfig<'_> {
     }
 }
 
-/// One `onejob serve` child process; killed (SIGKILL) when dropped.
-pub struct ServerProcess {
+/// A `onejob` child process that printed `PREFIX http://ADDR` as its first
+/// line (`serve`, `sim`); killed (SIGKILL) when dropped.
+pub struct Process {
     child: Child,
     pub address: String,
 }
 
-impl ServerProcess {
-    /// Start `onejob serve` on port 0 and wait for its address line.
-    /// Server logs go to stderr at `ONEJOB_TEST_SERVER_LOG` (default `error`).
-    pub fn start(db: &TestDb, config: &Path) -> ServerProcess {
+impl Process {
+    /// Run `onejob ARGS` and wait for its address line. Logs go to stderr at
+    /// `ONEJOB_TEST_SERVER_LOG` (default `error`).
+    pub fn start(args: &[&str], prefix: &str) -> Process {
         let log = std::env::var("ONEJOB_TEST_SERVER_LOG").unwrap_or_else(|_| "error".into());
         let mut child = Command::new(env!("CARGO_BIN_EXE_onejob"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--database-url"])
-            .arg(db.url_string())
-            .arg("--config")
-            .arg(config)
+            .args(args)
             .env_remove("ONEJOB_CONFIG")
+            .env_remove("ONEJOB_DATABASE_URL")
             .env("RUST_LOG", log)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -79,15 +78,27 @@ impl ServerProcess {
         stdout.read_line(&mut line).unwrap();
         let address = line
             .trim()
-            .strip_prefix("onejob listening on ")
-            .unwrap_or_else(|| panic!("expected the address line, got {line:?}"))
+            .strip_prefix(prefix)
+            .unwrap_or_else(|| panic!("expected {prefix:?}, got {line:?}"))
             .to_string();
         // Keep reading so a later line never meets a closed pipe.
         std::thread::spawn(move || {
             let mut sink = Vec::new();
             let _ = stdout.read_to_end(&mut sink);
         });
-        ServerProcess { child, address }
+        Process { child, address }
+    }
+
+    /// `onejob serve` on port 0 over the test's database, with `config` or
+    /// the built-in defaults.
+    pub fn serve(db: &TestDb, config: Option<&Path>) -> Process {
+        let url = db.url_string();
+        let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--database-url", &url];
+        let config = config.map(|c| c.display().to_string());
+        if let Some(c) = &config {
+            args.extend(["--config", c]);
+        }
+        Process::start(&args, "onejob listening on ")
     }
 
     /// SIGKILL: no shutdown hook runs, nothing is flushed or released.
@@ -95,9 +106,16 @@ impl ServerProcess {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
     }
+
+    /// SIGTERM, then the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        self.child.wait().unwrap()
+    }
 }
 
-impl Drop for ServerProcess {
+impl Drop for Process {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

@@ -7,7 +7,8 @@
 //! ```
 //!
 //! The default database is a temporary SQLite file; a `postgres://` URL gets a
-//! fresh database created next to it (dropped at the end).
+//! fresh database created next to it (dropped at the end); any other value is
+//! a SQLite file path (e.g. on tmpfs: `/dev/shm/bench.db`, to take the disk out).
 
 use clap::Parser;
 use onejob::app::Application;
@@ -30,7 +31,9 @@ struct Args {
     /// Concurrent clients in the throughput and replay phases.
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
-    /// PostgreSQL server to create a fresh database on; SQLite when absent.
+    /// A PostgreSQL server to create a fresh database on, or a SQLite file
+    /// path (e.g. on tmpfs, to take the disk out); a temporary SQLite file
+    /// when absent.
     #[arg(long)]
     database_url: Option<String>,
     /// Sequential jobs in the lone-client phase.
@@ -122,13 +125,14 @@ async fn main() -> anyhow::Result<()> {
         &config_path,
         "[routes.default]\nprimary = \"primary\"\nfallbacks = []\n",
     )?;
-    let fresh_pg = match &args.database_url {
-        Some(url) => Some(FreshPostgres::create(url).await?),
-        None => None,
+    let fresh_pg = match args.database_url.as_deref().map(DatabaseUrl::parse) {
+        Some(Ok(DatabaseUrl::Postgres(url))) => Some(FreshPostgres::create(&url).await?),
+        _ => None,
     };
-    let database_url = match &fresh_pg {
-        Some(pg) => pg.url.clone(),
-        None => dir.path().join("onejob.db").display().to_string(),
+    let database_url = match (&fresh_pg, &args.database_url) {
+        (Some(pg), _) => pg.url.clone(),
+        (None, Some(path)) => path.clone(),
+        (None, None) => dir.path().join("onejob.db").display().to_string(),
     };
     let overrides = Overrides {
         listen: Some("127.0.0.1:0".into()),

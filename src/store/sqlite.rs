@@ -70,8 +70,11 @@ impl SqliteStore {
             .busy_timeout(BUSY_TIMEOUT)
             .foreign_keys(true);
         let writer_conn = options.clone().connect().await?;
+        // A pooled connection to a local file cannot go stale: no ping
+        // before each read (one worker round trip saved per read).
         let read = SqlitePoolOptions::new()
             .max_connections(4)
+            .test_before_acquire(false)
             .connect_with(options)
             .await?;
         let (tx, rx) = mpsc::channel(4 * MAX_BATCH);

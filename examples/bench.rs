@@ -174,7 +174,7 @@ async fn main() -> anyhow::Result<()> {
 
     // 1. Jobs to completion, closed loop.
     let run = Arc::new(AtomicUsize::new(0));
-    let started = Instant::now();
+    let (started, cpu) = (Instant::now(), cpu_time());
     let samples = closed_loop(&bench, args.concurrency, {
         let run = run.clone();
         let n = args.jobs;
@@ -184,10 +184,11 @@ async fn main() -> anyhow::Result<()> {
         }
     })
     .await;
-    let throughput = Phase::new(&samples, started);
+    let throughput = Phase::new(&samples, started, cpu);
     rss.push(("after jobs to completion", rss_kib()));
 
     // 2. A lone client: onejob's added latency, and the simulator alone.
+    let cpu = cpu_time();
     let mut lone = Vec::with_capacity(args.lone);
     for i in 0..args.lone {
         let t = Instant::now();
@@ -200,13 +201,14 @@ async fn main() -> anyhow::Result<()> {
             ok,
         });
     }
-    let lone = Phase::new(&lone, Instant::now());
+    let lone = Phase::new(&lone, Instant::now(), cpu);
     let direct_body = serde_json::to_vec(&json!({
         "model": "healthy",
         "messages": [{ "role": "user", "content": message }],
         "temperature": 0,
         "max_tokens": 64,
     }))?;
+    let cpu = cpu_time();
     let mut direct = Vec::with_capacity(args.lone);
     for i in 0..args.lone {
         let t = Instant::now();
@@ -228,14 +230,14 @@ async fn main() -> anyhow::Result<()> {
             ok,
         });
     }
-    let direct = Phase::new(&direct, Instant::now());
+    let direct = Phase::new(&direct, Instant::now(), cpu);
     rss.push(("after lone client", rss_kib()));
 
     // 3. Fixed rate, open loop: latency counts from the scheduled send time,
     // so a stall delays (and is charged to) every request scheduled behind it.
     let total = (args.rate * args.rate_secs) as usize;
     let gap = Duration::from_secs_f64(1.0 / args.rate as f64);
-    let started = Instant::now();
+    let (started, cpu) = (Instant::now(), cpu_time());
     let mut flights = Vec::with_capacity(total);
     for i in 0..total {
         let due = started + gap.mul_f64(i as f64);
@@ -256,13 +258,13 @@ async fn main() -> anyhow::Result<()> {
     for flight in flights {
         fixed.push(flight.await?);
     }
-    let fixed = Phase::new(&fixed, started);
+    let fixed = Phase::new(&fixed, started, cpu);
     rss.push(("after fixed rate", rss_kib()));
 
     // 4. Replays of finished jobs (same key, same body), closed loop.
     let replay_until = Instant::now() + Duration::from_secs(args.replay_secs);
     let run = Arc::new(AtomicUsize::new(0));
-    let started = Instant::now();
+    let (started, cpu) = (Instant::now(), cpu_time());
     let replayed = args.jobs.max(1);
     let samples = closed_loop(&bench, args.concurrency, move || {
         let i = run.fetch_add(1, Ordering::Relaxed);
@@ -270,7 +272,7 @@ async fn main() -> anyhow::Result<()> {
             .then(|| (format!("bench-{}", i % replayed), StatusCode::OK))
     })
     .await;
-    let replays = Phase::new(&samples, started);
+    let replays = Phase::new(&samples, started, cpu);
     rss.push(("after replays", rss_kib()));
 
     let _ = stop.send(());
@@ -281,8 +283,8 @@ async fn main() -> anyhow::Result<()> {
 
     println!();
     println!(
-        "{:<34} {:>9} {:>9} {:>9} {:>9} {:>8}  target",
-        "phase", "rate/s", "p50 ms", "p99 ms", "max ms", "failed"
+        "{:<34} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}  target",
+        "phase", "rate/s", "p50 ms", "p99 ms", "max ms", "failed", "cpu µs"
     );
     throughput.row(
         &format!("jobs to completion (C={})", args.concurrency),
@@ -292,11 +294,12 @@ async fn main() -> anyhow::Result<()> {
     direct.row("lone client, simulator directly", "");
     let added_p99 = lone.p99.saturating_sub(direct.p99);
     println!(
-        "{:<34} {:>9} {:>9} {:>9} {:>9} {:>8}  ≤ 1 ms added p99",
+        "{:<34} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}  ≤ 1 ms added p99",
         "  onejob's added latency",
         "",
         ms(lone.p50.saturating_sub(direct.p50)),
         ms(added_p99),
+        "",
         "",
         ""
     );
@@ -309,6 +312,7 @@ async fn main() -> anyhow::Result<()> {
         "≥ 20,000 req/s",
     );
     println!();
+    println!("cpu µs: this process's CPU time per request (client, server and simulator together)");
     println!("resident memory (VmRSS; the in-process simulator keeps every answer in its ledger):");
     for (when, kib) in rss {
         println!("  {when:<28} {:>8.1} MiB", kib as f64 / 1024.0);
@@ -354,6 +358,8 @@ async fn closed_loop(
 /// A phase's numbers: rate over the wall time from its start to its last answer.
 struct Phase {
     rate: f64,
+    /// This process's CPU time (all threads: client, server, simulator) per request.
+    cpu_per_request: Duration,
     p50: Duration,
     p99: Duration,
     max: Duration,
@@ -362,7 +368,7 @@ struct Phase {
 }
 
 impl Phase {
-    fn new(samples: &[Sample], started: Instant) -> Phase {
+    fn new(samples: &[Sample], started: Instant, cpu_before: Duration) -> Phase {
         let mut latencies: Vec<Duration> = samples.iter().map(|s| s.latency).collect();
         latencies.sort_unstable();
         let pick = |q: f64| {
@@ -380,6 +386,10 @@ impl Phase {
             } else {
                 0.0
             },
+            cpu_per_request: cpu_time()
+                .saturating_sub(cpu_before)
+                .checked_div(samples.len().max(1) as u32)
+                .unwrap_or_default(),
             p50: pick(0.50),
             p99: pick(0.99),
             max: latencies.last().copied().unwrap_or_default(),
@@ -395,19 +405,37 @@ impl Phase {
             format!("{:.0}", self.rate)
         };
         println!(
-            "{:<34} {:>9} {:>9} {:>9} {:>9} {:>8}  {target}",
+            "{:<34} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8.0}  {target}",
             name,
             rate,
             ms(self.p50),
             ms(self.p99),
             ms(self.max),
             format!("{}/{}", self.failed, self.count),
+            self.cpu_per_request.as_secs_f64() * 1e6,
         );
     }
 }
 
 fn ms(d: Duration) -> String {
     format!("{:.3}", d.as_secs_f64() * 1e3)
+}
+
+/// CPU time this process has used (user + system, all threads), from
+/// /proc/self/stat in clock ticks (assumed 100 per second, as on Linux).
+fn cpu_time() -> Duration {
+    let ticks = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| {
+            // Fields after the command name, which is in parentheses.
+            let rest = stat.rsplit_once(')')?.1;
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let utime: u64 = fields.get(11)?.parse().ok()?;
+            let stime: u64 = fields.get(12)?.parse().ok()?;
+            Some(utime + stime)
+        })
+        .unwrap_or(0);
+    Duration::from_millis(ticks * 10)
 }
 
 /// This process's resident set, in KiB (0 where /proc is not there).

@@ -268,8 +268,7 @@ async fn main() -> anyhow::Result<()> {
     let replayed = args.jobs.max(1);
     let samples = closed_loop(&bench, args.concurrency, move || {
         let i = run.fetch_add(1, Ordering::Relaxed);
-        (Instant::now() < replay_until)
-            .then(|| (format!("bench-{}", i % replayed), StatusCode::OK))
+        (Instant::now() < replay_until).then(|| (format!("bench-{}", i % replayed), StatusCode::OK))
     })
     .await;
     let replays = Phase::new(&samples, started, cpu);
@@ -480,9 +479,12 @@ impl FreshPostgres {
         use sqlx::Connection;
         let dropped = async {
             let mut conn = sqlx::PgConnection::connect(&self.admin).await?;
-            sqlx::query(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name))
-                .execute(&mut conn)
-                .await?;
+            sqlx::query(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ))
+            .execute(&mut conn)
+            .await?;
             conn.close().await
         };
         if let Err(e) = dropped.await {

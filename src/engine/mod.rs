@@ -144,17 +144,31 @@ impl Engine {
             if let Ok(mut waiters) = self.inner.waiters.lock() {
                 waiters.entry(job_id.to_string()).or_default().push(tx);
             }
-            let job = self.inner.store.get_job(job_id).await.ok().flatten();
+            // Driven here and not done: the driver notifies when it stops
+            // (after this registration), so reading the job now is wasted.
+            let driving = tokio::time::Instant::now() < deadline
+                && self
+                    .inner
+                    .active
+                    .lock()
+                    .is_ok_and(|active| active.contains(job_id));
+            let job = if driving {
+                None
+            } else {
+                self.inner.store.get_job(job_id).await.ok().flatten()
+            };
             if let Some(job) = &job {
                 if settled(job) {
                     return Some(job.clone());
                 }
             }
             let now = tokio::time::Instant::now();
-            if now >= deadline {
+            if now >= deadline && !driving {
                 return job;
             }
-            let recheck = (deadline - now).min(Duration::from_millis(250));
+            let recheck = deadline
+                .saturating_duration_since(now)
+                .min(Duration::from_millis(250));
             let _ = tokio::time::timeout(recheck, rx).await;
         }
     }

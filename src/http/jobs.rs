@@ -97,7 +97,8 @@ pub async fn create(
     };
     let mut job = submission.job;
     let wait = preferred_wait(&headers);
-    if let (Some(secs), Some(engine)) = (wait, &state.engine) {
+    // A finished job (most replays) is answered as read: nothing to wait for.
+    if let (Some(secs), Some(engine), false) = (wait, &state.engine, job.state.is_final()) {
         if let Some(settled) = engine.wait_for(&job.id, Duration::from_secs(secs)).await {
             job = settled;
         }

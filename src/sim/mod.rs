@@ -277,6 +277,17 @@ impl SimHandle {
         &self.ledger
     }
 
+    /// A provider file (`providers/NAME.toml`) of kind sim that asks this
+    /// simulator for `model` (a behaviour spec such as `healthy`).
+    pub fn provider_toml(&self, model: &str) -> String {
+        format!(
+            "kind = \"sim\"\nbase_url = \"{}\"\nmodel = \"{model}\"\ntokenizer = \"o200k_base\"\n\
+             context_window = 16384\nhonours_idempotency_key = true\nlookup = \"sim_ledger\"\n\
+             [timeouts]\nconnect_ms = 1000\nfirst_byte_ms = 30000\ntotal_ms = 30000\n",
+            self.base_url()
+        )
+    }
+
     /// Run-time model bindings (see [`Models`]).
     pub fn models(&self) -> &Models {
         &self.models

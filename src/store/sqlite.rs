@@ -19,11 +19,12 @@ use crate::domain::job::NewJob;
 use crate::domain::{Attempt, GuardRefusal, Job, Millis};
 use async_trait::async_trait;
 use futures::future::BoxFuture;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{ConnectOptions, SqliteConnection, SqlitePool};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+use sqlx::{ConnectOptions, SqliteConnection};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, MappedMutexGuard, Mutex, MutexGuard};
 
 mod ops {
     crate::store::ops::store_ops!(sqlx::SqliteConnection, "");
@@ -37,6 +38,8 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite")
 const MAX_BATCH: usize = 128;
 /// How long a writer waits for another process's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections that serve reads, besides the writer's.
+const READERS: usize = 4;
 
 /// Hands a write's result to its caller once the batch's commit is known.
 type Deliver = Box<dyn FnOnce(Result<(), String>) + Send>;
@@ -58,8 +61,39 @@ enum WriteCmd {
 
 pub struct SqliteStore {
     path: PathBuf,
-    read: SqlitePool,
+    read: Readers,
     writer: mpsc::Sender<WriteCmd>,
+}
+
+/// The read connections: a few of our own rather than a sqlx pool, because
+/// the pool pings every connection given back to it (one more round trip to
+/// the connection's worker thread, in a spawned task, per read), and a
+/// connection to a local file cannot go stale. `None` once closed.
+struct Readers {
+    conns: Vec<Mutex<Option<SqliteConnection>>>,
+    next: AtomicUsize,
+}
+
+impl Readers {
+    /// A free connection if there is one, else wait for one.
+    async fn get(&self) -> Result<MappedMutexGuard<'_, SqliteConnection>, StoreError> {
+        let n = self.conns.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        let free = (0..n).find_map(|i| self.conns[(start + i) % n].try_lock().ok());
+        let guard = match free {
+            Some(guard) => guard,
+            None => self.conns[start].lock().await,
+        };
+        MutexGuard::try_map(guard, Option::as_mut).map_err(|_| StoreError::Closed)
+    }
+
+    async fn close(&self) {
+        for conn in &self.conns {
+            if let Some(conn) = conn.lock().await.take() {
+                let _ = sqlx::Connection::close(conn).await;
+            }
+        }
+    }
 }
 
 impl SqliteStore {
@@ -72,10 +106,14 @@ impl SqliteStore {
             .busy_timeout(BUSY_TIMEOUT)
             .foreign_keys(true);
         let writer_conn = options.clone().connect().await?;
-        let read = SqlitePoolOptions::new()
-            .max_connections(4)
-            .connect_with(options)
-            .await?;
+        let mut conns = Vec::with_capacity(READERS);
+        for _ in 0..READERS {
+            conns.push(Mutex::new(Some(options.clone().connect().await?)));
+        }
+        let read = Readers {
+            conns,
+            next: AtomicUsize::new(0),
+        };
         let (tx, rx) = mpsc::channel(4 * MAX_BATCH);
         tokio::spawn(run_writer(writer_conn, rx));
         Ok(SqliteStore {
@@ -225,12 +263,14 @@ impl Store for SqliteStore {
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
-        MIGRATOR.run(&self.read).await?;
+        MIGRATOR.run_direct(&mut *self.read.get().await?).await?;
         Ok(())
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.read).await?;
+        sqlx::query("SELECT 1")
+            .execute(&mut *self.read.get().await?)
+            .await?;
         Ok(())
     }
 
@@ -239,15 +279,15 @@ impl Store for SqliteStore {
     }
 
     async fn find_job_by_key(&self, owner_id: &str, key: &str) -> Result<Option<Job>, StoreError> {
-        ops::find_job_by_key(&mut *self.read.acquire().await?, owner_id, key).await
+        ops::find_job_by_key(&mut *self.read.get().await?, owner_id, key).await
     }
 
     async fn get_job(&self, id: &str) -> Result<Option<Job>, StoreError> {
-        ops::get_job(&mut *self.read.acquire().await?, id).await
+        ops::get_job(&mut *self.read.get().await?, id).await
     }
 
     async fn list_attempts(&self, job_id: &str) -> Result<Vec<Attempt>, StoreError> {
-        ops::list_attempts(&mut *self.read.acquire().await?, job_id).await
+        ops::list_attempts(&mut *self.read.get().await?, job_id).await
     }
 
     async fn start_attempt(
@@ -283,11 +323,11 @@ impl Store for SqliteStore {
     }
 
     async fn list_events(&self, job_id: &str) -> Result<Vec<JobEvent>, StoreError> {
-        ops::list_events(&mut *self.read.acquire().await?, job_id).await
+        ops::list_events(&mut *self.read.get().await?, job_id).await
     }
 
     async fn count_jobs(&self) -> Result<i64, StoreError> {
-        ops::count_jobs(&mut *self.read.acquire().await?).await
+        ops::count_jobs(&mut *self.read.get().await?).await
     }
 
     async fn insert_api_key(&self, key: ApiKey) -> Result<(), StoreError> {
@@ -296,7 +336,7 @@ impl Store for SqliteStore {
     }
 
     async fn find_api_key(&self, key_hash: &str) -> Result<Option<ApiKey>, StoreError> {
-        ops::find_api_key(&mut *self.read.acquire().await?, key_hash).await
+        ops::find_api_key(&mut *self.read.get().await?, key_hash).await
     }
 
     async fn close(&self) {
@@ -357,7 +397,7 @@ impl Store for SqliteStore {
     }
 
     async fn list_unknown_attempts(&self, limit: i64) -> Result<Vec<Attempt>, StoreError> {
-        ops::list_unknown_attempts(&mut *self.read.acquire().await?, limit).await
+        ops::list_unknown_attempts(&mut *self.read.get().await?, limit).await
     }
 
     async fn cancel_job(
@@ -426,7 +466,7 @@ impl Store for SqliteStore {
     }
 
     async fn list_review(&self, limit: i64) -> Result<Vec<ReviewItem>, StoreError> {
-        ops::list_review(&mut *self.read.acquire().await?, limit).await
+        ops::list_review(&mut *self.read.get().await?, limit).await
     }
 
     async fn set_provider_enabled(
@@ -447,7 +487,7 @@ impl Store for SqliteStore {
     }
 
     async fn provider_switches(&self) -> Result<Vec<ProviderSwitch>, StoreError> {
-        ops::provider_switches(&mut *self.read.acquire().await?).await
+        ops::provider_switches(&mut *self.read.get().await?).await
     }
 
     async fn provider_audit(
@@ -455,7 +495,7 @@ impl Store for SqliteStore {
         name: Option<&str>,
         limit: i64,
     ) -> Result<Vec<super::ProviderAuditEntry>, StoreError> {
-        ops::provider_audit(&mut *self.read.acquire().await?, name, limit).await
+        ops::provider_audit(&mut *self.read.get().await?, name, limit).await
     }
 
     async fn insert_contract_run(&self, run: NewContractRun) -> Result<(), StoreError> {
@@ -464,10 +504,10 @@ impl Store for SqliteStore {
     }
 
     async fn latest_contract_runs(&self) -> Result<Vec<ContractRunSummary>, StoreError> {
-        ops::latest_contract_runs(&mut *self.read.acquire().await?).await
+        ops::latest_contract_runs(&mut *self.read.get().await?).await
     }
 
     async fn contract_run(&self, id: &str) -> Result<Option<ContractRun>, StoreError> {
-        ops::contract_run(&mut *self.read.acquire().await?, id).await
+        ops::contract_run(&mut *self.read.get().await?, id).await
     }
 }

@@ -1,0 +1,494 @@
+//! End-to-end benchmark: the simulator (zero latency), a onejob server over a
+//! fresh database and the HTTP client, all in this one process. It prints
+//! numbers next to the DESIGN.md performance budget; it asserts nothing.
+//!
+//! ```text
+//! cargo run --release --example bench -- [--jobs N] [--concurrency C] [--database-url URL]
+//! ```
+//!
+//! The default database is a temporary SQLite file; a `postgres://` URL gets a
+//! fresh database created next to it (dropped at the end); any other value is
+//! a SQLite file path (e.g. on tmpfs: `/dev/shm/bench.db`, to take the disk out).
+
+use clap::Parser;
+use onejob::app::Application;
+use onejob::clock::SystemClock;
+use onejob::config::{Config, DatabaseUrl, Overrides};
+use onejob::sim::SimServer;
+use reqwest::StatusCode;
+use serde::Deserialize;
+use serde_json::json;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Parser)]
+#[command(about = "Benchmark onejob end to end against a zero-latency simulator")]
+struct Args {
+    /// Jobs to run to completion in the throughput phase.
+    #[arg(long, default_value_t = 5_000)]
+    jobs: usize,
+    /// Concurrent clients in the throughput and replay phases.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// A PostgreSQL server to create a fresh database on, or a SQLite file
+    /// path (e.g. on tmpfs, to take the disk out); a temporary SQLite file
+    /// when absent.
+    #[arg(long)]
+    database_url: Option<String>,
+    /// Sequential jobs in the lone-client phase.
+    #[arg(long, default_value_t = 500)]
+    lone: usize,
+    /// Jobs per second in the fixed-rate phase.
+    #[arg(long, default_value_t = 1_000)]
+    rate: u64,
+    /// Seconds of the fixed-rate phase.
+    #[arg(long, default_value_t = 5)]
+    rate_secs: u64,
+    /// Seconds of the replay phase.
+    #[arg(long, default_value_t = 3)]
+    replay_secs: u64,
+}
+
+/// The part of a job answer the benchmark checks.
+#[derive(Deserialize)]
+struct JobAnswer {
+    state: String,
+}
+
+struct Bench {
+    client: reqwest::Client,
+    jobs_url: String,
+    key: String,
+    body: Arc<Vec<u8>>,
+}
+
+/// How one request went: when it finished, how long it took, whether it was right.
+struct Sample {
+    done: Instant,
+    latency: Duration,
+    ok: bool,
+}
+
+impl Bench {
+    /// `POST /v1/jobs` with `Prefer: wait=30`; ok when the answer has `expect`
+    /// as status and says `succeeded` (and, for a replay, says so in a header).
+    async fn submit(&self, key: &str, expect: StatusCode) -> bool {
+        let sent = self
+            .client
+            .post(&self.jobs_url)
+            .bearer_auth(&self.key)
+            .header("Idempotency-Key", key)
+            .header("Prefer", "wait=30")
+            .header("Content-Type", "application/json")
+            .body(self.body.as_ref().clone())
+            .send()
+            .await;
+        let Ok(response) = sent else {
+            return false;
+        };
+        let status = response.status();
+        let replay_marked = response
+            .headers()
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true");
+        let Ok(bytes) = response.bytes().await else {
+            return false;
+        };
+        let succeeded = serde_json::from_slice::<JobAnswer>(&bytes)
+            .is_ok_and(|answer| answer.state == "succeeded");
+        status == expect && succeeded && (replay_marked == (expect == StatusCode::OK))
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    // The same subscriber as `onejob serve`, so span and event costs count.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,sqlx=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+
+    let sim = SimServer::start("127.0.0.1:0").await?;
+    let dir = tempfile::tempdir()?;
+    std::fs::create_dir(dir.path().join("providers"))?;
+    std::fs::write(
+        dir.path().join("providers/primary.toml"),
+        sim.provider_toml("healthy"),
+    )?;
+    let config_path = dir.path().join("onejob.toml");
+    std::fs::write(
+        &config_path,
+        "[routes.default]\nprimary = \"primary\"\nfallbacks = []\n",
+    )?;
+    let fresh_pg = match args.database_url.as_deref().map(DatabaseUrl::parse) {
+        Some(Ok(DatabaseUrl::Postgres(url))) => Some(FreshPostgres::create(&url).await?),
+        _ => None,
+    };
+    let database_url = match (&fresh_pg, &args.database_url) {
+        (Some(pg), _) => pg.url.clone(),
+        (None, Some(path)) => path.clone(),
+        (None, None) => dir.path().join("onejob.db").display().to_string(),
+    };
+    let overrides = Overrides {
+        listen: Some("127.0.0.1:0".into()),
+        database_url: Some(database_url),
+    };
+    let config = Config::load(Some(&config_path), &overrides)?;
+    let backend = match &config.database {
+        DatabaseUrl::Sqlite(_) => "SQLite (WAL, synchronous=FULL)",
+        DatabaseUrl::Postgres(_) => "PostgreSQL",
+    };
+    let store = onejob::store::connect(&config.database).await?;
+    store.migrate().await?;
+    let app = Application::with_store(config, store.clone(), Arc::new(SystemClock)).await?;
+    let base = format!("http://{}", app.local_addr());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(app.run_until_stopped(async {
+        let _ = stopped.await;
+    }));
+    let key = onejob::keys::create_key(store.as_ref(), &SystemClock, "bench", false).await?;
+
+    let message = "Summarise order 42 in one line.";
+    let bench = Arc::new(Bench {
+        client: reqwest::Client::builder()
+            .pool_max_idle_per_host(4 * args.concurrency)
+            .build()?,
+        jobs_url: format!("{base}/v1/jobs"),
+        key,
+        body: Arc::new(serde_json::to_vec(&json!({
+            "messages": [{ "role": "user", "content": message }],
+            "params": { "temperature": 0, "max_tokens": 64 },
+            "route": "default",
+        }))?),
+    });
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!(
+        "onejob bench: {backend}, {cores} cores shared by simulator, server and client (one process)"
+    );
+    let mut rss = vec![("start", rss_kib())];
+
+    // 1. Jobs to completion, closed loop.
+    let run = Arc::new(AtomicUsize::new(0));
+    let (started, cpu) = (Instant::now(), cpu_time());
+    let samples = closed_loop(&bench, args.concurrency, {
+        let run = run.clone();
+        let n = args.jobs;
+        move || {
+            let i = run.fetch_add(1, Ordering::Relaxed);
+            (i < n).then(|| (format!("bench-{i}"), StatusCode::CREATED))
+        }
+    })
+    .await;
+    let throughput = Phase::new(&samples, started, cpu);
+    rss.push(("after jobs to completion", rss_kib()));
+
+    // 2. A lone client: onejob's added latency, and the simulator alone.
+    let cpu = cpu_time();
+    let mut lone = Vec::with_capacity(args.lone);
+    for i in 0..args.lone {
+        let t = Instant::now();
+        let ok = bench
+            .submit(&format!("lone-{i}"), StatusCode::CREATED)
+            .await;
+        lone.push(Sample {
+            done: Instant::now(),
+            latency: t.elapsed(),
+            ok,
+        });
+    }
+    let lone = Phase::new(&lone, Instant::now(), cpu);
+    let direct_body = serde_json::to_vec(&json!({
+        "model": "healthy",
+        "messages": [{ "role": "user", "content": message }],
+        "temperature": 0,
+        "max_tokens": 64,
+    }))?;
+    let cpu = cpu_time();
+    let mut direct = Vec::with_capacity(args.lone);
+    for i in 0..args.lone {
+        let t = Instant::now();
+        let response = bench
+            .client
+            .post(format!("{}/v1/chat/completions", sim.base_url()))
+            .header("Idempotency-Key", format!("direct-{i}"))
+            .header("Content-Type", "application/json")
+            .body(direct_body.clone())
+            .send()
+            .await;
+        let ok = match response {
+            Ok(r) => r.status().is_success() && r.bytes().await.is_ok(),
+            Err(_) => false,
+        };
+        direct.push(Sample {
+            done: Instant::now(),
+            latency: t.elapsed(),
+            ok,
+        });
+    }
+    let direct = Phase::new(&direct, Instant::now(), cpu);
+    rss.push(("after lone client", rss_kib()));
+
+    // 3. Fixed rate, open loop: latency counts from the scheduled send time,
+    // so a stall delays (and is charged to) every request scheduled behind it.
+    let total = (args.rate * args.rate_secs) as usize;
+    let gap = Duration::from_secs_f64(1.0 / args.rate as f64);
+    let (started, cpu) = (Instant::now(), cpu_time());
+    let mut flights = Vec::with_capacity(total);
+    for i in 0..total {
+        let due = started + gap.mul_f64(i as f64);
+        tokio::time::sleep_until(due.into()).await;
+        let bench = bench.clone();
+        flights.push(tokio::spawn(async move {
+            let ok = bench
+                .submit(&format!("rate-{i}"), StatusCode::CREATED)
+                .await;
+            Sample {
+                done: Instant::now(),
+                latency: due.elapsed(),
+                ok,
+            }
+        }));
+    }
+    let mut fixed = Vec::with_capacity(total);
+    for flight in flights {
+        fixed.push(flight.await?);
+    }
+    let fixed = Phase::new(&fixed, started, cpu);
+    rss.push(("after fixed rate", rss_kib()));
+
+    // 4. Replays of finished jobs (same key, same body), closed loop.
+    let replay_until = Instant::now() + Duration::from_secs(args.replay_secs);
+    let run = Arc::new(AtomicUsize::new(0));
+    let (started, cpu) = (Instant::now(), cpu_time());
+    let replayed = args.jobs.max(1);
+    let samples = closed_loop(&bench, args.concurrency, move || {
+        let i = run.fetch_add(1, Ordering::Relaxed);
+        (Instant::now() < replay_until).then(|| (format!("bench-{}", i % replayed), StatusCode::OK))
+    })
+    .await;
+    let replays = Phase::new(&samples, started, cpu);
+    rss.push(("after replays", rss_kib()));
+
+    let _ = stop.send(());
+    server.await??;
+    if let Some(pg) = fresh_pg {
+        pg.drop_database().await;
+    }
+
+    println!();
+    println!(
+        "{:<34} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}  target",
+        "phase", "rate/s", "p50 ms", "p99 ms", "max ms", "failed", "cpu µs"
+    );
+    throughput.row(
+        &format!("jobs to completion (C={})", args.concurrency),
+        "≥ 6,000 jobs/s",
+    );
+    lone.row("lone client, through onejob", "");
+    direct.row("lone client, simulator directly", "");
+    let added_p99 = lone.p99.saturating_sub(direct.p99);
+    println!(
+        "{:<34} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}  ≤ 1 ms added p99",
+        "  onejob's added latency",
+        "",
+        ms(lone.p50.saturating_sub(direct.p50)),
+        ms(added_p99),
+        "",
+        "",
+        ""
+    );
+    fixed.row(
+        &format!("fixed rate {}/s for {} s", args.rate, args.rate_secs),
+        "≤ 2 ms p99",
+    );
+    replays.row(
+        &format!("idempotent replays (C={})", args.concurrency),
+        "≥ 20,000 req/s",
+    );
+    println!();
+    println!("cpu µs: this process's CPU time per request (client, server and simulator together)");
+    println!("resident memory (VmRSS; the in-process simulator keeps every answer in its ledger):");
+    for (when, kib) in rss {
+        println!("  {when:<28} {:>8.1} MiB", kib as f64 / 1024.0);
+    }
+    Ok(())
+}
+
+/// Run `concurrency` clients, each taking the next (key, expected status)
+/// from `next` until it says stop; every request is one sample.
+async fn closed_loop(
+    bench: &Arc<Bench>,
+    concurrency: usize,
+    next: impl Fn() -> Option<(String, StatusCode)> + Send + Sync + 'static,
+) -> Vec<Sample> {
+    let next = Arc::new(next);
+    let clients: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (bench, next) = (bench.clone(), next.clone());
+            tokio::spawn(async move {
+                let mut samples = Vec::new();
+                while let Some((key, expect)) = next() {
+                    let t = Instant::now();
+                    let ok = bench.submit(&key, expect).await;
+                    samples.push(Sample {
+                        done: Instant::now(),
+                        latency: t.elapsed(),
+                        ok,
+                    });
+                }
+                samples
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for client in clients {
+        if let Ok(samples) = client.await {
+            all.extend(samples);
+        }
+    }
+    all
+}
+
+/// A phase's numbers: rate over the wall time from its start to its last answer.
+struct Phase {
+    rate: f64,
+    /// This process's CPU time (all threads: client, server, simulator) per request.
+    cpu_per_request: Duration,
+    p50: Duration,
+    p99: Duration,
+    max: Duration,
+    failed: usize,
+    count: usize,
+}
+
+impl Phase {
+    fn new(samples: &[Sample], started: Instant, cpu_before: Duration) -> Phase {
+        let mut latencies: Vec<Duration> = samples.iter().map(|s| s.latency).collect();
+        latencies.sort_unstable();
+        let pick = |q: f64| {
+            let n = latencies.len();
+            if n == 0 {
+                return Duration::ZERO;
+            }
+            latencies[((q * n as f64).ceil() as usize).clamp(1, n) - 1]
+        };
+        let last = samples.iter().map(|s| s.done).max().unwrap_or(started);
+        let wall = last.saturating_duration_since(started).as_secs_f64();
+        Phase {
+            rate: if wall > 0.0 {
+                samples.len() as f64 / wall
+            } else {
+                0.0
+            },
+            cpu_per_request: cpu_time()
+                .saturating_sub(cpu_before)
+                .checked_div(samples.len().max(1) as u32)
+                .unwrap_or_default(),
+            p50: pick(0.50),
+            p99: pick(0.99),
+            max: latencies.last().copied().unwrap_or_default(),
+            failed: samples.iter().filter(|s| !s.ok).count(),
+            count: samples.len(),
+        }
+    }
+
+    fn row(&self, name: &str, target: &str) {
+        let rate = if name.starts_with("lone") {
+            String::new()
+        } else {
+            format!("{:.0}", self.rate)
+        };
+        println!(
+            "{:<34} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8.0}  {target}",
+            name,
+            rate,
+            ms(self.p50),
+            ms(self.p99),
+            ms(self.max),
+            format!("{}/{}", self.failed, self.count),
+            self.cpu_per_request.as_secs_f64() * 1e6,
+        );
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1e3)
+}
+
+/// CPU time this process has used (user + system, all threads), from
+/// /proc/self/stat in clock ticks (assumed 100 per second, as on Linux).
+fn cpu_time() -> Duration {
+    let ticks = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| {
+            // Fields after the command name, which is in parentheses.
+            let rest = stat.rsplit_once(')')?.1;
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let utime: u64 = fields.get(11)?.parse().ok()?;
+            let stime: u64 = fields.get(12)?.parse().ok()?;
+            Some(utime + stime)
+        })
+        .unwrap_or(0);
+    Duration::from_millis(ticks * 10)
+}
+
+/// This process's resident set, in KiB (0 where /proc is not there).
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// A database of its own on the given PostgreSQL server.
+struct FreshPostgres {
+    admin: String,
+    name: String,
+    url: String,
+}
+
+impl FreshPostgres {
+    async fn create(admin: &str) -> anyhow::Result<Self> {
+        use sqlx::Connection;
+        let name = format!("onejob_bench_{}", uuid::Uuid::new_v4().simple());
+        let mut conn = sqlx::PgConnection::connect(admin).await?;
+        // A generated identifier of [a-z0-9_]; CREATE DATABASE takes no bind parameters.
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&mut conn)
+            .await?;
+        conn.close().await?;
+        let base = admin.rsplit_once('/').map_or(admin, |(b, _)| b);
+        Ok(FreshPostgres {
+            admin: admin.to_string(),
+            url: format!("{base}/{name}"),
+            name,
+        })
+    }
+
+    async fn drop_database(self) {
+        use sqlx::Connection;
+        let dropped = async {
+            let mut conn = sqlx::PgConnection::connect(&self.admin).await?;
+            sqlx::query(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ))
+            .execute(&mut conn)
+            .await?;
+            conn.close().await
+        };
+        if let Err(e) = dropped.await {
+            eprintln!("could not drop the benchmark database {}: {e}", self.name);
+        }
+    }
+}

@@ -52,6 +52,9 @@ pub struct EngineConfig {
     pub reconcile_min_age_ms: u64,
     /// Jobs driven at once by this process.
     pub max_concurrent_jobs: usize,
+    /// Added to a route's silence_ms + attempt_timeout_ms to make a job's
+    /// lease: how long a crashed process's jobs wait before another takes them.
+    pub lease_margin_ms: u64,
     /// How long a losing attempt still in flight after another won may
     /// finish (its usage is then recorded) before its request is dropped.
     pub loser_grace_ms: u64,
@@ -70,6 +73,7 @@ impl Default for EngineConfig {
             reconcile_interval_ms: 1_000,
             reconcile_min_age_ms: 2_000,
             max_concurrent_jobs: 4_096,
+            lease_margin_ms: 5_000,
             loser_grace_ms: 1_000,
             breaker_threshold: 5,
             breaker_open_ms: 5_000,

@@ -23,6 +23,7 @@ on_both_backends!(
     a_disabled_provider_is_never_chosen,
     the_breaker_sends_first_attempts_elsewhere_until_the_primary_recovers,
     a_provider_whose_window_cannot_hold_the_prompt_is_skipped,
+    attempts_no_process_drives_are_recovered,
 );
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -623,6 +624,126 @@ async fn a_provider_whose_window_cannot_hold_the_prompt_is_skipped(backend: Back
             .unwrap()
             .contains("context_window"),
         "{job}"
+    );
+    world.stop().await;
+}
+
+/// What a process that died mid-attempt leaves behind, made through the store.
+async fn orphaned_attempt(
+    world: &common::world::World,
+    key: &str,
+    finished: bool,
+) -> (String, String) {
+    use onejob::clock::{Clock, SystemClock};
+    use onejob::domain::attempt::NewAttempt;
+    use onejob::domain::job::NewJob;
+    use onejob::domain::{new_id, AttemptKind};
+    use onejob::store::{AttemptEnd, FinishAttempt, JobTransition};
+    let now = SystemClock.now_ms();
+    let request =
+        r#"{"messages":[{"content":"orphan","role":"user"}],"params":{},"route":"default"}"#;
+    let job = NewJob {
+        id: new_id(),
+        owner_id: "alice".into(),
+        idempotency_key: key.into(),
+        fingerprint: "f".into(),
+        request: request.into(),
+        route: "default".into(),
+        created_at: now - 10_000,
+        // Held by a process that is gone; it runs out soon after the setup.
+        lease: Some(("dead-process".into(), now + 1_500)),
+    };
+    let job_id = job.id.clone();
+    world.store.create_job(job).await.unwrap();
+    let attempt = |kind| NewAttempt {
+        id: new_id(),
+        job_id: job_id.clone(),
+        provider: "primary".into(),
+        kind,
+        max_hedges: 1,
+        started_at: now - 5_000,
+    };
+    let orphan = world
+        .store
+        .start_attempt(attempt(AttemptKind::Primary))
+        .await
+        .unwrap()
+        .unwrap();
+    if finished {
+        // Another attempt won; the orphan was a loser in its grace period.
+        let hedge = world
+            .store
+            .start_attempt(attempt(AttemptKind::Hedge))
+            .await
+            .unwrap()
+            .unwrap();
+        let won = AttemptEnd::Succeeded {
+            output: "\"done\"".into(),
+            usage: None,
+            provider_request_id: None,
+        };
+        let finish = FinishAttempt {
+            attempt_id: hedge.id,
+            end: won,
+            at: now - 4_000,
+            actor: "engine".into(),
+        };
+        world.store.finish_attempt(finish).await.unwrap();
+    } else {
+        // Parked while its attempt was live (a lost write left it `started`).
+        assert!(world
+            .store
+            .transition_job(&job_id, None, JobTransition::BlockOnUnknown, now - 4_000)
+            .await
+            .unwrap());
+    }
+    (job_id, orphan.id)
+}
+
+async fn attempts_no_process_drives_are_recovered(backend: Backend) {
+    let providers = [ProviderSpec {
+        name: "primary",
+        model: "healthy",
+    }];
+    let mut r = route("primary", &[]);
+    r.silence_ms = 100;
+    r.attempt_timeout_ms = 300;
+    let world = start_world(backend, &providers, r, |c| c.engine.lease_margin_ms = 200).await;
+    let (parked, parked_attempt) = orphaned_attempt(&world, "orphan-parked", false).await;
+    let (finished, finished_attempt) = orphaned_attempt(&world, "orphan-finished", true).await;
+
+    // Unknown (it may have reached the provider), reconciled (it did not), retried.
+    let (job, attempts) = world
+        .until(&parked, WAIT, |j, _| state(j) == "succeeded")
+        .await;
+    assert_eq!(attempts[0]["id"], parked_attempt.as_str());
+    assert_eq!(
+        (
+            attempts[0]["state"].as_str(),
+            attempts[0]["error_kind"].as_str()
+        ),
+        (Some("failed"), Some("not_executed"))
+    );
+    assert_eq!(job["completed_by"], attempts[1]["id"]);
+    let kinds: Vec<String> = world
+        .store
+        .list_events(&parked)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert!(kinds.contains(&"attempt_unknown".to_string()), "{kinds:?}");
+
+    // On a finished job it is abandoned; the job's result is untouched.
+    let (job, attempts) = world
+        .until(&finished, WAIT, |_, a| a[0]["state"] == "discarded")
+        .await;
+    assert_eq!(attempts[0]["id"], finished_attempt.as_str());
+    assert_eq!(attempts[0]["error_kind"], "abandoned");
+    assert_eq!(
+        (job["result"].as_str(), job["version"].as_i64()),
+        (Some("done"), Some(1))
     );
     world.stop().await;
 }

@@ -3,7 +3,7 @@
 //! outcome, fails for good, or goes to review.
 
 use super::plan::JobPlan;
-use super::{lease_ms, Inner};
+use super::Inner;
 use crate::config::RouteConfig;
 use crate::domain::attempt::NewAttempt;
 use crate::domain::retry::backoff;
@@ -41,7 +41,7 @@ async fn still_ours(inner: &Inner, job: &Job) -> bool {
         return true;
     };
     let now = inner.clock.now_ms();
-    let lease = lease_ms(route);
+    let lease = inner.lease_ms(route);
     if job.lease_until.is_some_and(|until| until - now > lease / 2) {
         return true;
     }
@@ -203,7 +203,7 @@ async fn drive(inner: &Arc<Inner>, mut job: Job) {
                 let next_run_at = inner.clock.now_ms() + wait.as_millis() as Millis;
                 let scheduled = JobTransition::Backoff {
                     next_run_at,
-                    lease_until: next_run_at + lease_ms(&route),
+                    lease_until: next_run_at + inner.lease_ms(&route),
                     reason,
                 };
                 if !transition(job.id.clone(), scheduled).await {

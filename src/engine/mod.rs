@@ -109,7 +109,10 @@ impl Engine {
     /// The lease a job created here is taken with, so that create and claim
     /// are one commit and the job needs no dispatcher round trip.
     pub fn lease_for_new_job(&self, route: &RouteConfig, now: Millis) -> (String, Millis) {
-        (self.inner.instance.clone(), now + lease_ms(route))
+        (
+            self.inner.instance.clone(),
+            now + self.inner.lease_ms(route),
+        )
     }
 
     /// Drive a job this process has just created (and holds the lease of).
@@ -232,12 +235,23 @@ fn settled(job: &Job) -> bool {
         || (job.state == JobState::Running && job.next_run_at.is_none())
 }
 
-/// How long a lease must last for one round of attempts on `route`.
-pub(crate) fn lease_ms(route: &RouteConfig) -> Millis {
-    (route.silence_ms + route.attempt_timeout_ms + 5_000) as Millis
-}
-
 impl Inner {
+    /// How long a lease must last for one round of attempts on `route`: the
+    /// hedge's silence, an attempt's timeout, and `lease_margin_ms`.
+    pub(crate) fn lease_ms(&self, route: &RouteConfig) -> Millis {
+        (route.silence_ms + route.attempt_timeout_ms + self.config.engine.lease_margin_ms) as Millis
+    }
+
+    /// The longest lease of any route.
+    pub(crate) fn longest_lease_ms(&self) -> Millis {
+        self.config
+            .routes
+            .values()
+            .map(|r| self.lease_ms(r))
+            .max()
+            .unwrap_or(60_000)
+    }
+
     pub(crate) fn notify(&self, job_id: &str) {
         let waiting = self.waiters.lock().ok().and_then(|mut w| w.remove(job_id));
         for tx in waiting.into_iter().flatten() {
@@ -279,13 +293,7 @@ impl Inner {
 /// process that died, jobs created while the engine was busy.
 async fn dispatch_loop(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
     let interval = Duration::from_millis(inner.config.engine.poll_interval_ms.max(1));
-    let lease = inner
-        .config
-        .routes
-        .values()
-        .map(lease_ms)
-        .max()
-        .unwrap_or(60_000);
+    let lease = inner.longest_lease_ms();
     loop {
         if *stop.borrow() {
             return;

@@ -32,8 +32,10 @@ pub(crate) async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
     }
 }
 
-/// One pass over the unknown attempts old enough to ask about.
+/// One pass: first attempts left `started` by a driver that stopped, then the
+/// unknown attempts old enough to ask about.
 pub(crate) async fn reconcile_once(inner: &Arc<Inner>) -> Result<(), crate::store::StoreError> {
+    sweep_stale_started(inner).await?;
     let now = inner.clock.now_ms();
     let min_age = inner.config.engine.reconcile_min_age_ms as i64;
     for attempt in inner.store.list_unknown_attempts(BATCH).await? {
@@ -41,6 +43,52 @@ pub(crate) async fn reconcile_once(inner: &Arc<Inner>) -> Result<(), crate::stor
             continue;
         }
         reconcile(inner, &attempt).await?;
+    }
+    Ok(())
+}
+
+/// An attempt still `started` after every lease would have run out has no
+/// driver: the process that made it stopped (or lost a database write). On a
+/// finished job it is abandoned; otherwise it becomes `unknown` (it may have
+/// reached the provider) and is reconciled like any other.
+async fn sweep_stale_started(inner: &Arc<Inner>) -> Result<(), crate::store::StoreError> {
+    let now = inner.clock.now_ms();
+    let longest_lease = inner.longest_lease_ms();
+    for attempt in inner
+        .store
+        .list_stale_started(now - longest_lease, BATCH)
+        .await?
+    {
+        let Some(job) = inner.store.get_job(&attempt.job_id).await? else {
+            continue;
+        };
+        if job.lease_until.is_some_and(|until| until >= now) {
+            continue; // someone holds the job and will deal with it
+        }
+        let end = if job.state.is_final() {
+            AttemptEnd::Abandoned {
+                reason: "its driver stopped after the job had finished".to_string(),
+            }
+        } else {
+            AttemptEnd::Unknown {
+                error_kind: "driver_lost".to_string(),
+                message:
+                    "no process drives this attempt any more; it may have reached the provider"
+                        .to_string(),
+            }
+        };
+        let finish = FinishAttempt {
+            attempt_id: attempt.id.clone(),
+            end,
+            at: now,
+            actor: "reconciler".to_string(),
+        };
+        match inner.store.finish_attempt(finish).await {
+            Ok(_) => {
+                tracing::warn!(attempt_id = %attempt.id, job_id = %job.id, "recovered an attempt with no driver")
+            }
+            Err(e) => tracing::debug!(error = %e, "stale attempt already settled"),
+        }
     }
     Ok(())
 }

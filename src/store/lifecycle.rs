@@ -182,6 +182,23 @@ macro_rules! lifecycle_ops {
             rows.into_iter().map(Attempt::try_from).collect()
         }
 
+        pub(crate) async fn list_stale_started(
+            conn: &mut $conn,
+            started_before: Millis,
+            limit: i64,
+        ) -> Result<Vec<Attempt>, StoreError> {
+            let rows: Vec<AttemptRow> = sqlx::query_as(concat!(
+                "SELECT ",
+                attempt_columns!(),
+                " FROM attempts WHERE state = 'started' AND started_at < $1 ORDER BY started_at LIMIT $2"
+            ))
+            .bind(started_before)
+            .bind(limit)
+            .fetch_all(&mut *conn)
+            .await?;
+            rows.into_iter().map(Attempt::try_from).collect()
+        }
+
         async fn locked_job(conn: &mut $conn, job_id: &str) -> Result<Option<Job>, StoreError> {
             let row: Option<JobRow> =
                 sqlx::query_as(concat!("SELECT ", job_columns!(), " FROM jobs WHERE id = $1", $for_update))

@@ -288,6 +288,14 @@ pub trait Store: Send + Sync + 'static {
 
     async fn list_unknown_attempts(&self, limit: i64) -> Result<Vec<Attempt>, StoreError>;
 
+    /// Attempts still `started` that began before `started_before`: older
+    /// than any lease, so no live driver can be waiting on them.
+    async fn list_stale_started(
+        &self,
+        started_before: Millis,
+        limit: i64,
+    ) -> Result<Vec<Attempt>, StoreError>;
+
     // User and admin decisions; each bumps the version where it ends the job.
 
     async fn cancel_job(

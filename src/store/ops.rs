@@ -222,7 +222,8 @@ macro_rules! store_ops {
                     // Invariant 5: exactly one winner.
                     let won = sqlx::query(
                         "UPDATE jobs SET state = 'succeeded', result = $3, completed_by = $4, \
-                         version = version + 1, last_error = NULL, updated_at = $5 \
+                         version = version + 1, last_error = NULL, updated_at = $5, \
+                         next_run_at = NULL, lease_owner = NULL, lease_until = NULL \
                          WHERE id = $1 AND version = $2 AND completed_by IS NULL",
                     )
                     .bind(&job_id)

@@ -180,6 +180,14 @@ impl Store for PgStore {
         ops::wake_job(&mut *self.pool.acquire().await?, job_id, at).await
     }
 
+    async fn list_stale_started(
+        &self,
+        started_before: Millis,
+        limit: i64,
+    ) -> Result<Vec<Attempt>, StoreError> {
+        ops::list_stale_started(&mut *self.pool.acquire().await?, started_before, limit).await
+    }
+
     async fn list_unknown_attempts(&self, limit: i64) -> Result<Vec<Attempt>, StoreError> {
         ops::list_unknown_attempts(&mut *self.pool.acquire().await?, limit).await
     }

@@ -396,6 +396,14 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn list_stale_started(
+        &self,
+        started_before: Millis,
+        limit: i64,
+    ) -> Result<Vec<Attempt>, StoreError> {
+        ops::list_stale_started(&mut *self.read.get().await?, started_before, limit).await
+    }
+
     async fn list_unknown_attempts(&self, limit: i64) -> Result<Vec<Attempt>, StoreError> {
         ops::list_unknown_attempts(&mut *self.read.get().await?, limit).await
     }

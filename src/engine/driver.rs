@@ -22,15 +22,30 @@ pub(crate) fn spawn(inner: Arc<Inner>, job: Job) {
         return;
     }
     tokio::spawn(async move {
-        let job_id = job.id.clone();
+        let _driving = Driving {
+            inner: inner.clone(),
+            job_id: job.id.clone(),
+        };
         if let Ok(_permit) = inner.slots.acquire().await {
             if still_ours(&inner, &job).await {
                 drive(&inner, job).await;
             }
         }
-        inner.end_driving(&job_id);
-        inner.notify(&job_id);
     });
+}
+
+/// Marks the end of driving a job however the task ends (even by a panic),
+/// so the dispatcher may take the job again and waiters hear of it.
+struct Driving {
+    inner: Arc<Inner>,
+    job_id: String,
+}
+
+impl Drop for Driving {
+    fn drop(&mut self) {
+        self.inner.end_driving(&self.job_id);
+        self.inner.notify(&self.job_id);
+    }
 }
 
 /// A job that waited for a free slot may have outlived its lease; renew it

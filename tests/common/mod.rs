@@ -3,7 +3,6 @@
 //! `ONEJOB_TEST_POSTGRES_URL` points at).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
-use onejob::app::Application;
 use onejob::clock::SystemClock;
 use onejob::config::{Config, DatabaseUrl, Overrides};
 use onejob::store::{self, Store};
@@ -138,18 +137,7 @@ pub async fn spawn_app(backend: Backend) -> TestApp {
     let db = TestDb::new(backend).await;
     let config = test_config(&db);
     let store = db.store().await;
-    let app = Application::with_store(config, store.clone(), Arc::new(SystemClock))
-        .await
-        .unwrap();
-    let address = format!("http://{}", app.local_addr());
-    let (tx, rx) = oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        app.run_until_stopped(async {
-            let _ = rx.await;
-        })
-        .await
-        .unwrap();
-    });
+    let (address, tx, server) = world::serve(config, store.clone()).await;
     let key = onejob::keys::create_key(store.as_ref(), &SystemClock, "alice", false)
         .await
         .unwrap();

@@ -122,7 +122,9 @@ pub async fn start_world(
     }
 }
 
-async fn serve(
+/// A server (with its engine, if the config enables it) on the config's
+/// address; its address, a stop switch and the task to await after stopping.
+pub async fn serve(
     config: Config,
     store: Arc<dyn Store>,
 ) -> (String, oneshot::Sender<()>, tokio::task::JoinHandle<()>) {

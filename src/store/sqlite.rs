@@ -223,10 +223,22 @@ async fn commit_batch(conn: &mut SqliteConnection, batch: &mut Vec<WriteFn>) {
         return;
     }
     let mut delivers = Vec::with_capacity(batch.len());
-    for op in batch.drain(..) {
-        delivers.push(run_in_savepoint(conn, op).await);
+    // A lone write (the common case under light load) needs no savepoint:
+    // the transaction is its own, and a failure rolls it back whole.
+    let mut lone_write_failed = false;
+    if batch.len() == 1 {
+        for op in batch.drain(..) {
+            let (ok, deliver) = op(Ok(&mut *conn)).await;
+            lone_write_failed = !ok;
+            delivers.push(deliver);
+        }
+    } else {
+        for op in batch.drain(..) {
+            delivers.push(run_in_savepoint(conn, op).await);
+        }
     }
-    let commit = match sqlx::query("COMMIT").execute(&mut *conn).await {
+    let end = if lone_write_failed { "ROLLBACK" } else { "COMMIT" };
+    let commit = match sqlx::query(end).execute(&mut *conn).await {
         Ok(_) => Ok(()),
         Err(e) => {
             tracing::error!(error = %e, "sqlite writer commit failed; the batch is rolled back");

@@ -237,7 +237,11 @@ async fn commit_batch(conn: &mut SqliteConnection, batch: &mut Vec<WriteFn>) {
             delivers.push(run_in_savepoint(conn, op).await);
         }
     }
-    let end = if lone_write_failed { "ROLLBACK" } else { "COMMIT" };
+    let end = if lone_write_failed {
+        "ROLLBACK"
+    } else {
+        "COMMIT"
+    };
     let commit = match sqlx::query(end).execute(&mut *conn).await {
         Ok(_) => Ok(()),
         Err(e) => {

@@ -1,7 +1,7 @@
 //! What the `onejob` commands do; `main.rs` only parses and dispatches here.
 
 use crate::app::{shutdown_signal, Application};
-use crate::clock::{Clock, SystemClock};
+use crate::clock::SystemClock;
 use crate::config::{Config, Overrides};
 use crate::http::views::{AttemptView, JobView};
 use crate::store::{self, Store};
@@ -110,11 +110,6 @@ async fn show_job_in(store: &dyn Store, id: &str, attempts: bool) -> anyhow::Res
     };
     println!("{text}");
     Ok(())
-}
-
-/// Used by commands that need the time of day.
-pub fn clock() -> Arc<dyn Clock> {
-    Arc::new(SystemClock)
 }
 
 /// What `onejob contracts run` writes besides the table on stdout.

@@ -167,6 +167,26 @@ async fn disabling_with_a_reason_shows_who_and_why_and_is_audited(backend: Backe
         .await
         .unwrap();
     assert!(other["audit"].as_array().unwrap().is_empty(), "{other}");
+
+    let newest: Value = app
+        .get(&admin, "/v1/admin/providers/sim/audit?limit=1")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(newest["audit"].as_array().unwrap().len(), 1, "{newest}");
+    assert_eq!(newest["audit"][0]["reason"], "fixed upstream");
+    for bad in ["0", "lots", "-3"] {
+        let response = app
+            .get(
+                &admin,
+                &format!("/v1/admin/providers/sim/audit?limit={bad}"),
+            )
+            .await;
+        assert_eq!(response.status(), 422, "limit={bad}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "invalid_request");
+    }
     app.stop().await;
 }
 

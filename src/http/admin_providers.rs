@@ -244,9 +244,10 @@ async fn switch(
     Ok(Json(view(&state, &name)?))
 }
 
+/// `?limit=N`, read by hand so a bad value gets our JSON error shape.
 #[derive(Debug, Deserialize)]
 pub struct AuditQuery {
-    limit: Option<i64>,
+    limit: Option<String>,
 }
 
 /// `GET /v1/admin/providers/{name}/audit`: newest first.
@@ -259,7 +260,15 @@ pub async fn audit(
     if state.providers.get(&name).is_none() {
         return Err(ApiError::NotFound("provider"));
     }
-    let limit = query.limit.unwrap_or(100).clamp(1, MAX_AUDIT);
+    let limit = match query.limit.as_deref().map(str::parse::<i64>) {
+        None => 100,
+        Some(Ok(n)) if n >= 1 => n.min(MAX_AUDIT),
+        Some(_) => {
+            return Err(ApiError::InvalidRequest(format!(
+                "limit: a whole number from 1 to {MAX_AUDIT}"
+            )))
+        }
+    };
     let entries: Vec<AuditView> = state
         .store
         .provider_audit(Some(&name), limit)

@@ -12,6 +12,7 @@ mod driver;
 pub mod gate;
 pub mod plan;
 mod reconciler;
+mod routing;
 
 use crate::clock::Clock;
 use crate::config::{Config, RouteConfig};

@@ -121,17 +121,7 @@ pub fn message_to_success(
         .filter(|b| b["type"] == "text")
         .filter_map(|b| b["text"].as_str())
         .collect();
-    let usage = &message["usage"];
-    let usage = match (
-        usage["input_tokens"].as_u64(),
-        usage["output_tokens"].as_u64(),
-    ) {
-        (Some(i), Some(o)) => Some(Usage {
-            prompt_tokens: u32::try_from(i).unwrap_or(u32::MAX),
-            completion_tokens: u32::try_from(o).unwrap_or(u32::MAX),
-        }),
-        _ => None,
-    };
+    let usage = Usage::from_wire(&message["usage"], "input_tokens", "output_tokens");
     Ok(Ok(Success {
         output,
         usage,

@@ -47,6 +47,23 @@ pub struct Usage {
     pub completion_tokens: u32,
 }
 
+impl Usage {
+    /// Token counts from a provider's usage object, given the names its wire
+    /// format uses (`prompt_tokens`/`completion_tokens` for OpenAI,
+    /// `input_tokens`/`output_tokens` for Anthropic); `None` when absent.
+    pub fn from_wire(usage: &serde_json::Value, prompt: &str, completion: &str) -> Option<Usage> {
+        let count = |field: &str| {
+            usage[field]
+                .as_u64()
+                .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
+        };
+        Some(Usage {
+            prompt_tokens: count(prompt)?,
+            completion_tokens: count(completion)?,
+        })
+    }
+}
+
 /// A provider's successful answer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Success {

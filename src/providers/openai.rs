@@ -163,17 +163,7 @@ pub fn completion_to_success(
         .as_str()
         .ok_or("choices[0].message.content is missing")?
         .to_string();
-    let usage = &completion["usage"];
-    let usage = match (
-        usage["prompt_tokens"].as_u64(),
-        usage["completion_tokens"].as_u64(),
-    ) {
-        (Some(p), Some(c)) => Some(Usage {
-            prompt_tokens: u32::try_from(p).unwrap_or(u32::MAX),
-            completion_tokens: u32::try_from(c).unwrap_or(u32::MAX),
-        }),
-        _ => None,
-    };
+    let usage = Usage::from_wire(&completion["usage"], "prompt_tokens", "completion_tokens");
     Ok(Ok(Success {
         output,
         usage,

@@ -90,3 +90,62 @@ fn shipped_provider_files_load_and_differ_in_digest() {
     assert_ne!(sim.digest(), backup.digest());
     assert_eq!(sim.digest().len(), 64);
 }
+
+const PASTED_SECRET: &str = "sk-live-PASTED0123456789abcdef";
+
+#[test]
+fn a_secret_pasted_into_a_provider_file_is_never_printed_back() {
+    let cases = [
+        // Where the variable name belongs.
+        VALID.replace("ONEJOB_TEST_SURELY_UNSET_KEY", PASTED_SECRET),
+        // Under a field that does not exist.
+        format!("{VALID}api_key = \"{PASTED_SECRET}\"\n"),
+        // As the value of a field of another type.
+        VALID.replace("8192", &format!("\"{PASTED_SECRET}\"")),
+        // As a URL.
+        VALID.replace("http://127.0.0.1:9", PASTED_SECRET),
+        // As a key name, bare.
+        format!("{VALID}{PASTED_SECRET}\n"),
+    ];
+    for (i, text) in cases.iter().enumerate() {
+        let err = ProviderConfig::parse(text, Path::new("providers/leaky.toml")).unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.contains("providers/leaky.toml"),
+            "case {i}: {message}"
+        );
+        assert!(
+            !message.contains(PASTED_SECRET),
+            "case {i} leaks: {message}"
+        );
+        assert!(
+            !message.contains("PASTED"),
+            "case {i} leaks a part: {message}"
+        );
+    }
+    let err = ProviderConfig::parse(&cases[0], Path::new("p.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("api_key_env") && err.contains("NAME"), "{err}");
+    let err = ProviderConfig::parse(&cases[1], Path::new("p.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("line 7") && err.contains("`api_key`"), "{err}");
+    let err = ProviderConfig::parse(&cases[2], Path::new("p.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("context_window"), "{err}");
+}
+
+#[test]
+fn api_key_env_must_be_a_variable_name() {
+    for bad in ["1KEY", "MY-KEY", "MY KEY", "K=V", "", "sk-abc"] {
+        let text = VALID.replace("ONEJOB_TEST_SURELY_UNSET_KEY", bad);
+        let err = ProviderConfig::parse(&text, Path::new("p.toml"));
+        assert!(err.is_err(), "{bad:?} accepted");
+    }
+    for good in ["OPENAI_API_KEY", "_K", "k2"] {
+        let text = VALID.replace("ONEJOB_TEST_SURELY_UNSET_KEY", good);
+        ProviderConfig::parse(&text, Path::new("p.toml")).unwrap();
+    }
+}

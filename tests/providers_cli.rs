@@ -214,6 +214,30 @@ fn providers_list_names_the_bad_file_and_line() {
 }
 
 #[test]
+fn serve_validate_never_prints_a_secret_pasted_into_a_provider_file() {
+    let secret = "sk-proj-CLIPASTED9f8e7d6c5b4a";
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_with_bad_provider(dir.path());
+    let providers = dir.path().join("providers");
+    let good = std::fs::read_to_string(providers.join("good.toml")).unwrap();
+    for (file, body) in [
+        ("broken.toml", format!("{good}api_key = \"{secret}\"\n")),
+        (
+            "broken.toml",
+            good.replace("kind = \"sim\"", "kind = \"openai\"")
+                + &format!("api_key_env = \"{secret}\"\n"),
+        ),
+    ] {
+        std::fs::write(providers.join(file), &body).unwrap();
+        let output = onejob(&["serve", "--validate", "--config", &config]);
+        assert!(!output.status.success(), "{}", text(&output));
+        let all = text(&output);
+        assert!(all.contains("broken.toml"), "{all}");
+        assert!(!all.contains(secret), "the secret is printed: {all}");
+    }
+}
+
+#[test]
 fn serve_validate_names_the_bad_file_and_line() {
     let dir = tempfile::tempdir().unwrap();
     let config = config_with_bad_provider(dir.path());

@@ -95,6 +95,29 @@ async fn dropped_response_is_unknown_executed_once_and_replayed_by_key() {
 }
 
 #[tokio::test]
+async fn lookup_none_means_cannot_tell_for_the_simulator_too() {
+    let sim = SimServer::start("127.0.0.1:0").await.unwrap();
+    let ledger = sim_provider(&sim, "drop_response", "");
+    let text = format!(
+        "kind = \"sim\"\nbase_url = \"{}\"\nmodel = \"drop_response\"\ntokenizer = \"o200k_base\"\n\
+         context_window = 16384\nlookup = \"none\"\n",
+        sim.base_url()
+    );
+    let config = ProviderConfig::parse(&text, Path::new("providers/blind.toml")).unwrap();
+    let blind = build_provider("blind", &config).unwrap();
+    let outcome = blind.call(&prompt("win a prize now", "job-blind")).await;
+    assert!(matches!(&outcome, CallOutcome::Unknown(_)), "{outcome:?}");
+    assert_eq!(sim.ledger().executions("job-blind"), 1);
+    // The ledger holds the answer, yet a provider configured without lookup cannot tell.
+    assert!(matches!(ledger.lookup("job-blind").await, Lookup::Found(_)));
+    assert!(
+        matches!(blind.lookup("job-blind").await, Lookup::CannotTell(_)),
+        "lookup = \"none\" must not read the ledger"
+    );
+    sim.shutdown().await.unwrap();
+}
+
+#[tokio::test]
 async fn never_executed_key_is_not_found_and_failures_execute_nothing() {
     let sim = SimServer::start("127.0.0.1:0").await.unwrap();
     let provider = sim_provider(&sim, "fail:503", "");

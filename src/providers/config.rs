@@ -221,14 +221,24 @@ impl ProviderConfig {
     pub fn parse(text: &str, path: &Path) -> Result<Self, ProviderConfigError> {
         let mut config: ProviderConfig = toml::from_str(text).map_err(|e| {
             let start = e.span().map_or(0, |span| span.start.min(text.len()));
+            let start = (0..=start)
+                .rev()
+                .find(|i| text.is_char_boundary(*i))
+                .unwrap_or(0);
             let line = text[..start].matches('\n').count() + 1;
-            // The offending line names the field even when toml's message
-            // (e.g. "invalid type: string, expected u32") does not.
-            let source_line = text.lines().nth(line - 1).unwrap_or("").trim();
+            // The field is named from the offending line's key, even when
+            // toml's message (e.g. "invalid type: string, expected u32")
+            // does not name it. Never the line itself, nor a quoted value:
+            // a secret pasted into the file would be printed back.
+            let source_line = text.lines().nth(line - 1).unwrap_or("");
+            let message = redact_values(e.message().trim());
             ProviderConfigError::Parse {
                 path: path.to_path_buf(),
                 line,
-                message: format!("`{source_line}`: {}", e.message().trim()),
+                message: match field_of_line(source_line) {
+                    Some(field) => format!("field `{field}`: {message}"),
+                    None => message,
+                },
             }
         })?;
         config.source = path.to_path_buf();
@@ -245,9 +255,8 @@ impl ProviderConfig {
     }
 
     fn validate(&self) -> Result<(), ProviderConfigError> {
-        let url = reqwest::Url::parse(&self.base_url).map_err(|e| {
-            self.invalid("base_url", format!("{:?} is not a URL: {e}", self.base_url))
-        })?;
+        let url = reqwest::Url::parse(&self.base_url)
+            .map_err(|e| self.invalid("base_url", format!("not a URL: {e}")))?;
         if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
             return Err(self.invalid("base_url", "must be an http(s) URL with a host"));
         }
@@ -255,11 +264,13 @@ impl ProviderConfig {
             return Err(self.invalid("model", "must not be empty"));
         }
         match (&self.api_key_env, self.kind) {
-            (Some(var), _) if var.trim().is_empty() || var.contains('=') => {
+            (Some(var), _) if !is_env_var_name(var) => {
+                // The value is not echoed: what is written here may be a key.
                 return Err(self.invalid(
                     "api_key_env",
-                    "must be the NAME of an environment variable, not a key",
-                ))
+                    "must be the NAME of an environment variable (letters, digits and _, \
+                     not starting with a digit, at most 128), never the key itself",
+                ));
             }
             (None, ProviderKind::Openai | ProviderKind::Anthropic) => {
                 return Err(self.invalid("api_key_env", "required for this kind"))
@@ -361,6 +372,56 @@ impl ProviderConfig {
     pub fn base(&self) -> &str {
         self.base_url.trim_end_matches('/')
     }
+}
+
+/// A portable environment variable name: `[A-Za-z_][A-Za-z0-9_]*`.
+pub fn is_env_var_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && name.len() <= 128
+}
+
+/// The key of a `key = value` line, when it looks like a field name.
+fn field_of_line(line: &str) -> Option<&str> {
+    let key = line.split_once('=')?.0.trim();
+    looks_like_field(key).then_some(key)
+}
+
+fn looks_like_field(word: &str) -> bool {
+    (1..=40).contains(&word.len())
+        && word
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '.')
+}
+
+/// toml's message with every quoted value replaced: `"…"` always, and a
+/// backquoted word unless it looks like a field or variant name.
+fn redact_values(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(open) = rest.find(['"', '`']) {
+        out.push_str(&rest[..open]);
+        let quote = &rest[open..open + 1];
+        let after = &rest[open + 1..];
+        let Some(close) = after.find(quote) else {
+            out.push_str("<value>");
+            return out;
+        };
+        let inner = &after[..close];
+        if quote == "`" && looks_like_field(inner) {
+            out.push('`');
+            out.push_str(inner);
+            out.push('`');
+        } else {
+            out.push_str("<value>");
+        }
+        rest = &after[close + 1..];
+    }
+    out.push_str(rest);
+    out
 }
 
 #[cfg(test)]

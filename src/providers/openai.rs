@@ -47,6 +47,11 @@ impl OpenAiProvider {
         }
     }
 
+    /// How an unknown attempt on this provider may be looked up.
+    pub(crate) fn lookup_mode(&self) -> LookupMode {
+        self.lookup
+    }
+
     /// A GET to `{base}{path}` with this provider's auth, under its timeouts.
     pub(crate) async fn get(
         &self,

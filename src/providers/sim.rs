@@ -1,6 +1,7 @@
 //! Client for the built-in simulator: calls speak OpenAI's wire format (the
 //! same code as [`super::openai`]); lookup asks the simulator's ledger.
 
+use super::config::LookupMode;
 use super::openai::{call_openai_wire, OpenAiProvider};
 use super::{CallOutcome, ChatRequest, Lookup, Provider, Success, Usage};
 use async_trait::async_trait;
@@ -47,6 +48,13 @@ impl Provider for SimProvider {
 
     #[tracing::instrument(skip_all, fields(provider = %self.inner.name(), key = %idempotency_key))]
     async fn lookup(&self, idempotency_key: &str) -> Lookup {
+        // `lookup` means the same for every kind: "none" cannot tell.
+        if self.inner.lookup_mode() != LookupMode::SimLedger {
+            return Lookup::CannotTell(format!(
+                "provider {} has no lookup configured",
+                self.inner.name()
+            ));
+        }
         let response = match self
             .inner
             .get("/sim/ledger", &[("key", idempotency_key)])

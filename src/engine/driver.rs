@@ -346,8 +346,14 @@ enum Settled {
 async fn settle(inner: &Inner, plan: &JobPlan, attempt: &Attempt, outcome: CallOutcome) -> Settled {
     let provider = attempt.provider.as_str();
     let mut tokens = 0u64;
+    let elapsed_ms = inner.clock.now_ms() - attempt.started_at;
+    inner.metrics.observe_provider_latency(provider, elapsed_ms);
     let (end, settled) = match outcome {
         CallOutcome::Succeeded(success) => {
+            // Not streamed: the whole answer is the first token.
+            inner
+                .metrics
+                .observe_time_to_first_token(provider, elapsed_ms);
             if let Some(u) = success.usage {
                 tokens = u64::from(u.prompt_tokens) + u64::from(u.completion_tokens);
             }
@@ -421,15 +427,15 @@ async fn settle(inner: &Inner, plan: &JobPlan, attempt: &Attempt, outcome: CallO
             inner.with_breaker(provider, |b| b.on_success());
             inner.metrics.attempt_finished(provider, "succeeded");
             Metrics::inc(&inner.metrics.jobs_succeeded);
+            if attempt.kind == AttemptKind::Hedge {
+                Metrics::inc(&inner.metrics.hedges_won);
+            }
             Settled::Won
         }
         Ok(FinishOutcome::Lost) => {
             inner.metrics.attempt_finished(provider, "discarded");
             Metrics::inc(&inner.metrics.cas_lost);
-            inner
-                .metrics
-                .discarded_tokens
-                .fetch_add(tokens, std::sync::atomic::Ordering::Relaxed);
+            inner.metrics.discarded(provider, tokens);
             tracing::info!(attempt_id = %attempt.id, "late result lost the compare-and-swap; discarded");
             Settled::Lost
         }
@@ -490,7 +496,11 @@ async fn run_round(
         tokio::select! {
             Some((attempt, outcome)) = flights.next() => {
                 busy.retain(|p| *p != attempt.provider);
-                match settle(inner, plan, &attempt, outcome).await {
+                let settled = settle(inner, plan, &attempt, outcome).await;
+                if matches!(settled, Settled::Won) {
+                    inner.metrics.observe_job_latency(inner.clock.now_ms() - job.created_at);
+                }
+                match settled {
                     Settled::Won | Settled::Lost => {
                         let losers = std::mem::take(&mut flights);
                         if !losers.is_empty() {

@@ -25,7 +25,6 @@ use crate::store::Store;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fmt::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{oneshot, watch, Notify, Semaphore};
@@ -201,31 +200,25 @@ impl Engine {
             .unwrap_or_default()
     }
 
-    /// Gauges the engine owns, in Prometheus text.
-    pub fn metrics_text(&self) -> String {
-        let mut out = String::from(
-            "# HELP onejob_breaker_open Whether a provider's circuit breaker is open (1) or half-open (0.5)\n\
-             # TYPE onejob_breaker_open gauge\n",
-        );
-        let mut trips = String::from("# HELP onejob_breaker_trips_total Times a breaker opened\n# TYPE onejob_breaker_trips_total counter\n");
+    /// Sets the gauges the engine owns (breakers, jobs driven) on `metrics`.
+    pub fn report_gauges(&self, metrics: &Metrics) {
+        let mut readings = Vec::new();
         if let Ok(breakers) = self.inner.breakers.lock() {
             for (name, b) in breakers.iter() {
                 let open = match b.state() {
-                    BreakerState::Closed { .. } => "0",
-                    BreakerState::Open { .. } => "1",
-                    BreakerState::HalfOpen { .. } => "0.5",
+                    BreakerState::Closed { .. } => 0.0,
+                    BreakerState::Open { .. } => 1.0,
+                    BreakerState::HalfOpen { .. } => 0.5,
                 };
-                let _ = writeln!(out, "onejob_breaker_open{{provider=\"{name}\"}} {open}");
-                let _ = writeln!(
-                    trips,
-                    "onejob_breaker_trips_total{{provider=\"{name}\"}} {}",
-                    b.trips
-                );
+                readings.push(crate::metrics::BreakerReading {
+                    provider: name.clone(),
+                    open,
+                    trips: b.trips,
+                });
             }
         }
         let active = self.inner.active.lock().map(|a| a.len()).unwrap_or(0);
-        let _ = writeln!(out, "# HELP onejob_jobs_driving Jobs this process drives now\n# TYPE onejob_jobs_driving gauge\nonejob_jobs_driving {active}");
-        out + &trips
+        metrics.set_engine_gauges(&readings, active);
     }
 }
 

@@ -89,19 +89,22 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Prometheus text.
+/// Prometheus text. The review-queue depth is read from the database here,
+/// so every replica reports the same queue.
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    let engine = state
-        .engine
-        .as_ref()
-        .map(Engine::metrics_text)
-        .unwrap_or_default();
+    if let Some(engine) = state.engine.as_ref() {
+        engine.report_gauges(&state.metrics);
+    }
+    match state.store.review_queue_depth().await {
+        Ok(depth) => state.metrics.set_review_queue_depth(depth),
+        Err(e) => tracing::warn!(error = %e, "cannot count the review queue for /metrics"),
+    }
     (
         [(
             axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4",
+            crate::metrics::CONTENT_TYPE,
         )],
-        state.metrics.render(&engine),
+        state.metrics.render(""),
     )
 }
 

@@ -12,6 +12,7 @@ use crate::domain::{Attempt, GuardRefusal, Job, Millis};
 use async_trait::async_trait;
 use std::sync::Arc;
 
+pub mod console;
 mod contract_runs;
 mod lifecycle;
 mod ops;
@@ -362,6 +363,25 @@ pub trait Store: Send + Sync + 'static {
     async fn latest_contract_runs(&self) -> Result<Vec<ContractRunSummary>, StoreError>;
 
     async fn contract_run(&self, id: &str) -> Result<Option<ContractRun>, StoreError>;
+
+    // The ops console and /metrics (read only; see `console.rs`).
+
+    /// Jobs waiting for a human.
+    async fn review_queue_depth(&self) -> Result<i64, StoreError>;
+
+    /// Jobs matching `filter`, newest first, at most `limit`.
+    async fn list_jobs(
+        &self,
+        filter: &console::JobFilter,
+        limit: i64,
+    ) -> Result<Vec<Job>, StoreError>;
+
+    /// Aggregates of jobs created and attempts started in `[from, to)`.
+    async fn window_stats(
+        &self,
+        from: Millis,
+        to: Millis,
+    ) -> Result<console::WindowStats, StoreError>;
 }
 
 /// Open the store a URL names, without migrating.

@@ -25,6 +25,7 @@ mod ops {
         " FOR UPDATE SKIP LOCKED"
     );
     crate::store::contract_runs::contract_run_ops!(sqlx::PgConnection);
+    crate::store::console::console_ops!(sqlx::PgConnection);
 }
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
@@ -276,5 +277,25 @@ impl Store for PgStore {
 
     async fn contract_run(&self, id: &str) -> Result<Option<ContractRun>, StoreError> {
         ops::contract_run(&mut *self.pool.acquire().await?, id).await
+    }
+
+    async fn review_queue_depth(&self) -> Result<i64, StoreError> {
+        ops::review_queue_depth(&mut *self.pool.acquire().await?).await
+    }
+
+    async fn list_jobs(
+        &self,
+        filter: &super::console::JobFilter,
+        limit: i64,
+    ) -> Result<Vec<Job>, StoreError> {
+        ops::list_jobs(&mut *self.pool.acquire().await?, filter, limit).await
+    }
+
+    async fn window_stats(
+        &self,
+        from: Millis,
+        to: Millis,
+    ) -> Result<super::console::WindowStats, StoreError> {
+        ops::window_stats(&mut *self.pool.acquire().await?, from, to).await
     }
 }

@@ -30,6 +30,7 @@ mod ops {
     crate::store::ops::store_ops!(sqlx::SqliteConnection, "");
     crate::store::lifecycle::lifecycle_ops!(sqlx::SqliteConnection, "", "");
     crate::store::contract_runs::contract_run_ops!(sqlx::SqliteConnection);
+    crate::store::console::console_ops!(sqlx::SqliteConnection);
 }
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -533,5 +534,25 @@ impl Store for SqliteStore {
 
     async fn contract_run(&self, id: &str) -> Result<Option<ContractRun>, StoreError> {
         ops::contract_run(&mut *self.read.get().await?, id).await
+    }
+
+    async fn review_queue_depth(&self) -> Result<i64, StoreError> {
+        ops::review_queue_depth(&mut *self.read.get().await?).await
+    }
+
+    async fn list_jobs(
+        &self,
+        filter: &super::console::JobFilter,
+        limit: i64,
+    ) -> Result<Vec<Job>, StoreError> {
+        ops::list_jobs(&mut *self.read.get().await?, filter, limit).await
+    }
+
+    async fn window_stats(
+        &self,
+        from: Millis,
+        to: Millis,
+    ) -> Result<super::console::WindowStats, StoreError> {
+        ops::window_stats(&mut *self.read.get().await?, from, to).await
     }
 }

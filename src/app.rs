@@ -129,6 +129,7 @@ impl Application {
             metrics,
             switches,
             gate,
+            ui_sessions: Arc::default(),
         };
         Ok(Application { listener, state })
     }

@@ -46,23 +46,42 @@ pub async fn run(
             .into_response()
         })?
     };
+    let reports = run_as(
+        &state,
+        &caller,
+        selection.provider.as_deref(),
+        selection.contract.as_deref(),
+    )
+    .await
+    .map_err(run_error)?;
+    let passed = reports.iter().all(|r| r.passed);
+    Ok(Json(RunAnswer { passed, reports }).into_response())
+}
+
+/// An admin runs the contract suite (of one provider and/or contract, or
+/// all); the runs are stored and the engine's eligibility refreshed. The API
+/// and the console both call this.
+pub async fn run_as(
+    state: &AppState,
+    admin: &crate::keys::Caller,
+    provider: Option<&str>,
+    contract: Option<&str>,
+) -> Result<Vec<ContractReport>, RunError> {
     let reports = run_contracts(
         &state.providers,
         &state.contracts,
         state.store.as_ref(),
         state.clock.as_ref(),
-        selection.provider.as_deref(),
-        selection.contract.as_deref(),
-        &format!("admin:{}", caller.owner_id),
+        provider,
+        contract,
+        &format!("admin:{}", admin.owner_id),
     )
-    .await
-    .map_err(run_error)?;
+    .await?;
     // The engine decides with the new runs from now on, not in 250 ms.
     if let Err(e) = state.gate.refresh().await {
         tracing::warn!(error = %e, "cannot refresh eligibility after a contract run");
     }
-    let passed = reports.iter().all(|r| r.passed);
-    Ok(Json(RunAnswer { passed, reports }).into_response())
+    Ok(reports)
 }
 
 /// An unknown name answers 404 with a code saying which kind of name; the

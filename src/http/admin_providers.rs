@@ -154,7 +154,7 @@ impl From<SwitchError> for ApiError {
     }
 }
 
-fn view(state: &AppState, name: &str) -> Result<ProviderView, ApiError> {
+pub fn view(state: &AppState, name: &str) -> Result<ProviderView, ApiError> {
     let entry = state
         .providers
         .get(name)
@@ -229,19 +229,32 @@ async fn switch(
         serde_json::from_slice(&body)
             .map_err(|e| ApiError::MalformedJson(format!("body is not valid JSON: {e}")))?
     };
+    switch_as(&state, &admin, &name, enabled, body.reason.as_deref()).await?;
+    Ok(Json(view(&state, &name)?))
+}
+
+/// An admin switches a provider on or off with a reason (audited); the API
+/// and the console both call this, and the engine sees it at once.
+pub async fn switch_as(
+    state: &AppState,
+    admin: &crate::keys::Caller,
+    name: &str,
+    enabled: bool,
+    reason: Option<&str>,
+) -> Result<(), ApiError> {
     let switch = switch_provider(
         state.store.as_ref(),
-        state.providers.get(&name).is_some(),
-        &name,
+        state.providers.get(name).is_some(),
+        name,
         enabled,
         &admin.owner_id,
-        body.reason.as_deref(),
+        reason,
         state.clock.now_ms(),
     )
     .await?;
     tracing::info!(provider = %name, enabled, actor = %admin.owner_id, reason = %switch.reason, "provider switched");
     state.switches.record(switch);
-    Ok(Json(view(&state, &name)?))
+    Ok(())
 }
 
 /// `?limit=N`, read by hand so a bad value gets our JSON error shape.

@@ -7,7 +7,9 @@ use super::jobs::LimitedBody;
 use super::views::JobView;
 use super::AppState;
 use crate::clock::rfc3339;
+use crate::domain::Job;
 use crate::http::auth::Admin;
+use crate::keys::Caller;
 use crate::store::{AttemptResolution, JobResolution, ReviewItem};
 use axum::extract::{Path, State};
 use axum::Json;
@@ -97,15 +99,28 @@ pub async fn resolve_job(
         (JobAction::Retry, None) => JobResolution::Retry,
         (JobAction::Close, None) => JobResolution::Close,
     };
+    let job = decide_job(&state, &admin, &id, resolution, reason).await?;
+    Ok(Json(JobView::new(job, None)))
+}
+
+/// An admin's decision on a job, audited in its event log as `admin:OWNER`
+/// with `reason` (already checked): the API and the console both call this.
+pub async fn decide_job(
+    state: &AppState,
+    admin: &Caller,
+    job_id: &str,
+    resolution: JobResolution,
+    reason: &str,
+) -> Result<Job, ApiError> {
     let actor = format!("admin:{}", admin.owner_id);
     let job = state
         .store
-        .resolve_job(&id, resolution, &actor, reason, state.clock.now_ms())
+        .resolve_job(job_id, resolution, &actor, reason, state.clock.now_ms())
         .await??;
     if let Some(engine) = &state.engine {
         engine.wake();
     }
-    Ok(Json(JobView::new(job, None)))
+    Ok(job)
 }
 
 #[derive(Debug, Deserialize)]
@@ -151,10 +166,23 @@ pub async fn resolve_attempt(
         }
         (AttemptOutcome::NotExecuted, None) => AttemptResolution::NotExecuted,
     };
+    let job = settle_attempt(&state, &admin, &id, resolution, reason).await?;
+    Ok(Json(JobView::new(job, None)))
+}
+
+/// An admin settles an `unknown` attempt, audited like [`decide_job`]; the
+/// API and the console both call this.
+pub async fn settle_attempt(
+    state: &AppState,
+    admin: &Caller,
+    attempt_id: &str,
+    resolution: AttemptResolution,
+    reason: &str,
+) -> Result<Job, ApiError> {
     let actor = format!("admin:{}", admin.owner_id);
     let job = state
         .store
-        .resolve_attempt(&id, resolution, &actor, reason, state.clock.now_ms())
+        .resolve_attempt(attempt_id, resolution, &actor, reason, state.clock.now_ms())
         .await?
         .map_err(|r| match r {
             crate::store::Refusal::NotFound => ApiError::NotFound("attempt"),
@@ -163,5 +191,5 @@ pub async fn resolve_attempt(
     if let Some(engine) = &state.engine {
         engine.wake();
     }
-    Ok(Json(JobView::new(job, None)))
+    Ok(job)
 }

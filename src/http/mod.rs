@@ -9,6 +9,7 @@ pub mod error;
 pub mod job_actions;
 pub mod jobs;
 pub mod openai_compat;
+pub mod ui;
 pub mod views;
 
 use crate::clock::Clock;
@@ -44,6 +45,8 @@ pub struct AppState {
     pub gate: Arc<crate::engine::gate::EligibilityGate>,
     /// Which providers are switched on (in memory, refreshed from the store).
     pub switches: Arc<ProviderSwitches>,
+    /// Sessions of the ops console (`/ui`).
+    pub ui_sessions: Arc<ui::session::Sessions>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -83,6 +86,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/admin/contracts/runs/{id}", get(admin_contracts::show))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .merge(ui::routes())
         .fallback(|| async { ApiError::NotFound("route") })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(body_limit))

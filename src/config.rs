@@ -111,6 +111,11 @@ pub struct RouteConfig {
     pub max_hedges: u32,
     #[serde(default = "defaults::max_attempts")]
     pub max_attempts: u32,
+    /// A retryable refusal (429, 5xx) is retried on the same provider this
+    /// many times (never sooner than its Retry-After) before the job moves
+    /// along the route.
+    #[serde(default = "defaults::same_provider_retries")]
+    pub same_provider_retries: u32,
     #[serde(default = "defaults::backoff_base_ms")]
     pub backoff_base_ms: u64,
     #[serde(default = "defaults::backoff_cap_ms")]
@@ -131,6 +136,9 @@ mod defaults {
     }
     pub fn max_attempts() -> u32 {
         4
+    }
+    pub fn same_provider_retries() -> u32 {
+        1
     }
     pub fn backoff_base_ms() -> u64 {
         200
@@ -315,6 +323,7 @@ impl RouteConfig {
             attempt_timeout_ms: defaults::attempt_timeout_ms(),
             max_hedges: defaults::max_hedges(),
             max_attempts: defaults::max_attempts(),
+            same_provider_retries: defaults::same_provider_retries(),
             backoff_base_ms: defaults::backoff_base_ms(),
             backoff_cap_ms: defaults::backoff_cap_ms(),
             unknown_deadline_ms: defaults::unknown_deadline_ms(),

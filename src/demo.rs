@@ -33,16 +33,20 @@ fn route(
         attempt_timeout_ms,
         max_hedges,
         max_attempts: 3,
+        same_provider_retries: 1,
         backoff_base_ms: 50,
         backoff_cap_ms: 200,
         unknown_deadline_ms: 60_000,
     }
 }
 
+/// The demo's providers do not honour idempotency keys, so the timeout and
+/// the lost response show the reconciler settling an unknown attempt (a
+/// provider that honours keys is simply retried with the same key).
 fn provider_file(base_url: &str, model: &str) -> String {
     format!(
         "kind = \"sim\"\nbase_url = \"{base_url}\"\nmodel = \"{model}\"\ntokenizer = \"o200k_base\"\n\
-         context_window = 16384\nhonours_idempotency_key = true\nlookup = \"sim_ledger\"\n"
+         context_window = 16384\nhonours_idempotency_key = false\nlookup = \"sim_ledger\"\n"
     )
 }
 

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::world::{route, start_world, write_provider, ProviderSpec};
+use common::world::{distrust_keys, route, start_world, write_provider, ProviderSpec};
 use common::{chat_body, Backend};
 use serde_json::{json, Value};
 use std::collections::HashSet;
@@ -80,6 +80,7 @@ async fn a_timeout_is_unknown_and_blocks_retries_until_reconciled(backend: Backe
     let world = start_world(backend, &providers, r, |c| {
         // Ask the provider only after the test has looked at the unknown state.
         c.engine.reconcile_min_age_ms = 1_500;
+        distrust_keys(c, "primary");
     })
     .await;
     world.sim.models().set("primary-model", "hang").unwrap();
@@ -187,7 +188,7 @@ async fn the_lost_response_is_found_by_reconciliation(backend: Backend) {
     }];
     let mut r = route("primary", &[]);
     r.max_hedges = 0;
-    let world = start_world(backend, &providers, r, |_| {}).await;
+    let world = start_world(backend, &providers, r, |c| distrust_keys(c, "primary")).await;
     let (_, job) = world
         .submit("lost-1", &chat_body("the lost response"), None)
         .await;
@@ -484,7 +485,10 @@ async fn the_breaker_sends_first_attempts_elsewhere_until_the_primary_recovers(b
             model: "healthy",
         },
     ];
-    let world = start_world(backend, &providers, route("primary", &["fallback"]), |c| {
+    let mut r = route("primary", &["fallback"]);
+    // Each 503 fails over at once, so three jobs make three failures.
+    r.same_provider_retries = 0;
+    let world = start_world(backend, &providers, r, |c| {
         c.engine.breaker_threshold = 3;
         c.engine.breaker_open_ms = 300;
         c.engine.breaker_probe_every = 2;
@@ -658,9 +662,15 @@ async fn orphaned_attempt(
     let attempt = |kind| NewAttempt {
         id: new_id(),
         job_id: job_id.clone(),
-        provider: "primary".into(),
+        provider: if kind == AttemptKind::Hedge {
+            "fallback"
+        } else {
+            "primary"
+        }
+        .into(),
         kind,
         max_hedges: 1,
+        reuses_key: false,
         started_at: now - 5_000,
     };
     let orphan = world

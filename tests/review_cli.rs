@@ -45,6 +45,7 @@ async fn job_in_review(store: &dyn Store) -> (String, String) {
         provider: "sim".into(),
         kind: AttemptKind::Primary,
         max_hedges: 1,
+        reuses_key: false,
         started_at: 2,
     };
     let attempt = store.start_attempt(attempt).await.unwrap().unwrap();

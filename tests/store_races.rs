@@ -43,9 +43,16 @@ fn attempt(job_id: &str, kind: AttemptKind, max_hedges: i64) -> NewAttempt {
     NewAttempt {
         id: new_id(),
         job_id: job_id.to_string(),
-        provider: "sim".into(),
+        // A hedge goes to another provider than the attempt it backs up (invariant 3).
+        provider: if kind == AttemptKind::Hedge {
+            "sim-backup"
+        } else {
+            "sim"
+        }
+        .into(),
         kind,
         max_hedges,
+        reuses_key: false,
         started_at: 2,
     }
 }

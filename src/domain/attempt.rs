@@ -91,12 +91,15 @@ impl AttemptKind {
 }
 
 /// What the guard needs to know about a job's attempts, read inside the same
-/// atomic step that inserts the new one.
+/// atomic step that inserts the new one. `*_here` count only the attempts on
+/// the provider the new attempt would go to.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LiveAttempts {
     pub started: i64,
     pub unknown: i64,
     pub hedges: i64,
+    pub started_here: i64,
+    pub unknown_here: i64,
 }
 
 /// Why the guard refused to start an attempt.
@@ -104,7 +107,10 @@ pub struct LiveAttempts {
 pub enum GuardRefusal {
     #[error("an attempt of this job is started or its outcome is unknown")]
     OutcomeUnknown,
-    #[error("a hedge needs exactly one started attempt and no unknown one, within max_hedges")]
+    #[error(
+        "a hedge goes to a provider with no live attempt of the job, while one attempt is \
+         silent or one ended unknown, within max_hedges"
+    )]
     HedgeNotAllowed,
     #[error("the job is already finished")]
     JobFinished,
@@ -112,26 +118,36 @@ pub enum GuardRefusal {
     NoSuchJob,
 }
 
-/// Invariant 4: a primary or retry attempt starts only when no attempt is
-/// started or unknown; a hedge only while exactly one attempt is started,
-/// none is unknown, and fewer than `max_hedges` hedges were made.
+/// Invariants 3 and 4. A primary or retry attempt starts only when no
+/// attempt of the job is started, and never on a provider with an unknown
+/// attempt — unless that provider honours idempotency keys (`reuses_key`):
+/// the retry then carries the same downstream key and the provider dedups it.
+/// A hedge (the planned fan-out) goes to a provider with no live attempt of
+/// the job, while exactly one attempt is started and silent or none is
+/// started and one ended unknown, and fewer than `max_hedges` hedges were
+/// made.
 pub fn may_start(
     kind: AttemptKind,
     job_final: bool,
     live: LiveAttempts,
     max_hedges: i64,
+    reuses_key: bool,
 ) -> Result<(), GuardRefusal> {
     if job_final {
         return Err(GuardRefusal::JobFinished);
     }
     match kind {
         AttemptKind::Primary | AttemptKind::Retry => {
-            if live.started > 0 || live.unknown > 0 {
+            if live.started > 0 || (live.unknown_here > 0 && !reuses_key) {
                 return Err(GuardRefusal::OutcomeUnknown);
             }
         }
         AttemptKind::Hedge => {
-            if live.started != 1 || live.unknown > 0 || live.hedges >= max_hedges {
+            let something_to_hedge = live.started == 1 || (live.started == 0 && live.unknown > 0);
+            if !something_to_hedge
+                || live.started_here + live.unknown_here > 0
+                || live.hedges >= max_hedges
+            {
                 return Err(GuardRefusal::HedgeNotAllowed);
             }
         }
@@ -167,6 +183,10 @@ pub struct NewAttempt {
     pub provider: String,
     pub kind: AttemptKind,
     pub max_hedges: i64,
+    /// The provider honours `Idempotency-Key` (its file says
+    /// `honours_idempotency_key = true`): a retry there may start while an
+    /// earlier attempt there is unknown, since it carries the same key.
+    pub reuses_key: bool,
     pub started_at: Millis,
 }
 
@@ -179,41 +199,69 @@ mod tests {
             started,
             unknown,
             hedges,
+            started_here: 0,
+            unknown_here: 0,
         }
     }
 
     #[test]
-    fn retry_waits_for_every_live_attempt() {
+    fn retry_waits_for_started_attempts() {
         assert_eq!(
-            may_start(AttemptKind::Retry, false, live(0, 0, 0), 1),
+            may_start(AttemptKind::Retry, false, live(0, 0, 0), 1, false),
             Ok(())
         );
         assert_eq!(
-            may_start(AttemptKind::Retry, false, live(1, 0, 0), 1),
-            Err(GuardRefusal::OutcomeUnknown)
-        );
-        assert_eq!(
-            may_start(AttemptKind::Retry, false, live(0, 1, 0), 1),
+            may_start(AttemptKind::Retry, false, live(1, 0, 0), 1, true),
             Err(GuardRefusal::OutcomeUnknown)
         );
     }
 
     #[test]
-    fn hedge_needs_exactly_one_started_and_budget() {
+    fn an_unknown_attempt_blocks_its_own_provider_unless_it_honours_keys() {
+        let unknown_here = LiveAttempts {
+            unknown_here: 1,
+            ..live(0, 1, 0)
+        };
         assert_eq!(
-            may_start(AttemptKind::Hedge, false, live(1, 0, 0), 1),
+            may_start(AttemptKind::Retry, false, unknown_here, 1, false),
+            Err(GuardRefusal::OutcomeUnknown)
+        );
+        assert_eq!(
+            may_start(AttemptKind::Retry, false, unknown_here, 1, true),
             Ok(())
         );
-        assert!(may_start(AttemptKind::Hedge, false, live(0, 0, 0), 1).is_err());
-        assert!(may_start(AttemptKind::Hedge, false, live(2, 0, 0), 1).is_err());
-        assert!(may_start(AttemptKind::Hedge, false, live(1, 1, 0), 1).is_err());
-        assert!(may_start(AttemptKind::Hedge, false, live(1, 0, 1), 1).is_err());
+        // Unknown elsewhere: a retry here is another provider's business.
+        assert_eq!(
+            may_start(AttemptKind::Retry, false, live(0, 1, 0), 1, false),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn hedge_needs_something_to_hedge_another_provider_and_budget() {
+        assert_eq!(
+            may_start(AttemptKind::Hedge, false, live(1, 0, 0), 1, false),
+            Ok(())
+        );
+        // Rescue: the only attempt ended unknown.
+        assert_eq!(
+            may_start(AttemptKind::Hedge, false, live(0, 1, 0), 1, false),
+            Ok(())
+        );
+        assert!(may_start(AttemptKind::Hedge, false, live(0, 0, 0), 1, false).is_err());
+        assert!(may_start(AttemptKind::Hedge, false, live(2, 0, 0), 1, false).is_err());
+        assert!(may_start(AttemptKind::Hedge, false, live(1, 0, 1), 1, false).is_err());
+        let same_provider = LiveAttempts {
+            unknown_here: 1,
+            ..live(0, 1, 0)
+        };
+        assert!(may_start(AttemptKind::Hedge, false, same_provider, 1, true).is_err());
     }
 
     #[test]
     fn finished_jobs_take_no_attempt() {
         assert_eq!(
-            may_start(AttemptKind::Primary, true, live(0, 0, 0), 1),
+            may_start(AttemptKind::Primary, true, live(0, 0, 0), 1, false),
             Err(GuardRefusal::JobFinished)
         );
     }

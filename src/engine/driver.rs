@@ -3,7 +3,7 @@
 //! outcome, fails for good, or goes to review.
 
 use super::plan::JobPlan;
-use super::routing::{choose_hedge, choose_provider, Choice};
+use super::routing::{choose_hedge, choose_provider, Choice, Steer};
 use super::Inner;
 use crate::config::RouteConfig;
 use crate::domain::attempt::NewAttempt;
@@ -78,19 +78,36 @@ async fn still_ours(inner: &Inner, job: &Job) -> bool {
     }
 }
 
+/// A failure that ended a round, as the retry policy needs it.
+struct RoundFailure {
+    retryable: bool,
+    retry_after: Option<Duration>,
+    reason: String,
+    /// Empty when no provider was tried (none admitted).
+    provider: String,
+    /// The machine-readable kind, e.g. `context_length_exceeded`.
+    kind: String,
+    /// The provider itself refused retryably (429, 5xx, …): worth asking it
+    /// again before moving along the route.
+    refusal: bool,
+}
+
 /// How a round of attempts ended.
 enum RoundEnd {
     /// An attempt won, or the job was finished or cancelled by someone else.
     Done,
-    /// An attempt's outcome is unknown and nothing won: the reconciler decides.
-    Unknown,
-    Failed {
-        retryable: bool,
-        retry_after: Option<Duration>,
-        reason: String,
-        provider: String,
+    /// The guard refused the round's first attempt: an attempt is live.
+    Refused,
+    /// Nothing won. `unknown`: the provider of an attempt that ended unknown;
+    /// `failure`: the failure that counts (a non-retryable one dominates).
+    Ended {
+        unknown: Option<String>,
+        failure: Option<RoundFailure>,
     },
 }
+
+/// The error kind with which a provider says the prompt does not fit.
+const CONTEXT_LENGTH_EXCEEDED: &str = "context_length_exceeded";
 
 #[tracing::instrument(skip_all, fields(job_id = %job.id))]
 async fn drive(inner: &Arc<Inner>, mut job: Job) {
@@ -127,17 +144,25 @@ async fn drive(inner: &Arc<Inner>, mut job: Job) {
             return;
         }
     };
-    let mut last_failed: Option<String> = None;
+    // The job's attempts so far: who was tried, who is unknown. Read again
+    // after every round that did not finish the job (retries are rare).
+    let mut history: Vec<Attempt> = Vec::new();
     if job.attempt_count > 0 {
         match recover_orphans(inner, &job).await {
-            // A retry continues along the route after the provider tried last.
-            Some(last) => last_failed = last,
+            Some(attempts) => history = attempts,
             None => {
                 transition(job.id.clone(), JobTransition::BlockOnUnknown).await;
                 return;
             }
         }
     }
+    // A retry continues along the route after the provider tried last.
+    let mut steer = Steer {
+        after: history.last().map(|a| a.provider.clone()),
+        blocked: Steer::blocked_by(inner, &history),
+        ..Steer::default()
+    };
+    let mut same_provider_streak = 0u32;
     let mut idle_rounds = 0u32;
     loop {
         if job.attempts_in_budget() >= i64::from(route.max_attempts) {
@@ -156,11 +181,43 @@ async fn drive(inner: &Arc<Inner>, mut job: Job) {
         } else {
             AttemptKind::Retry
         };
-        let end = match choose_provider(inner, &route, &plan, kind, last_failed.as_deref()) {
-            Choice::Provider(entry) => run_round(inner, &job, &route, &plan, entry, kind).await,
+        let tried: Vec<String> = history.iter().map(|a| a.provider.clone()).collect();
+        // An attempt is unknown (e.g. an orphan of a process that stopped):
+        // the fan-out to a provider the job has not tried is a hedge, within
+        // max_hedges, and may start now (invariant 4).
+        let unknown_left = history.iter().any(|a| a.state == AttemptState::Unknown);
+        let hedges_made = history
+            .iter()
+            .filter(|a| a.kind == AttemptKind::Hedge)
+            .count();
+        let rescue = (unknown_left && hedges_made < route.max_hedges as usize)
+            .then(|| choose_hedge(inner, &route, &plan, &tried))
+            .flatten();
+        let choice = match rescue {
+            Some(entry) => Choice::Provider(entry),
+            None => choose_provider(inner, &route, &plan, kind, &steer),
+        };
+        let kind = if rescue.is_some() {
+            AttemptKind::Hedge
+        } else {
+            kind
+        };
+        let end = match choice {
+            Choice::Provider(entry) => {
+                run_round(inner, &job, &route, &plan, entry, kind, tried).await
+            }
             Choice::NoneFits(reason) => {
+                let reason = match steer.window_above {
+                    Some(_) => format!("{CONTEXT_LENGTH_EXCEEDED}: no provider on the route has a larger context window: {reason}"),
+                    None => reason,
+                };
                 transition(job.id.clone(), JobTransition::Fail { reason }).await;
                 Metrics::inc(&inner.metrics.jobs_failed);
+                return;
+            }
+            Choice::Blocked(why) => {
+                tracing::info!(%why, "every provider left has an unknown attempt; waiting for reconciliation");
+                transition(job.id.clone(), JobTransition::BlockOnUnknown).await;
                 return;
             }
             Choice::NoneAdmitted(reason) => {
@@ -172,114 +229,182 @@ async fn drive(inner: &Arc<Inner>, mut job: Job) {
                     }
                     return;
                 }
-                RoundEnd::Failed {
-                    retryable: true,
-                    retry_after: None,
-                    reason,
-                    provider: String::new(),
+                RoundEnd::Ended {
+                    unknown: None,
+                    failure: Some(RoundFailure {
+                        retryable: true,
+                        retry_after: None,
+                        reason,
+                        provider: String::new(),
+                        kind: "no_provider".to_string(),
+                        refusal: false,
+                    }),
                 }
             }
         };
-        match end {
+        let (unknown, failure) = match end {
             RoundEnd::Done => return,
-            RoundEnd::Unknown => {
+            RoundEnd::Refused
+            | RoundEnd::Ended {
+                unknown: None,
+                failure: None,
+            } => {
                 transition(job.id.clone(), JobTransition::BlockOnUnknown).await;
                 return;
             }
-            RoundEnd::Failed {
-                retryable: false,
-                reason,
-                ..
-            } => {
-                if transition(job.id.clone(), JobTransition::Fail { reason }).await {
+            RoundEnd::Ended { unknown, failure } => (unknown, failure),
+        };
+        // How the next round is steered, and how long it waits.
+        let mut next = Steer {
+            after: steer.after.clone(),
+            ..Steer::default()
+        };
+        let mut retry_after = None;
+        let mut wait_at_all = true;
+        let reason = match failure {
+            // The provider said the prompt does not fit: only a larger window
+            // may take it, never the one that refused.
+            Some(f) if !f.retryable && f.kind == CONTEXT_LENGTH_EXCEEDED => {
+                next.window_above = inner
+                    .catalog
+                    .get(&f.provider)
+                    .map(|e| e.config.context_window);
+                next.after = Some(f.provider);
+                same_provider_streak = 0;
+                wait_at_all = false;
+                f.reason
+            }
+            Some(f) if !f.retryable => {
+                // Failing now would discard what the unknown attempt may yet
+                // deliver: the reconciler decides first.
+                if unknown.is_some() {
+                    transition(job.id.clone(), JobTransition::BlockOnUnknown).await;
+                } else if transition(job.id.clone(), JobTransition::Fail { reason: f.reason }).await
+                {
                     Metrics::inc(&inner.metrics.jobs_failed);
                 }
                 return;
             }
-            RoundEnd::Failed {
-                retryable: true,
-                retry_after,
-                reason,
-                provider,
-            } => {
-                let retry_number = (job.attempts_in_budget().max(1)) as u32;
-                let wait = {
-                    let mut rng = match inner.rng.lock() {
-                        Ok(r) => r,
-                        Err(p) => p.into_inner(),
-                    };
-                    backoff(
-                        Duration::from_millis(route.backoff_base_ms),
-                        Duration::from_millis(route.backoff_cap_ms),
-                        retry_number,
-                        retry_after,
-                        &mut *rng,
-                    )
-                };
-                let next_run_at = inner.clock.now_ms() + wait.as_millis() as Millis;
-                let scheduled = JobTransition::Backoff {
-                    next_run_at,
-                    lease_until: next_run_at + inner.lease_ms(&route),
-                    reason,
-                };
-                if !transition(job.id.clone(), scheduled).await {
-                    return;
+            Some(f) => {
+                if f.refusal
+                    && !f.provider.is_empty()
+                    && same_provider_streak < route.same_provider_retries
+                {
+                    // Ask the same provider again first, never sooner than
+                    // it asked (Retry-After).
+                    same_provider_streak += 1;
+                    next.prefer = Some(f.provider.clone());
+                    retry_after = f.retry_after;
+                } else {
+                    same_provider_streak = 0;
                 }
-                tokio::time::sleep(wait).await;
-                job = match inner.store.get_job(&job.id).await {
-                    Ok(Some(j))
-                        if !j.state.is_final()
-                            && j.lease_owner.as_deref() == Some(&inner.instance) =>
-                    {
-                        j
-                    }
-                    Ok(_) => return,
-                    Err(e) => {
-                        tracing::error!(error = %e, "cannot reload job after backoff; its lease will expire");
-                        return;
-                    }
-                };
-                if !provider.is_empty() {
-                    last_failed = Some(provider);
+                if !f.provider.is_empty() {
+                    next.after = Some(f.provider);
                 }
+                f.reason
+            }
+            None => {
+                same_provider_streak = 0;
+                next.after = unknown.clone();
+                format!(
+                    "an attempt on {} ended unknown",
+                    unknown.as_deref().unwrap_or("?")
+                )
+            }
+        };
+        history = match inner.store.list_attempts(&job.id).await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot list a job's attempts; its lease will expire");
+                return;
+            }
+        };
+        next.blocked = Steer::blocked_by(inner, &history);
+        if unknown.is_some() {
+            // Blocked only when no provider is left that the job may try.
+            if let Choice::Blocked(why) =
+                choose_provider(inner, &route, &plan, AttemptKind::Retry, &next)
+            {
+                tracing::info!(%why, "an attempt ended unknown and no provider is left; waiting for reconciliation");
+                transition(job.id.clone(), JobTransition::BlockOnUnknown).await;
+                return;
             }
         }
+        let wait = if wait_at_all {
+            let retry_number = (job.attempts_in_budget().max(1)) as u32;
+            let mut rng = match inner.rng.lock() {
+                Ok(r) => r,
+                Err(p) => p.into_inner(),
+            };
+            backoff(
+                Duration::from_millis(route.backoff_base_ms),
+                Duration::from_millis(route.backoff_cap_ms),
+                retry_number,
+                retry_after,
+                &mut *rng,
+            )
+        } else {
+            Duration::ZERO
+        };
+        let next_run_at = inner.clock.now_ms() + wait.as_millis() as Millis;
+        let scheduled = JobTransition::Backoff {
+            next_run_at,
+            lease_until: next_run_at + inner.lease_ms(&route),
+            reason,
+        };
+        if !transition(job.id.clone(), scheduled).await {
+            return;
+        }
+        tokio::time::sleep(wait).await;
+        job = match inner.store.get_job(&job.id).await {
+            Ok(Some(j))
+                if !j.state.is_final() && j.lease_owner.as_deref() == Some(&inner.instance) =>
+            {
+                j
+            }
+            Ok(_) => return,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot reload job after backoff; its lease will expire");
+                return;
+            }
+        };
+        steer = next;
     }
 }
 
 /// A job taken over from a process that stopped: its `started` attempts may
-/// have reached the provider, so they become `unknown` (never failed).
-/// `Some(provider of the last attempt)` when no attempt is live and the job
-/// may go on; `None` when it must wait for reconciliation.
-async fn recover_orphans(inner: &Arc<Inner>, job: &Job) -> Option<Option<String>> {
-    let attempts = match inner.store.list_attempts(&job.id).await {
+/// have reached the provider, so they become `unknown` (never failed). The
+/// job's attempts as they now stand, or `None` when they cannot be read.
+async fn recover_orphans(inner: &Arc<Inner>, job: &Job) -> Option<Vec<Attempt>> {
+    let mut attempts = match inner.store.list_attempts(&job.id).await {
         Ok(a) => a,
         Err(e) => {
             tracing::error!(error = %e, "cannot list attempts of a recovered job");
             return None;
         }
     };
-    let mut live = false;
-    for attempt in attempts.iter().filter(|a| a.state.is_live()) {
-        live = true;
-        if attempt.state == AttemptState::Started {
-            let finish = FinishAttempt {
-                attempt_id: attempt.id.clone(),
-                end: AttemptEnd::Unknown {
-                    error_kind: "driver_lost".to_string(),
-                    message:
-                        "the process driving this attempt stopped; it may have reached the provider"
-                            .to_string(),
-                },
-                at: inner.clock.now_ms(),
-                actor: format!("engine:{}", inner.instance),
-            };
-            if let Err(e) = inner.store.finish_attempt(finish).await {
-                tracing::warn!(error = %e, attempt_id = %attempt.id, "cannot mark an orphaned attempt unknown");
-            }
+    for attempt in attempts
+        .iter_mut()
+        .filter(|a| a.state == AttemptState::Started)
+    {
+        let finish = FinishAttempt {
+            attempt_id: attempt.id.clone(),
+            end: AttemptEnd::Unknown {
+                error_kind: "driver_lost".to_string(),
+                message:
+                    "the process driving this attempt stopped; it may have reached the provider"
+                        .to_string(),
+            },
+            at: inner.clock.now_ms(),
+            actor: format!("engine:{}", inner.instance),
+        };
+        if let Err(e) = inner.store.finish_attempt(finish).await {
+            tracing::warn!(error = %e, attempt_id = %attempt.id, "cannot mark an orphaned attempt unknown");
+            return None;
         }
+        attempt.state = AttemptState::Unknown;
     }
-    (!live).then(|| attempts.last().map(|a| a.provider.clone()))
+    Some(attempts)
 }
 
 type Flight = futures::future::BoxFuture<'static, (Attempt, CallOutcome)>;
@@ -319,6 +444,7 @@ async fn start(
         provider: entry.name.clone(),
         kind,
         max_hedges: i64::from(route.max_hedges),
+        reuses_key: entry.config.honours_idempotency_key,
         started_at: inner.clock.now_ms(),
     };
     match inner.store.start_attempt(new).await {
@@ -335,11 +461,7 @@ enum Settled {
     Won,
     /// Someone else won, or the job was cancelled.
     Lost,
-    Failed {
-        retryable: bool,
-        retry_after: Option<Duration>,
-        reason: String,
-    },
+    Failed(RoundFailure),
     Unknown,
 }
 
@@ -374,16 +496,20 @@ async fn settle(inner: &Inner, plan: &JobPlan, attempt: &Attempt, outcome: CallO
                 // provider may keep it, so the job may fail over.
                 Err((kind, message)) => {
                     let reason = format!("{provider}: {kind}: {message}");
+                    let failure = RoundFailure {
+                        retryable: true,
+                        retry_after: None,
+                        reason,
+                        provider: provider.to_string(),
+                        kind: kind.clone(),
+                        refusal: false,
+                    };
                     (
                         AttemptEnd::Failed {
                             error_kind: kind,
                             message,
                         },
-                        Settled::Failed {
-                            retryable: true,
-                            retry_after: None,
-                            reason,
-                        },
+                        Settled::Failed(failure),
                     )
                 }
             }
@@ -394,11 +520,14 @@ async fn settle(inner: &Inner, plan: &JobPlan, attempt: &Attempt, outcome: CallO
                 inner.with_breaker(provider, |b| b.on_retryable_failure(now));
             }
             let reason = format!("{provider}: {}: {}", f.kind, f.message);
-            let settled = Settled::Failed {
+            let settled = Settled::Failed(RoundFailure {
                 retryable: f.retryable,
                 retry_after: f.retry_after,
                 reason,
-            };
+                provider: provider.to_string(),
+                kind: f.kind.clone(),
+                refusal: f.retryable,
+            });
             (
                 AttemptEnd::Failed {
                     error_kind: f.kind,
@@ -457,6 +586,31 @@ async fn settle(inner: &Inner, plan: &JobPlan, attempt: &Attempt, outcome: CallO
     }
 }
 
+/// Start a hedge to a provider the job has not tried, if one may take it;
+/// `why` is logged. The flight, or `None` when no hedge may start.
+async fn hedge(
+    inner: &Arc<Inner>,
+    job: &Job,
+    route: &RouteConfig,
+    plan: &JobPlan,
+    tried: &mut Vec<String>,
+    why: &str,
+) -> Option<Flight> {
+    let entry = choose_hedge(inner, route, plan, tried)?;
+    let request = plan.request_for(entry).ok()?;
+    let attempt = start(inner, job, route, entry, AttemptKind::Hedge)
+        .await
+        .ok()?;
+    Metrics::inc(&inner.metrics.hedges_started);
+    tracing::info!(provider = %entry.name, "{why}; hedging");
+    tried.push(entry.name.clone());
+    let timeout = Duration::from_millis(route.attempt_timeout_ms);
+    Some(launch(entry, attempt, request, timeout))
+}
+
+/// One round: the first attempt, hedges after the silence threshold or at
+/// once when an attempt ends unknown (the rescue, within `max_hedges`), until
+/// one wins or all have ended. `tried`: providers the job has attempted.
 async fn run_round(
     inner: &Arc<Inner>,
     job: &Job,
@@ -464,38 +618,57 @@ async fn run_round(
     plan: &JobPlan,
     first: &ProviderEntry,
     kind: AttemptKind,
+    mut tried: Vec<String>,
 ) -> RoundEnd {
     let timeout = Duration::from_millis(route.attempt_timeout_ms);
     let mut flights: FuturesUnordered<Flight> = FuturesUnordered::new();
-    let mut busy: Vec<String> = Vec::new();
     let request = match plan.request_for(first) {
         Ok(r) => r,
         Err(e) => {
-            return RoundEnd::Failed {
-                retryable: false,
-                retry_after: None,
-                reason: e.0,
-                provider: first.name.clone(),
+            return RoundEnd::Ended {
+                unknown: None,
+                failure: Some(RoundFailure {
+                    retryable: false,
+                    retry_after: None,
+                    reason: e.0,
+                    provider: first.name.clone(),
+                    kind: "invalid_request".to_string(),
+                    refusal: false,
+                }),
             }
         }
     };
     match start(inner, job, route, first, kind).await {
         Ok(attempt) => {
-            busy.push(first.name.clone());
+            tried.push(first.name.clone());
             flights.push(launch(first, attempt, request, timeout));
         }
-        Err(GuardRefusal::OutcomeUnknown) => return RoundEnd::Unknown,
+        Err(GuardRefusal::OutcomeUnknown) => return RoundEnd::Refused,
+        // The unknown attempt a rescue was to back up was settled meanwhile:
+        // go on as a retry.
+        Err(GuardRefusal::HedgeNotAllowed) => {
+            return RoundEnd::Ended {
+                unknown: None,
+                failure: Some(RoundFailure {
+                    retryable: true,
+                    retry_after: None,
+                    reason: "the attempt to back up was settled meanwhile".to_string(),
+                    provider: String::new(),
+                    kind: "hedge_not_needed".to_string(),
+                    refusal: false,
+                }),
+            }
+        }
         Err(_) => return RoundEnd::Done,
     }
     let mut hedges_left = route.max_hedges;
     let silence = tokio::time::sleep(Duration::from_millis(route.silence_ms));
     tokio::pin!(silence);
-    let mut silence_armed = hedges_left > 0;
-    let (mut unknown, mut failure) = (false, None::<(bool, Option<Duration>, String, String)>);
+    let mut silence_armed = true;
+    let (mut unknown, mut failure) = (None::<String>, None::<RoundFailure>);
     while !flights.is_empty() {
         tokio::select! {
             Some((attempt, outcome)) = flights.next() => {
-                busy.retain(|p| *p != attempt.provider);
                 let settled = settle(inner, plan, &attempt, outcome).await;
                 if matches!(settled, Settled::Won) {
                     inner.metrics.observe_job_latency(inner.clock.now_ms() - job.created_at);
@@ -509,48 +682,40 @@ async fn run_round(
                         }
                         return RoundEnd::Done;
                     }
-                    Settled::Unknown => unknown = true,
-                    Settled::Failed { retryable, retry_after, reason } => {
+                    Settled::Unknown => {
+                        unknown = Some(attempt.provider.clone());
+                        // Rescue: an unknown outcome blocks re-sending to this
+                        // provider, not the planned fan-out to another.
+                        if hedges_left > 0 && flights.len() <= 1 {
+                            let why = format!("attempt on {} ended unknown", attempt.provider);
+                            if let Some(flight) = hedge(inner, job, route, plan, &mut tried, &why).await {
+                                flights.push(flight);
+                                hedges_left -= 1;
+                            }
+                        }
+                    }
+                    Settled::Failed(f) => {
                         // A non-retryable failure dominates a retryable one.
-                        let keep = failure.as_ref().is_none_or(|(r, ..)| *r);
-                        if keep {
-                            failure = Some((retryable, retry_after, reason, attempt.provider.clone()));
+                        if failure.as_ref().is_none_or(|kept| kept.retryable) {
+                            failure = Some(f);
                         }
                     }
                 }
             }
-            _ = &mut silence, if silence_armed && flights.len() == 1 => {
+            _ = &mut silence, if silence_armed && hedges_left > 0 && flights.len() == 1 => {
                 silence_armed = false;
-                if let Some(entry) = choose_hedge(inner, route, plan, &busy) {
-                    if let Ok(request) = plan.request_for(entry) {
-                        if let Ok(attempt) = start(inner, job, route, entry, AttemptKind::Hedge).await {
-                            Metrics::inc(&inner.metrics.hedges_started);
-                            tracing::info!(provider = %entry.name, "primary silent; hedging");
-                            busy.push(entry.name.clone());
-                            flights.push(launch(entry, attempt, request, timeout));
-                            hedges_left -= 1;
-                            if hedges_left > 0 {
-                                silence.as_mut().reset(tokio::time::Instant::now() + Duration::from_millis(route.silence_ms));
-                                silence_armed = true;
-                            }
-                        }
+                if let Some(flight) = hedge(inner, job, route, plan, &mut tried, "attempt silent").await {
+                    flights.push(flight);
+                    hedges_left -= 1;
+                    if hedges_left > 0 {
+                        silence.as_mut().reset(tokio::time::Instant::now() + Duration::from_millis(route.silence_ms));
+                        silence_armed = true;
                     }
                 }
             }
         }
     }
-    if unknown {
-        return RoundEnd::Unknown;
-    }
-    match failure {
-        Some((retryable, retry_after, reason, provider)) => RoundEnd::Failed {
-            retryable,
-            retry_after,
-            reason,
-            provider,
-        },
-        None => RoundEnd::Unknown,
-    }
+    RoundEnd::Ended { unknown, failure }
 }
 
 /// After a winner committed: attempts still in flight get `loser_grace_ms`

@@ -3,7 +3,10 @@
 //! `slow_first_byte:ms=500`, `rate_limit:retry_after=2`.
 //!
 //! Grammar: `NAME[:PARAM(,PARAM)*]`, a PARAM being `KEY=VALUE` or a bare
-//! status code. `latency` applies to every behaviour that answers.
+//! status code. `latency` applies to every behaviour that answers. `times=N`
+//! makes the fault transient: the first N requests for that model name meet
+//! it, later ones are answered healthily (`rate_limit:retry_after=1,times=1`
+//! is one 429, then service).
 
 use rand::Rng;
 use std::time::Duration;
@@ -36,6 +39,12 @@ pub enum Fault {
     StreamCut,
     /// `stream: true`: some chunks, then silence forever.
     StreamStall,
+    /// 400 `context_length_exceeded`, as OpenAI says a prompt does not fit.
+    ContextLength,
+    /// 400 `content_policy_violation`: the request is refused by policy.
+    ContentFilter,
+    /// Executes and records, then answers 200 with a body that is not JSON.
+    MalformedBody,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +87,9 @@ impl Latency {
 pub struct Behaviour {
     pub fault: Fault,
     pub latency: Option<Latency>,
+    /// The fault applies to this many requests for the model name, then
+    /// the simulator answers healthily; `None`: always.
+    pub times: Option<u64>,
 }
 
 impl Behaviour {
@@ -87,6 +99,7 @@ impl Behaviour {
         let mut status = None;
         let mut ms = None;
         let mut retry_after_s = None;
+        let mut times = None;
         for param in params.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let number = |v: &str| {
                 v.parse::<u64>()
@@ -96,6 +109,7 @@ impl Behaviour {
                 Some(("latency", v)) => latency = Some(Latency::parse(v)?),
                 Some(("ms", v)) => ms = Some(number(v)?),
                 Some(("retry_after", v)) => retry_after_s = Some(number(v)?),
+                Some(("times", v)) => times = Some(number(v)?),
                 Some((key, _)) => return Err(format!("{spec:?}: unknown parameter {key:?}")),
                 None => status = Some(number(param)?),
             }
@@ -122,9 +136,16 @@ impl Behaviour {
             "wrong_usage" => Fault::WrongUsage,
             "stream_cut" => Fault::StreamCut,
             "stream_stall" => Fault::StreamStall,
+            "context_length" => Fault::ContextLength,
+            "content_filter" => Fault::ContentFilter,
+            "malformed_body" => Fault::MalformedBody,
             other => return Err(format!("unknown behaviour {other:?}")),
         };
-        Ok(Behaviour { fault, latency })
+        Ok(Behaviour {
+            fault,
+            latency,
+            times,
+        })
     }
 }
 
@@ -143,6 +164,15 @@ mod tests {
         assert_eq!(
             Behaviour::parse("slow_first_byte:ms=250").unwrap().fault,
             Fault::SlowFirstByte(Duration::from_millis(250))
+        );
+        let once = Behaviour::parse("rate_limit:retry_after=1,times=1").unwrap();
+        assert_eq!(
+            (once.fault, once.times),
+            (Fault::RateLimit { retry_after_s: 1 }, Some(1))
+        );
+        assert_eq!(
+            Behaviour::parse("context_length").unwrap().fault,
+            Fault::ContextLength
         );
         assert!(Behaviour::parse("gpt-4o").is_err());
         assert!(Behaviour::parse("healthy:speed=3").is_err());

@@ -92,6 +92,8 @@ pub(crate) struct SimState {
     /// so a test or demo can make a provider fail for a while, then recover.
     models: Arc<Models>,
     stored: Mutex<Vec<StoredCompletion>>,
+    /// Requests per model name that met a transient (`times=N`) fault.
+    faults_met: Mutex<std::collections::HashMap<String, u64>>,
     closing: watch::Receiver<bool>,
 }
 
@@ -125,6 +127,22 @@ impl SimState {
         let mut closing = self.closing.clone();
         // An error means the sender is gone: the server is going away too.
         let _ = closing.wait_for(|c| *c).await;
+    }
+
+    /// Whether this request for `model` still meets a fault that applies
+    /// `times` times; counts it when it does.
+    fn meets_fault(&self, model: &str, times: Option<u64>) -> bool {
+        let Some(times) = times else {
+            return true;
+        };
+        let mut met = self.faults_met.lock().unwrap_or_else(|e| e.into_inner());
+        let count = met.entry(model.to_string()).or_default();
+        if *count < times {
+            *count += 1;
+            true
+        } else {
+            false
+        }
     }
 
     fn store(&self, metadata: Map<String, Value>, completion: Value) {
@@ -190,6 +208,7 @@ pub async fn serve_with_shutdown(
         ledger,
         models,
         stored: Mutex::new(Vec::new()),
+        faults_met: Mutex::new(std::collections::HashMap::new()),
         closing,
     });
     tracing::info!(addr = ?listener.local_addr().ok(), "simulator listening");

@@ -343,7 +343,7 @@ async fn chat(
         Err(m) => return invalid(&m),
     };
     let bound = state.models.get(&request.model);
-    let behaviour = match bound.map_or_else(|| Behaviour::parse(&request.model), Ok) {
+    let mut behaviour = match bound.map_or_else(|| Behaviour::parse(&request.model), Ok) {
         Ok(b) => b,
         Err(m) => match state.config.default_behaviour {
             Some(b) => b,
@@ -375,6 +375,9 @@ async fn chat(
             Recorded::KeyReused => reused(),
         };
     }
+    if behaviour.fault != Fault::Healthy && !state.meets_fault(&request.model, behaviour.times) {
+        behaviour.fault = Fault::Healthy;
+    }
     match behaviour.fault {
         Fault::Hang => {
             state.closing().await;
@@ -398,6 +401,28 @@ async fn chat(
         }
         Fault::Overloaded => {
             return error(wire, 529, "overloaded_error", "overloaded", "Overloaded")
+        }
+        Fault::ContextLength => {
+            let tokens = honest_prompt_tokens(&request.turns);
+            return error(
+                wire,
+                400,
+                "invalid_request_error",
+                "context_length_exceeded",
+                &format!(
+                    "This model's maximum context length is smaller than the {tokens} tokens \
+                     of your messages (simulated). Please reduce the length of the messages."
+                ),
+            );
+        }
+        Fault::ContentFilter => {
+            return error(
+                wire,
+                400,
+                "invalid_request_error",
+                "content_policy_violation",
+                "Your request was rejected as a result of our safety system (simulated content filter).",
+            )
         }
         Fault::RateLimit { retry_after_s } => {
             let mut response = error(
@@ -434,6 +459,15 @@ async fn chat(
         Fault::DropResponse => Response::new(Body::from_stream(stream::once(async {
             Err::<Bytes, _>(aborted())
         }))),
+        Fault::MalformedBody => {
+            let mut response = Response::new(Body::from(
+                "{\"id\": \"sim-malformed\", \"choices\": [{\"mess",
+            ));
+            response
+                .headers_mut()
+                .insert("content-type", HeaderValue::from_static("application/json"));
+            response
+        }
         Fault::SlowFirstByte(wait) => {
             tokio::time::sleep(wait).await;
             answer_response(&state, wire, &answer, request.stream, behaviour.fault)

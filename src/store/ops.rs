@@ -116,14 +116,23 @@ macro_rules! store_ops {
             let live: LiveRow = sqlx::query_as(
                 "SELECT COUNT(*) FILTER (WHERE state = 'started') AS started, \
                  COUNT(*) FILTER (WHERE state = 'unknown') AS unknown, \
-                 COUNT(*) FILTER (WHERE kind = 'hedge') AS hedges \
+                 COUNT(*) FILTER (WHERE kind = 'hedge') AS hedges, \
+                 COUNT(*) FILTER (WHERE state = 'started' AND provider = $2) AS started_here, \
+                 COUNT(*) FILTER (WHERE state = 'unknown' AND provider = $2) AS unknown_here \
                  FROM attempts WHERE job_id = $1",
             )
             .bind(&new.job_id)
+            .bind(&new.provider)
             .fetch_one(&mut *conn)
             .await?;
             let takes_attempts = !state.is_final() && state != JobState::NeedsReview;
-            if let Err(refusal) = may_start(new.kind, !takes_attempts, LiveAttempts::from(live), new.max_hedges) {
+            if let Err(refusal) = may_start(
+                new.kind,
+                !takes_attempts,
+                LiveAttempts::from(live),
+                new.max_hedges,
+                new.reuses_key,
+            ) {
                 return Ok(Err(refusal));
             }
             let seq = attempt_count + 1;

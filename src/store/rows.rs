@@ -164,6 +164,8 @@ pub(crate) struct LiveRow {
     pub started: Option<i64>,
     pub unknown: Option<i64>,
     pub hedges: Option<i64>,
+    pub started_here: Option<i64>,
+    pub unknown_here: Option<i64>,
 }
 
 impl From<LiveRow> for crate::domain::LiveAttempts {
@@ -172,6 +174,8 @@ impl From<LiveRow> for crate::domain::LiveAttempts {
             started: r.started.unwrap_or(0),
             unknown: r.unknown.unwrap_or(0),
             hedges: r.hedges.unwrap_or(0),
+            started_here: r.started_here.unwrap_or(0),
+            unknown_here: r.unknown_here.unwrap_or(0),
         }
     }
 }

@@ -27,6 +27,7 @@ pub fn route(primary: &str, fallbacks: &[&str]) -> RouteConfig {
         attempt_timeout_ms: 20_000,
         max_hedges: 1,
         max_attempts: 4,
+        same_provider_retries: 1,
         backoff_base_ms: 10,
         backoff_cap_ms: 50,
         unknown_deadline_ms: 60_000,
@@ -70,6 +71,49 @@ pub fn write_provider(
          [timeouts]\nconnect_ms = 1000\nfirst_byte_ms = 30000\ntotal_ms = 30000\n"
     );
     std::fs::write(dir.join(format!("{name}.toml")), text).unwrap();
+}
+
+/// Make provider `name` of a world say it does not honour idempotency keys
+/// (its file is rewritten before the server loads it, from `tune`): an
+/// unknown attempt there then blocks re-sending to it (invariant 3).
+pub fn distrust_keys(config: &Config, name: &str) {
+    edit_provider(
+        config,
+        name,
+        "honours_idempotency_key = true",
+        "honours_idempotency_key = false",
+    );
+}
+
+/// Give provider `name` of a world another context window (from `tune`).
+pub fn set_window(config: &Config, name: &str, window: u32) {
+    edit_provider(
+        config,
+        name,
+        "context_window = 16384",
+        &format!("context_window = {window}"),
+    );
+}
+
+/// [`distrust_keys`] for a provider directory made by [`provider_dir`].
+pub fn distrust_keys_in(dir: &std::path::Path, name: &str) {
+    edit_provider_file(
+        dir,
+        name,
+        "honours_idempotency_key = true",
+        "honours_idempotency_key = false",
+    );
+}
+
+fn edit_provider(config: &Config, name: &str, from: &str, to: &str) {
+    edit_provider_file(&config.providers_dir, name, from, to);
+}
+
+fn edit_provider_file(dir: &std::path::Path, name: &str, from: &str, to: &str) {
+    let path = dir.join(format!("{name}.toml"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains(from), "{path:?} has no {from:?}");
+    std::fs::write(path, text.replace(from, to)).unwrap();
 }
 
 /// The engine settings tests use: fast polling and reconciliation.
@@ -241,6 +285,14 @@ impl World {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// How many requests reached the simulator under this job's key at
+    /// `provider` (replays of a recorded key count too).
+    pub fn deliveries(&self, job_id: &str, provider: &str) -> u64 {
+        self.sim
+            .ledger()
+            .deliveries(&onejob::providers::stable_key(job_id, provider))
     }
 
     /// How many times the simulator executed the work under this job's key at `provider`.

@@ -57,6 +57,9 @@ async fn an_unknown_ending_is_hedged_to_the_fallback_at_once(backend: Backend) {
     r.attempt_timeout_ms = 400;
     let world = start_world(backend, &two("primary-model"), r, |c| {
         distrust_keys(c, "primary");
+        // The reconciler asks only after the rescue has had its chance (it
+        // could otherwise find the executed work first and win with it).
+        c.engine.reconcile_min_age_ms = 1_000;
     })
     .await;
     // Reset after the request was sent (executed), a body that is not JSON

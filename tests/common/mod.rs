@@ -11,6 +11,7 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 pub mod procs;
+pub mod webdriver;
 pub mod world;
 
 pub const PG_ENV: &str = "ONEJOB_TEST_POSTGRES_URL";

@@ -97,8 +97,8 @@ fn legend(svg: &mut Svg, series: &[Series], y: f64) {
     let mut x = 40.0;
     for s in series {
         svg.rect(x, y - 9.0, 10.0, 10.0, s.colour, s.name);
-        svg.text(x + 14.0, y, s.name, "start", 11.0, "#475467");
-        x += 22.0 + s.name.len() as f64 * 6.5;
+        svg.text(x + 13.0, y, s.name, "start", 10.0, "#475467");
+        x += 18.0 + s.name.len() as f64 * 5.5;
     }
 }
 

@@ -94,6 +94,20 @@ pub struct ServerSection {
     pub providers_dir: Option<String>,
     /// One folder per contract [default: contracts/ beside the config].
     pub contracts_dir: Option<String>,
+    /// Whether `Idempotency-Key` is required [default: required].
+    pub idempotency: Option<IdempotencyMode>,
+}
+
+/// `[server] idempotency`: whether a create without `Idempotency-Key` is
+/// refused (`required`, the default) or given a fresh server-made key,
+/// echoed in the `Idempotency-Key` response header (`optional`). A keyless
+/// call is then not protected against the client's own retries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IdempotencyMode {
+    #[default]
+    Required,
+    Optional,
 }
 
 /// The policy a job runs under.
@@ -206,6 +220,7 @@ pub struct Config {
     pub contracts_dir: PathBuf,
     pub routes: BTreeMap<String, RouteConfig>,
     pub engine: EngineConfig,
+    pub idempotency: IdempotencyMode,
     /// Set by `onejob demo` and tests that start their own simulator: every
     /// `kind = "sim"` provider talks to this URL instead of its `base_url`.
     pub sim_base_url: Option<String>,
@@ -308,6 +323,7 @@ impl Config {
                 .join(file.server.contracts_dir.as_deref().unwrap_or("contracts")),
             routes,
             engine: file.engine,
+            idempotency: file.server.idempotency.unwrap_or_default(),
             sim_base_url: None,
         })
     }

@@ -7,7 +7,16 @@ use common::world::{route, start_world, ProviderSpec, World};
 use common::Backend;
 use serde_json::{json, Value};
 
-on_both_backends!(a_completion_is_one_job_however_often_it_is_sent);
+on_both_backends!(
+    a_completion_is_one_job_however_often_it_is_sent,
+    the_answer_names_the_model_and_attempt_that_answered,
+    provider_refusals_keep_their_code_in_openais_error_shape,
+    what_onejob_cannot_honour_is_refused_naming_the_field,
+    tool_calls_make_a_round_trip,
+    a_json_schema_answer_is_validated_and_a_broken_one_never_returned,
+    keyless_calls_get_a_made_key_when_idempotency_is_optional,
+    stream_is_not_part_of_the_fingerprint,
+);
 
 async fn complete(
     world: &World,
@@ -81,19 +90,19 @@ async fn a_completion_is_one_job_however_often_it_is_sent(backend: Backend) {
     streaming["stream"] = json!(true);
     let (status, _, err) = complete(&world, Some("chat-2"), &streaming).await;
     assert_eq!(
-        (status, err["error"]["code"].as_str()),
-        (422, Some("invalid_request"))
+        (status, err["error"]["param"].as_str()),
+        (422, Some("stream"))
     );
-    assert!(err["error"]["message"]
-        .as_str()
-        .unwrap()
-        .starts_with("stream"));
     let mut other_route = body.clone();
     other_route["model"] = json!("gpt-nonexistent");
     let (status, _, err) = complete(&world, Some("chat-3"), &other_route).await;
     assert_eq!(
-        (status, err["error"]["code"].as_str()),
-        (422, Some("invalid_request"))
+        (
+            status,
+            err["error"]["code"].as_str(),
+            err["error"]["param"].as_str()
+        ),
+        (404, Some("model_not_found"), Some("model"))
     );
     assert_eq!(
         world.store.count_jobs().await.unwrap(),
@@ -105,10 +114,315 @@ async fn a_completion_is_one_job_however_often_it_is_sent(backend: Backend) {
     refused["model"] = json!("refused");
     let (status, headers, err) = complete(&world, Some("chat-4"), &refused).await;
     assert_eq!(
-        (status, err["error"]["code"].as_str()),
-        (502, Some("job_not_completed")),
-        "{err}"
+        (
+            status,
+            err["error"]["code"].as_str(),
+            err["error"]["type"].as_str()
+        ),
+        (400, Some("bad_request"), Some("invalid_request_error")),
+        "the provider's refusal, in OpenAI's error shape: {err}"
     );
+    assert!(err["error"].as_object().unwrap().contains_key("param"));
     assert_eq!(headers["x-should-retry"], "false");
+    world.stop().await;
+}
+
+async fn the_answer_names_the_model_and_attempt_that_answered(backend: Backend) {
+    let providers = [
+        ProviderSpec {
+            name: "primary",
+            model: "fail:503",
+        },
+        ProviderSpec {
+            name: "fallback",
+            model: "healthy:latency=5",
+        },
+    ];
+    let mut r = route("primary", &["fallback"]);
+    r.same_provider_retries = 0;
+    let world = start_world(backend, &providers, r, |_| {}).await;
+    let body = json!({"model": "default", "messages": [{"role": "user", "content": "hi"}],
+                      "stop": "END", "seed": 7, "user": "u-1",
+                      "presence_penalty": 0.5, "frequency_penalty": -0.5});
+    let (status, headers, answer) = complete(&world, Some("named-1"), &body).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer["model"], "healthy:latency=5",
+        "the fallback's model answered"
+    );
+    assert_eq!(headers["x-onejob-provider"], "fallback");
+    let job_id = headers["x-onejob-job-id"].to_str().unwrap();
+    let attempts = world.attempts(job_id).await;
+    let winner = attempts.iter().find(|a| a["state"] == "succeeded").unwrap();
+    assert_eq!(headers["x-onejob-attempt"], winner["id"].as_str().unwrap());
+    // The sampling options were carried into the job, not dropped.
+    let job = world.store.get_job(job_id).await.unwrap().unwrap();
+    let request: Value = serde_json::from_str(&job.request).unwrap();
+    assert_eq!(
+        request["params"],
+        json!({"stop": ["END"], "seed": 7, "user": "u-1",
+               "presence_penalty": 0.5, "frequency_penalty": -0.5})
+    );
+
+    let (status, models) = world.get(&world.key, "/v1/models").await;
+    assert_eq!(status, 200);
+    assert_eq!(models["object"], "list");
+    assert_eq!(
+        models["data"],
+        json!([{"id": "default", "object": "model", "created": 0, "owned_by": "onejob"}])
+    );
+    let (status, missing) = world.get(&world.key, "/v1/models/nope").await;
+    assert_eq!(
+        (status, missing["error"]["code"].as_str()),
+        (404, Some("model_not_found"))
+    );
+    let response = world
+        .client
+        .get(format!("{}/v1/models", world.address))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 401);
+    assert_eq!(response.headers()["x-should-retry"], "false");
+    let err: Value = response.json().await.unwrap();
+    assert_eq!(err["error"]["type"], "authentication_error");
+    world.stop().await;
+}
+
+async fn provider_refusals_keep_their_code_in_openais_error_shape(backend: Backend) {
+    let providers = [
+        ProviderSpec {
+            name: "long",
+            model: "context_length",
+        },
+        ProviderSpec {
+            name: "filtered",
+            model: "content_filter",
+        },
+        ProviderSpec {
+            name: "limited",
+            model: "rate_limit:retry_after=0",
+        },
+    ];
+    let world = start_world(backend, &providers, route("long", &[]), |c| {
+        c.routes.insert("filtered".into(), route("filtered", &[]));
+        let mut limited = route("limited", &[]);
+        limited.max_attempts = 2;
+        c.routes.insert("limited".into(), limited);
+    })
+    .await;
+    for (model, status, code) in [
+        ("default", 400, "context_length_exceeded"),
+        ("filtered", 400, "content_policy_violation"),
+        ("limited", 429, "rate_limit_exceeded"),
+    ] {
+        let body = json!({"model": model, "messages": [{"role": "user", "content": "hi"}]});
+        let (got, headers, err) = complete(&world, Some(&format!("refused-{model}")), &body).await;
+        assert_eq!(
+            (got, err["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{model}: {err}"
+        );
+        let error = err["error"].as_object().unwrap();
+        for field in ["message", "type", "param", "code"] {
+            assert!(
+                error.contains_key(field),
+                "{model}: {field} missing in {err}"
+            );
+        }
+        assert_eq!(
+            headers["x-should-retry"], "false",
+            "{model}: a replay answers the same"
+        );
+        assert!(headers.contains_key("x-onejob-job-id"));
+    }
+    world.stop().await;
+}
+
+async fn what_onejob_cannot_honour_is_refused_naming_the_field(backend: Backend) {
+    let providers = [ProviderSpec {
+        name: "primary",
+        model: "healthy",
+    }];
+    let world = start_world(backend, &providers, route("primary", &[]), |_| {}).await;
+    let base = json!({"model": "default", "messages": [{"role": "user", "content": "hi"}]});
+    for (extra, param) in [
+        (json!({"n": 2}), "n"),
+        (json!({"logit_bias": {"50256": -100}}), "logit_bias"),
+        (json!({"parallel_tool_calls": false}), "parallel_tool_calls"),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]}),
+            "messages[0].content[0].type",
+        ),
+        (json!({"presence_penalty": 3}), "presence_penalty"),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+            "response_format.json_schema.schema",
+        ),
+    ] {
+        let mut body = base.clone();
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let (status, headers, err) = complete(&world, Some(&format!("no-{param}")), &body).await;
+        assert_eq!(
+            (status, err["error"]["param"].as_str()),
+            (422, Some(param)),
+            "{err}"
+        );
+        assert!(
+            err["error"]["message"].as_str().unwrap().contains(param),
+            "{err}"
+        );
+        assert_eq!(headers["x-should-retry"], "false");
+    }
+    assert_eq!(
+        world.store.count_jobs().await.unwrap(),
+        0,
+        "nothing was written"
+    );
+    world.stop().await;
+}
+
+fn weather_tool() -> Value {
+    json!([{"type": "function", "function": {
+        "name": "get_weather", "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"], "additionalProperties": false}}}])
+}
+
+async fn tool_calls_make_a_round_trip(backend: Backend) {
+    let providers = [ProviderSpec {
+        name: "primary",
+        model: "healthy",
+    }];
+    let world = start_world(backend, &providers, route("primary", &[]), |_| {}).await;
+    let ask = json!({"model": "default", "tools": weather_tool(), "tool_choice": "auto",
+                     "messages": [{"role": "user", "content": "Weather in Paris?"}]});
+    let (status, _, first) = complete(&world, Some("tool-1"), &ask).await;
+    assert_eq!(status, 200, "{first}");
+    let choice = &first["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls");
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["type"], "function");
+    assert_eq!(call["function"]["name"], "get_weather");
+    let arguments: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert!(arguments["city"].is_string(), "{arguments}");
+
+    let answer = json!({"model": "default", "tools": weather_tool(),
+        "messages": [{"role": "user", "content": "Weather in Paris?"},
+                     choice["message"].clone(),
+                     {"role": "tool", "tool_call_id": call["id"], "content": "{\"temp_c\": 18}"}]});
+    let (status, _, second) = complete(&world, Some("tool-2"), &answer).await;
+    assert_eq!(status, 200, "{second}");
+    assert_eq!(second["choices"][0]["finish_reason"], "stop");
+    assert!(!second["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .is_empty());
+    world.stop().await;
+}
+
+async fn a_json_schema_answer_is_validated_and_a_broken_one_never_returned(backend: Backend) {
+    let providers = [
+        ProviderSpec {
+            name: "primary",
+            model: "ignore_system",
+        },
+        ProviderSpec {
+            name: "fallback",
+            model: "healthy",
+        },
+    ];
+    let mut r = route("primary", &["fallback"]);
+    r.same_provider_retries = 0;
+    let world = start_world(backend, &providers, r, |_| {}).await;
+    let schema = json!({"type": "object", "properties": {"label": {"type": "string", "enum": ["bug", "question"]},
+                        "score": {"type": "integer"}}, "required": ["label", "score"], "additionalProperties": false});
+    let body = json!({"model": "default", "messages": [{"role": "user", "content": "classify: it crashes"}],
+                      "response_format": {"type": "json_schema", "json_schema": {"name": "triage", "schema": schema, "strict": true}}});
+    let (status, headers, answer) = complete(&world, Some("schema-1"), &body).await;
+    assert_eq!(status, 200, "{answer}");
+    let content: Value =
+        serde_json::from_str(answer["choices"][0]["message"]["content"].as_str().unwrap()).unwrap();
+    assert!(
+        ["bug", "question"].contains(&content["label"].as_str().unwrap()),
+        "{content}"
+    );
+    assert!(content["score"].is_i64(), "{content}");
+    assert_eq!(headers["x-onejob-provider"], "fallback");
+    let attempts = world
+        .attempts(headers["x-onejob-job-id"].to_str().unwrap())
+        .await;
+    assert_eq!(
+        (
+            attempts[0]["provider"].as_str(),
+            attempts[0]["error_kind"].as_str()
+        ),
+        (Some("primary"), Some("contract_violation")),
+        "prose that breaks the schema is a failed attempt, never the result: {attempts:?}"
+    );
+
+    let json_object = json!({"model": "default", "messages": [{"role": "user", "content": "as JSON please"}],
+                             "response_format": {"type": "json_object"}});
+    let (status, _, answer) = complete(&world, Some("object-1"), &json_object).await;
+    assert_eq!(status, 200, "{answer}");
+    let content: Value =
+        serde_json::from_str(answer["choices"][0]["message"]["content"].as_str().unwrap()).unwrap();
+    assert!(content.is_object());
+    world.stop().await;
+}
+
+async fn keyless_calls_get_a_made_key_when_idempotency_is_optional(backend: Backend) {
+    let providers = [ProviderSpec {
+        name: "primary",
+        model: "healthy",
+    }];
+    let world = start_world(backend, &providers, route("primary", &[]), |c| {
+        c.idempotency = onejob::config::IdempotencyMode::Optional;
+    })
+    .await;
+    let body = json!({"model": "default", "messages": [{"role": "user", "content": "hi"}]});
+    let (status, headers, first) = complete(&world, None, &body).await;
+    assert_eq!(status, 200, "{first}");
+    let made = headers["idempotency-key"].to_str().unwrap().to_string();
+    assert!(made.starts_with("onejob-made-"), "{made}");
+    let (_, headers2, _) = complete(&world, None, &body).await;
+    assert_ne!(
+        headers2["idempotency-key"],
+        made.as_str(),
+        "each keyless call is its own job"
+    );
+    assert_eq!(world.store.count_jobs().await.unwrap(), 2);
+    // The made key replays like any other.
+    let (status, again_headers, again) = complete(&world, Some(&made), &body).await;
+    assert_eq!(status, 200);
+    assert_eq!(again_headers["idempotent-replayed"], "true");
+    assert_eq!(again["choices"], first["choices"]);
+    assert!(
+        !again_headers.contains_key("idempotency-key"),
+        "a client key is not echoed"
+    );
+    world.stop().await;
+}
+
+async fn stream_is_not_part_of_the_fingerprint(backend: Backend) {
+    // The job request a completion makes never holds stream or
+    // stream_options, so a replay may ask either way.
+    let plain = json!({"model": "default", "messages": [{"role": "user", "content": "hi"}]});
+    let mut streamed = plain.clone();
+    streamed["stream_options"] = json!({"include_usage": true});
+    streamed["stream"] = json!(false);
+    let providers = [ProviderSpec {
+        name: "primary",
+        model: "healthy",
+    }];
+    let world = start_world(backend, &providers, route("primary", &[]), |_| {}).await;
+    let (status, h1, _) = complete(&world, Some("fp-1"), &plain).await;
+    assert_eq!(status, 200);
+    let (status, h2, _) = complete(&world, Some("fp-1"), &streamed).await;
+    assert_eq!(status, 200, "not a 409: the same intent");
+    assert_eq!(h1["x-onejob-job-id"], h2["x-onejob-job-id"]);
     world.stop().await;
 }

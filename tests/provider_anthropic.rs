@@ -152,10 +152,7 @@ async fn a_conversation_opening_with_the_assistant_is_never_sent() {
     let mut req = request();
     req.messages.insert(
         0,
-        onejob::domain::request::Message {
-            role: onejob::domain::request::Role::Assistant,
-            content: "hello".into(),
-        },
+        onejob::domain::request::Message::new(onejob::domain::request::Role::Assistant, "hello"),
     );
     let outcome = provider.call(&req).await;
     assert!(

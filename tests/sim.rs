@@ -48,15 +48,13 @@ fn schema() -> Value {
 fn prompt(text: &str, key: &str) -> ChatRequest {
     ChatRequest {
         system: Some("Classify the message. Answer with JSON only.".into()),
-        messages: vec![Message {
-            role: Role::User,
-            content: text.into(),
-        }],
+        messages: vec![Message::new(Role::User, text)],
         temperature: Some(0.0),
         max_tokens: Some(128),
         top_p: None,
         response_schema: Some(schema()),
         idempotency_key: key.into(),
+        options: onejob::providers::ChatOptions::default(),
     }
 }
 

@@ -81,10 +81,7 @@ impl Contract {
             messages.push(message(Role::User, &turn.user));
             messages.push(message(Role::Assistant, &turn.assistant));
         }
-        messages.push(Message {
-            role: Role::User,
-            content: user_turn,
-        });
+        messages.push(Message::new(Role::User, user_turn));
         let prompt = RenderedPrompt { system, messages };
         check_wire_shape(&prompt, wire)?;
         Ok(prompt)
@@ -112,6 +109,7 @@ impl Contract {
             top_p: None,
             response_schema: Some(self.schema.clone()),
             idempotency_key,
+            options: crate::providers::ChatOptions::default(),
         }
     }
 
@@ -137,10 +135,7 @@ impl Contract {
 }
 
 fn message(role: Role, content: &str) -> Message {
-    Message {
-        role,
-        content: content.to_string(),
-    }
+    Message::new(role, content)
 }
 
 fn template_error(e: &minijinja::Error) -> RenderError {

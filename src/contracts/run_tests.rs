@@ -82,6 +82,7 @@ fn honest_prompt_tokens(request: &ChatRequest) -> u32 {
 fn success(output: String, prompt_tokens: Option<u32>) -> CallOutcome {
     CallOutcome::Succeeded(Success {
         output,
+        tool_calls: Vec::new(),
         usage: prompt_tokens.map(|prompt_tokens| Usage {
             prompt_tokens,
             completion_tokens: 20,

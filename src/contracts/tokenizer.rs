@@ -253,6 +253,7 @@ fn role_name(role: crate::domain::request::Role) -> &'static str {
         Role::System => "system",
         Role::User => "user",
         Role::Assistant => "assistant",
+        Role::Tool => "tool",
     }
 }
 
@@ -321,10 +322,10 @@ mod tests {
     fn chat_count_adds_framing_per_message() {
         let prompt = RenderedPrompt {
             system: None,
-            messages: vec![crate::domain::request::Message {
-                role: crate::domain::request::Role::User,
-                content: "hello world".into(),
-            }],
+            messages: vec![crate::domain::request::Message::new(
+                crate::domain::request::Role::User,
+                "hello world",
+            )],
         };
         let counted = check_prompt("cl100k_base", 1000, 10, &prompt).unwrap();
         // "hello world" = 2 tokens, "user" = 1, framing 3, priming 3.
@@ -335,10 +336,10 @@ mod tests {
     fn prompt_that_leaves_no_room_for_max_tokens_overflows() {
         let prompt = RenderedPrompt {
             system: Some("be brief".into()),
-            messages: vec![crate::domain::request::Message {
-                role: crate::domain::request::Role::User,
-                content: "hello world".into(),
-            }],
+            messages: vec![crate::domain::request::Message::new(
+                crate::domain::request::Role::User,
+                "hello world",
+            )],
         };
         let fits = check_prompt("o200k_base", 1000, 10, &prompt).unwrap();
         let window = fits.prompt_tokens + 10;

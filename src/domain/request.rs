@@ -26,11 +26,44 @@ pub struct JobRequest {
     pub route: String,
 }
 
+/// One chat turn. Beyond role and text, a turn may carry what the OpenAI
+/// chat format has (each omitted when absent, so older requests and their
+/// fingerprints are unchanged): the assistant's tool calls, the id of the
+/// call a `tool` turn answers, and content parts other than text (images),
+/// kept as given, with `content` holding the text parts joined.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Message {
     pub role: Role,
     pub content: String,
+    /// OpenAI-shaped `{"id","type":"function","function":{"name","arguments"}}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The content parts as given, when any is not text (e.g. `image_url`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parts: Option<Vec<Value>>,
+}
+
+impl Message {
+    /// A plain text turn.
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        Message {
+            role,
+            content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
+            parts: None,
+        }
+    }
+
+    /// Whether the turn carries an image part.
+    pub fn has_images(&self) -> bool {
+        self.parts
+            .as_ref()
+            .is_some_and(|parts| parts.iter().any(|p| p["type"] == "image_url"))
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,6 +72,8 @@ pub enum Role {
     System,
     User,
     Assistant,
+    /// The result of a tool call, answering the assistant's `tool_calls`.
+    Tool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -50,6 +85,29 @@ pub struct Params {
     pub max_tokens: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_p: Option<f64>,
+    /// Up to 4 sequences where the provider stops.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
+    /// The end user, passed to providers that take it (abuse monitoring).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presence_penalty: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frequency_penalty: Option<f64>,
+    /// Tools offered, in OpenAI's shape `{"type":"function","function":{"name",…}}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<Value>>,
+    /// `"none"`, `"auto"`, `"required"` or `{"type":"function","function":{"name"}}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<Value>,
+    /// `{"type":"text"}`, `{"type":"json_object"}` or
+    /// `{"type":"json_schema","json_schema":{"name","schema",…}}`: an answer
+    /// that breaks it is a `contract_violation`, never the result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<Value>,
 }
 
 fn default_route() -> String {
@@ -139,6 +197,8 @@ impl JobRequest {
         if self.route.trim().is_empty() {
             return invalid("route: must not be empty");
         }
+        self.params
+            .validate_openai_fields(self.contract.is_some())?;
         Ok(())
     }
 
@@ -191,6 +251,97 @@ mod tests {
             JobRequest::parse(b"{\"messages\":"),
             Err(RequestError::Malformed(_))
         ));
+    }
+}
+
+impl Params {
+    /// The OpenAI-style fields: within their ranges, tools well formed, a
+    /// named tool choice among the tools, a response format onejob checks.
+    fn validate_openai_fields(&self, has_contract: bool) -> Result<(), RequestError> {
+        let invalid = |m: String| Err(RequestError::Invalid(m));
+        for (name, value) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if value.is_some_and(|v| !(-2.0..=2.0).contains(&v)) {
+                return invalid(format!("params.{name}: must be between -2 and 2"));
+            }
+        }
+        if let Some(stop) = &self.stop {
+            if stop.len() > 4 || stop.iter().any(String::is_empty) {
+                return invalid("params.stop: at most 4 non-empty sequences".into());
+            }
+        }
+        let mut tool_names = Vec::new();
+        for (i, tool) in self.tools.iter().flatten().enumerate() {
+            let name = tool.pointer("/function/name").and_then(Value::as_str);
+            match (tool["type"].as_str(), name) {
+                (Some("function"), Some(name)) if !name.is_empty() => tool_names.push(name),
+                _ => {
+                    return invalid(format!(
+                        "params.tools[{i}]: must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"
+                    ))
+                }
+            }
+        }
+        if let Some(choice) = &self.tool_choice {
+            match choice {
+                Value::String(s) if matches!(s.as_str(), "none" | "auto" | "required") => {}
+                Value::Object(_) => {
+                    let named = choice.pointer("/function/name").and_then(Value::as_str);
+                    if !named.is_some_and(|n| tool_names.contains(&n)) {
+                        return invalid(
+                            "params.tool_choice: must name a function among the tools".into(),
+                        );
+                    }
+                }
+                _ => {
+                    return invalid(
+                        "params.tool_choice: \"none\", \"auto\", \"required\" or a named function"
+                            .into(),
+                    )
+                }
+            }
+            if self.tools.is_none() {
+                return invalid("params.tool_choice: given without tools".into());
+            }
+        }
+        if let Some(format) = &self.response_format {
+            if has_contract {
+                return invalid(
+                    "params.response_format: a contract job's output is defined by its contract"
+                        .into(),
+                );
+            }
+            match format["type"].as_str() {
+                Some("text" | "json_object") => {}
+                Some("json_schema") => {
+                    if !format
+                        .pointer("/json_schema/schema")
+                        .is_some_and(Value::is_object)
+                    {
+                        return invalid(
+                            "params.response_format.json_schema.schema: a JSON Schema object is required"
+                                .into(),
+                        );
+                    }
+                    if let Some(schema) = format.pointer("/json_schema/schema") {
+                        if let Err(e) = jsonschema::validator_for(schema) {
+                            return invalid(format!(
+                                "params.response_format.json_schema.schema: not a valid JSON Schema: {e}"
+                            ));
+                        }
+                    }
+                }
+                _ => {
+                    return invalid(
+                        "params.response_format.type: \"text\", \"json_object\" or \"json_schema\""
+                            .into(),
+                    )
+                }
+            }
+        }
+        Ok(())
     }
 }
 

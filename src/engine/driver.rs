@@ -479,7 +479,7 @@ async fn settle(inner: &Inner, plan: &JobPlan, attempt: &Attempt, outcome: CallO
             if let Some(u) = success.usage {
                 tokens = u64::from(u.prompt_tokens) + u64::from(u.completion_tokens);
             }
-            match plan.result_from(&success.output) {
+            match plan.result_from(&success) {
                 Ok(result) => {
                     let usage = success.usage.and_then(|u| serde_json::to_string(&u).ok());
                     let provider_request_id = success.provider_request_id;

@@ -9,7 +9,8 @@ use crate::domain::request::{Message, Role};
 use crate::domain::JobRequest;
 use crate::providers::catalog::ProviderEntry;
 use crate::providers::config::ProviderKind;
-use crate::providers::{stable_key, ChatRequest};
+use crate::providers::{stable_key, ChatOptions, ChatRequest, Success};
+use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -121,6 +122,8 @@ impl JobPlan {
                 provider.name, provider.config.context_window
             )));
         }
+        let params = &self.request.params;
+        self.check_capabilities(provider, &prompt)?;
         let key = stable_key(&self.job_id, &provider.name);
         let mut request = match self.contract() {
             Some(contract) => contract.request_for(prompt, key),
@@ -132,25 +135,120 @@ impl JobPlan {
                 top_p: None,
                 response_schema: None,
                 idempotency_key: key,
+                options: ChatOptions::default(),
             },
         };
-        let params = &self.request.params;
         request.temperature = params.temperature.or(request.temperature);
         request.top_p = params.top_p.or(request.top_p);
         request.max_tokens = Some(max_tokens);
+        let format = params.response_format.as_ref();
+        let format_type = format.and_then(|f| f["type"].as_str());
+        if format_type == Some("json_schema") {
+            request.response_schema = format
+                .and_then(|f| f.pointer("/json_schema/schema"))
+                .cloned();
+        }
+        request.options = ChatOptions {
+            stop: params.stop.clone(),
+            seed: params.seed,
+            user: params.user.clone(),
+            presence_penalty: params.presence_penalty,
+            frequency_penalty: params.frequency_penalty,
+            tools: params.tools.clone(),
+            tool_choice: params.tool_choice.clone(),
+            json_object: format_type == Some("json_object"),
+            schema_name: format
+                .and_then(|f| f.pointer("/json_schema/name"))
+                .and_then(Value::as_str)
+                .map(str::to_string),
+        };
         Ok(request)
     }
 
-    /// The job result a provider's output makes: for a contract job the output
-    /// validated against its schema (canonical JSON), else the text as a JSON
-    /// string. A violation is a failed attempt of kind `contract_violation`.
-    pub fn result_from(&self, output: &str) -> Result<String, (String, String)> {
-        match self.contract() {
-            Some(contract) => match contract.validate_output(output) {
-                Ok(value) => Ok(crate::domain::fingerprint::canonical_json(&value)),
-                Err(violation) => Err((CONTRACT_VIOLATION_KIND.to_string(), violation.to_string())),
-            },
-            None => Ok(serde_json::Value::String(output.to_string()).to_string()),
+    /// What a provider cannot honour makes it skip the job, never drop the
+    /// ask: image parts need `accepts_images`; the Anthropic wire format has
+    /// no `seed` or penalties.
+    fn check_capabilities(
+        &self,
+        provider: &ProviderEntry,
+        prompt: &RenderedPrompt,
+    ) -> Result<(), PlanError> {
+        if prompt.messages.iter().any(Message::has_images) && !provider.config.takes_images() {
+            return Err(PlanError(format!(
+                "{}: does not accept image parts (accepts_images = false)",
+                provider.name
+            )));
         }
+        if Self::wire(provider) == WireFormat::Anthropic {
+            let params = &self.request.params;
+            for (name, given) in [
+                ("seed", params.seed.is_some()),
+                ("presence_penalty", params.presence_penalty.is_some()),
+                ("frequency_penalty", params.frequency_penalty.is_some()),
+            ] {
+                if given {
+                    return Err(PlanError(format!(
+                        "{}: {name} is not supported by the Anthropic wire format",
+                        provider.name
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The job result a provider's answer makes: for a contract job the
+    /// output validated against its schema (canonical JSON); for a turn that
+    /// calls tools `{"content", "tool_calls"}`; else the text as a JSON
+    /// string, checked against the request's `response_format` when it asks
+    /// for JSON. A violation is a failed attempt of kind `contract_violation`.
+    pub fn result_from(&self, success: &Success) -> Result<String, (String, String)> {
+        let output = success.output.as_str();
+        let violation = |message: String| (CONTRACT_VIOLATION_KIND.to_string(), message);
+        if let Some(contract) = self.contract() {
+            return match contract.validate_output(output) {
+                Ok(value) => Ok(crate::domain::fingerprint::canonical_json(&value)),
+                Err(v) => Err(violation(v.to_string())),
+            };
+        }
+        if !success.tool_calls.is_empty() {
+            let content = (!output.is_empty()).then_some(output);
+            return Ok(json!({"content": content, "tool_calls": success.tool_calls}).to_string());
+        }
+        let format = self.request.params.response_format.as_ref();
+        match format.and_then(|f| f["type"].as_str()) {
+            Some("json_object") => match serde_json::from_str::<Value>(output) {
+                Ok(Value::Object(_)) => {}
+                _ => {
+                    return Err(violation(
+                        "response_format json_object: the answer is not a JSON object".into(),
+                    ))
+                }
+            },
+            Some("json_schema") => {
+                let schema = format
+                    .and_then(|f| f.pointer("/json_schema/schema"))
+                    .cloned()
+                    .unwrap_or(Value::Null);
+                let value: Value = serde_json::from_str(output).map_err(|e| {
+                    violation(format!(
+                        "response_format json_schema: the answer is not JSON: {e}"
+                    ))
+                })?;
+                let validator = jsonschema::validator_for(&schema)
+                    .map_err(|e| violation(format!("response_format json_schema: {e}")))?;
+                let first_error = validator.iter_errors(&value).next().map(|error| {
+                    format!(
+                        "response_format json_schema: the answer breaks the schema at {:?}: {error}",
+                        error.instance_path().to_string()
+                    )
+                });
+                if let Some(message) = first_error {
+                    return Err(violation(message));
+                }
+            }
+            _ => {}
+        }
+        Ok(Value::String(output.to_string()).to_string())
     }
 }

@@ -116,7 +116,7 @@ async fn reconcile(inner: &Arc<Inner>, attempt: &Attempt) -> Result<(), crate::s
         Lookup::Found(success) => {
             Metrics::inc(&inner.metrics.reconciled_found);
             let end = match JobPlan::new(&job.id, &job.request, &inner.contracts)
-                .map(|p| p.result_from(&success.output))
+                .map(|p| p.result_from(&success))
             {
                 Ok(Ok(result)) => AttemptEnd::Succeeded {
                     output: result,

@@ -65,7 +65,7 @@ pub async fn create(
     headers: HeaderMap,
     LimitedBody(body): LimitedBody,
 ) -> Result<Response, ApiError> {
-    let key = idempotency_key(&headers)?;
+    let (key, made_here) = super::openai_compat::key_for(&state, &headers)?;
     let submitted = jobs::submit(
         state.store.as_ref(),
         state.clock.as_ref(),
@@ -113,6 +113,12 @@ pub async fn create(
         response
             .headers_mut()
             .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    if made_here {
+        // `[server] idempotency = "optional"`: the key made for this call, so
+        // the client can replay it.
+        let key = HeaderValue::from_str(key.as_str()).map_err(|e| ApiError::Internal(e.into()))?;
+        response.headers_mut().insert("idempotency-key", key);
     }
     if let Some(secs) = wait {
         if let Ok(value) = HeaderValue::from_str(&format!("wait={secs}")) {

@@ -56,6 +56,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/jobs/{id}", get(jobs::show))
         .route("/v1/jobs/{id}/attempts", get(jobs::attempts))
         .route("/v1/chat/completions", post(openai_compat::create))
+        .route("/v1/models", get(openai_compat::list_models))
+        .route("/v1/models/{model}", get(openai_compat::show_model))
         .route("/v1/jobs/{id}/retry", post(job_actions::retry))
         .route("/v1/jobs/{id}/cancel", post(job_actions::cancel))
         .route("/v1/admin/review", get(admin_review::list))

@@ -10,7 +10,7 @@ use super::classify::{classify_response, error_chain};
 use super::config::{ProviderConfig, Secret, Timeouts};
 use super::transport::exchange;
 use super::{CallOutcome, ChatRequest, Failure, Lookup, Provider, Success, Usage};
-use crate::domain::request::Role;
+use crate::domain::request::{Message, Role};
 use async_trait::async_trait;
 use serde_json::{json, Map, Value};
 use std::time::Duration;
@@ -48,26 +48,147 @@ impl AnthropicProvider {
     }
 }
 
+/// A turn's content: plain text (merged with a neighbour of the same role
+/// by a blank line), or content blocks (tool use, tool results, images).
+enum Content {
+    Text(String),
+    Blocks(Vec<Value>),
+}
+
+impl Content {
+    fn into_blocks(self) -> Vec<Value> {
+        match self {
+            Content::Text(t) => vec![json!({"type": "text", "text": t})],
+            Content::Blocks(b) => b,
+        }
+    }
+
+    fn into_value(self) -> Value {
+        match self {
+            Content::Text(t) => json!(t),
+            Content::Blocks(b) => Value::Array(b),
+        }
+    }
+}
+
+/// An OpenAI content part as an Anthropic block (`image_url` becomes an
+/// `image` block from a URL or a base64 `data:` URL).
+fn part_block(part: &Value) -> Result<Value, String> {
+    match part["type"].as_str() {
+        Some("text") => Ok(json!({"type": "text", "text": part["text"]})),
+        Some("image_url") => {
+            let url = part
+                .pointer("/image_url/url")
+                .and_then(Value::as_str)
+                .ok_or("image_url part without a url")?;
+            let source = match url
+                .strip_prefix("data:")
+                .and_then(|rest| rest.split_once(";base64,"))
+            {
+                Some((media_type, data)) => {
+                    json!({"type": "base64", "media_type": media_type, "data": data})
+                }
+                None => json!({"type": "url", "url": url}),
+            };
+            Ok(json!({"type": "image", "source": source}))
+        }
+        other => Err(format!("content part of type {other:?} is not supported")),
+    }
+}
+
+/// A turn in Anthropic's terms: its role and content.
+fn turn_of(m: &Message) -> Result<(&'static str, Content), String> {
+    match m.role {
+        Role::System => Err("system turns are placed top-level".into()),
+        Role::Tool => Ok((
+            "user",
+            Content::Blocks(vec![json!({
+                "type": "tool_result",
+                "tool_use_id": m.tool_call_id.as_deref().unwrap_or_default(),
+                "content": m.content,
+            })]),
+        )),
+        Role::User | Role::Assistant => {
+            let role = if m.role == Role::User {
+                "user"
+            } else {
+                "assistant"
+            };
+            let mut blocks = match &m.parts {
+                Some(parts) => parts
+                    .iter()
+                    .map(part_block)
+                    .collect::<Result<Vec<_>, _>>()?,
+                None if m.tool_calls.is_none() => {
+                    return Ok((role, Content::Text(m.content.clone())))
+                }
+                None if m.content.is_empty() => Vec::new(),
+                None => vec![json!({"type": "text", "text": m.content})],
+            };
+            for call in m.tool_calls.iter().flatten() {
+                let arguments = call.pointer("/function/arguments").and_then(Value::as_str);
+                let input: Value = match arguments {
+                    Some(text) if !text.trim().is_empty() => serde_json::from_str(text)
+                        .map_err(|e| format!("tool call arguments are not JSON: {e}"))?,
+                    _ => json!({}),
+                };
+                blocks.push(json!({
+                    "type": "tool_use",
+                    "id": call["id"],
+                    "name": call.pointer("/function/name").cloned().unwrap_or(Value::Null),
+                    "input": input,
+                }));
+            }
+            Ok((role, Content::Blocks(blocks)))
+        }
+    }
+}
+
+/// OpenAI's `tool_choice` in Anthropic's terms.
+fn tool_choice(choice: &Value) -> Value {
+    match choice {
+        Value::String(s) if s == "required" => json!({"type": "any"}),
+        Value::String(s) if s == "none" => json!({"type": "none"}),
+        Value::Object(_) => json!({"type": "tool", "name": choice.pointer("/function/name")}),
+        _ => json!({"type": "auto"}),
+    }
+}
+
 /// The request body in Anthropic's wire format, or why the conversation
 /// cannot be expressed in it (the request is then never sent).
 pub fn request_body(model: &str, request: &ChatRequest) -> Result<Value, String> {
+    let options = &request.options;
+    for (name, given) in [
+        ("seed", options.seed.is_some()),
+        ("presence_penalty", options.presence_penalty.is_some()),
+        ("frequency_penalty", options.frequency_penalty.is_some()),
+    ] {
+        if given {
+            return Err(format!(
+                "{name} is not supported by the Anthropic wire format"
+            ));
+        }
+    }
     let mut system: Vec<&str> = request.system.iter().map(String::as_str).collect();
-    let mut turns: Vec<(&'static str, String)> = Vec::new();
+    let mut turns: Vec<(&'static str, Content)> = Vec::new();
     for m in &request.messages {
-        let role = match m.role {
-            Role::System => {
-                system.push(&m.content);
-                continue;
-            }
-            Role::User => "user",
-            Role::Assistant => "assistant",
-        };
-        match turns.last_mut() {
-            Some((last, text)) if *last == role => {
+        if m.role == Role::System {
+            system.push(&m.content);
+            continue;
+        }
+        let (role, content) = turn_of(m)?;
+        match (turns.last_mut(), content) {
+            (Some((last, Content::Text(text))), Content::Text(more)) if *last == role => {
                 text.push_str("\n\n");
-                text.push_str(&m.content);
+                text.push_str(&more);
             }
-            _ => turns.push((role, m.content.clone())),
+            (Some((last, previous)), content) if *last == role => {
+                let mut blocks =
+                    std::mem::replace(previous, Content::Blocks(Vec::new())).into_blocks();
+                blocks.extend(content.into_blocks());
+                *previous = Content::Blocks(blocks);
+            }
+            (_, content) => turns.push((role, content)),
         }
     }
     match turns.first() {
@@ -77,7 +198,7 @@ pub fn request_body(model: &str, request: &ChatRequest) -> Result<Value, String>
     }
     let messages: Vec<Value> = turns
         .into_iter()
-        .map(|(role, content)| json!({"role": role, "content": content}))
+        .map(|(role, content)| json!({"role": role, "content": content.into_value()}))
         .collect();
     let mut body = Map::new();
     body.insert("model".into(), json!(model));
@@ -94,6 +215,32 @@ pub fn request_body(model: &str, request: &ChatRequest) -> Result<Value, String>
     }
     if let Some(p) = request.top_p {
         body.insert("top_p".into(), json!(p));
+    }
+    if let Some(stop) = &options.stop {
+        body.insert("stop_sequences".into(), json!(stop));
+    }
+    if let Some(user) = &options.user {
+        body.insert("metadata".into(), json!({"user_id": user}));
+    }
+    if let Some(tools) = &options.tools {
+        let tools: Vec<Value> = tools
+            .iter()
+            .map(|t| {
+                let f = &t["function"];
+                let mut tool = json!({
+                    "name": f["name"],
+                    "input_schema": f.get("parameters").cloned().unwrap_or(json!({"type": "object"})),
+                });
+                if let Some(d) = f.get("description") {
+                    tool["description"] = d.clone();
+                }
+                tool
+            })
+            .collect();
+        body.insert("tools".into(), Value::Array(tools));
+    }
+    if let Some(choice) = &options.tool_choice {
+        body.insert("tool_choice".into(), tool_choice(choice));
     }
     Ok(Value::Object(body))
 }
@@ -121,9 +268,18 @@ pub fn message_to_success(
         .filter(|b| b["type"] == "text")
         .filter_map(|b| b["text"].as_str())
         .collect();
+    let tool_calls: Vec<Value> = blocks
+        .iter()
+        .filter(|b| b["type"] == "tool_use")
+        .map(|b| {
+            json!({"id": b["id"], "type": "function",
+                   "function": {"name": b["name"], "arguments": b["input"].to_string()}})
+        })
+        .collect();
     let usage = Usage::from_wire(&message["usage"], "input_tokens", "output_tokens");
     Ok(Ok(Success {
         output,
+        tool_calls,
         usage,
         provider_request_id: message["id"].as_str().map(str::to_string),
         latency,
@@ -182,13 +338,9 @@ impl Provider for AnthropicProvider {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::request::Message;
 
     fn msg(role: Role, content: &str) -> Message {
-        Message {
-            role,
-            content: content.into(),
-        }
+        Message::new(role, content)
     }
 
     #[test]
@@ -206,6 +358,7 @@ mod tests {
             top_p: None,
             response_schema: None,
             idempotency_key: "k".into(),
+            options: crate::providers::ChatOptions::default(),
         };
         let body = request_body("m", &request).unwrap();
         assert_eq!(body["system"], "be terse\n\njson only");

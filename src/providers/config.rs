@@ -116,6 +116,11 @@ pub struct ProviderConfig {
     pub timeouts: Timeouts,
     #[serde(default)]
     pub honours_idempotency_key: bool,
+    /// Whether image content parts may be sent (default: true for the
+    /// simulator, false otherwise); a job with images skips providers
+    /// that do not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepts_images: Option<bool>,
     #[serde(default)]
     pub lookup: LookupMode,
     /// OpenAI-style only: send `store: true` and `metadata.onejob_key`.
@@ -209,6 +214,12 @@ pub fn load_dir(dir: &Path) -> Result<BTreeMap<String, ProviderConfig>, Provider
 }
 
 impl ProviderConfig {
+    /// Whether image content parts may be sent to this provider.
+    pub fn takes_images(&self) -> bool {
+        self.accepts_images
+            .unwrap_or(self.kind == ProviderKind::Sim)
+    }
+
     pub fn load(path: &Path) -> Result<Self, ProviderConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ProviderConfigError::Read {
             path: path.to_path_buf(),

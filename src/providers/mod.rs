@@ -39,6 +39,26 @@ pub struct ChatRequest {
     pub response_schema: Option<serde_json::Value>,
     /// Invariant 6: derived from the job and the provider, never the attempt.
     pub idempotency_key: String,
+    /// What else the OpenAI chat format lets a client ask for.
+    pub options: ChatOptions,
+}
+
+/// Sampling and tool options beyond the basics, carried to each wire format
+/// as it can express them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChatOptions {
+    pub stop: Option<Vec<String>>,
+    pub seed: Option<i64>,
+    pub user: Option<String>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    /// OpenAI-shaped tool definitions.
+    pub tools: Option<Vec<serde_json::Value>>,
+    pub tool_choice: Option<serde_json::Value>,
+    /// Ask for a JSON object (OpenAI's `json_object` mode).
+    pub json_object: bool,
+    /// The name a `json_schema` response format goes by (default `output`).
+    pub schema_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -69,6 +89,9 @@ impl Usage {
 pub struct Success {
     /// The assistant message text (for contract jobs, JSON text).
     pub output: String,
+    /// Tool calls the model made, OpenAI-shaped
+    /// `{"id","type":"function","function":{"name","arguments"}}`.
+    pub tool_calls: Vec<serde_json::Value>,
     pub usage: Option<Usage>,
     pub provider_request_id: Option<String>,
     pub latency: Duration,

@@ -112,8 +112,24 @@ pub fn request_body(model: &str, request: &ChatRequest, store: bool) -> Value {
             Role::System => "system",
             Role::User => "user",
             Role::Assistant => "assistant",
+            Role::Tool => "tool",
         };
-        messages.push(json!({"role": role, "content": m.content}));
+        let mut message = Map::new();
+        message.insert("role".into(), json!(role));
+        let content = match &m.parts {
+            Some(parts) => Value::Array(parts.clone()),
+            // An assistant turn that only calls tools has no content.
+            None if m.content.is_empty() && m.tool_calls.is_some() => Value::Null,
+            None => json!(m.content),
+        };
+        message.insert("content".into(), content);
+        if let Some(calls) = &m.tool_calls {
+            message.insert("tool_calls".into(), json!(calls));
+        }
+        if let Some(id) = &m.tool_call_id {
+            message.insert("tool_call_id".into(), json!(id));
+        }
+        messages.push(Value::Object(message));
     }
     let mut body = Map::new();
     body.insert("model".into(), json!(model));
@@ -127,12 +143,37 @@ pub fn request_body(model: &str, request: &ChatRequest, store: bool) -> Value {
     if let Some(p) = request.top_p {
         body.insert("top_p".into(), json!(p));
     }
+    let options = &request.options;
     if let Some(schema) = &request.response_schema {
+        let name = options.schema_name.as_deref().unwrap_or("output");
         body.insert(
             "response_format".into(),
             json!({"type": "json_schema",
-                   "json_schema": {"name": "output", "schema": schema, "strict": true}}),
+                   "json_schema": {"name": name, "schema": schema, "strict": true}}),
         );
+    } else if options.json_object {
+        body.insert("response_format".into(), json!({"type": "json_object"}));
+    }
+    if let Some(stop) = &options.stop {
+        body.insert("stop".into(), json!(stop));
+    }
+    if let Some(seed) = options.seed {
+        body.insert("seed".into(), json!(seed));
+    }
+    if let Some(user) = &options.user {
+        body.insert("user".into(), json!(user));
+    }
+    if let Some(p) = options.presence_penalty {
+        body.insert("presence_penalty".into(), json!(p));
+    }
+    if let Some(f) = options.frequency_penalty {
+        body.insert("frequency_penalty".into(), json!(f));
+    }
+    if let Some(tools) = &options.tools {
+        body.insert("tools".into(), json!(tools));
+    }
+    if let Some(choice) = &options.tool_choice {
+        body.insert("tool_choice".into(), choice.clone());
     }
     if store {
         body.insert("store".into(), json!(true));
@@ -164,13 +205,20 @@ pub fn completion_to_success(
             status: None,
         }));
     }
-    let output = message["content"]
-        .as_str()
-        .ok_or("choices[0].message.content is missing")?
-        .to_string();
+    let tool_calls = message["tool_calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    // A turn that only calls tools may carry no content.
+    let output = match message["content"].as_str() {
+        Some(text) => text.to_string(),
+        None if !tool_calls.is_empty() => String::new(),
+        None => return Err("choices[0].message.content is missing".into()),
+    };
     let usage = Usage::from_wire(&completion["usage"], "prompt_tokens", "completion_tokens");
     Ok(Ok(Success {
         output,
+        tool_calls,
         usage,
         provider_request_id: completion["id"].as_str().map(str::to_string),
         latency,

@@ -31,6 +31,8 @@ struct RecordedAnswer {
     id: String,
     output: String,
     usage: Usage,
+    #[serde(default)]
+    tool_calls: Vec<serde_json::Value>,
 }
 
 #[async_trait]
@@ -76,6 +78,7 @@ impl Provider for SimProvider {
             (0, _) => Lookup::NotFound,
             (_, Some(answer)) => Lookup::Found(Success {
                 output: answer.output,
+                tool_calls: answer.tool_calls,
                 usage: Some(answer.usage),
                 provider_request_id: Some(answer.id),
                 latency: Duration::ZERO,

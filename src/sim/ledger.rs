@@ -14,6 +14,9 @@ pub struct Answer {
     pub model: String,
     pub output: String,
     pub usage: Usage,
+    /// Tool calls, OpenAI-shaped, when the model called tools.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<serde_json::Value>,
 }
 
 #[derive(Debug, Clone)]

@@ -47,15 +47,58 @@ struct SimRequest {
     /// Fingerprint of the body minus `stream`: a key may not be reused with another.
     digest: String,
     seed: u64,
+    /// Tools offered: name and parameters schema.
+    tools: Vec<(String, Value)>,
+    /// `tool_choice` in OpenAI's terms (Anthropic's is translated).
+    tool_choice: Option<Value>,
+    /// The last turn answers a tool call: the model now answers in text.
+    answers_tool: bool,
+    /// OpenAI's `response_format: {"type": "json_object"}`.
+    json_object: bool,
 }
 
-/// Text of a `content` that is a string or a list of `{type:"text",text}` blocks.
+/// Text of a `content` that is a string or a list of `{type:"text",text}`
+/// blocks (other blocks, e.g. images or tool use, add no text); `null` is
+/// the empty content of an assistant turn that only calls tools.
 fn text_of(content: &Value) -> Option<String> {
     match content {
         Value::String(s) => Some(s.clone()),
         Value::Array(blocks) => Some(blocks.iter().filter_map(|b| b["text"].as_str()).collect()),
+        Value::Null => Some(String::new()),
         _ => None,
     }
+}
+
+/// The tools a request offers, whichever wire it came in on.
+fn tools_of(wire: Wire, body: &Value) -> Vec<(String, Value)> {
+    body["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| {
+            let (name, schema) = match wire {
+                Wire::OpenAi => (&t["function"]["name"], &t["function"]["parameters"]),
+                Wire::Anthropic => (&t["name"], &t["input_schema"]),
+            };
+            Some((name.as_str()?.to_string(), schema.clone()))
+        })
+        .collect()
+}
+
+/// Anthropic's `tool_choice` in OpenAI's terms.
+fn openai_tool_choice(wire: Wire, choice: &Value) -> Option<Value> {
+    if choice.is_null() {
+        return None;
+    }
+    Some(match wire {
+        Wire::OpenAi => choice.clone(),
+        Wire::Anthropic => match choice["type"].as_str() {
+            Some("any") => json!("required"),
+            Some("none") => json!("none"),
+            Some("tool") => json!({"type": "function", "function": {"name": choice["name"]}}),
+            _ => json!("auto"),
+        },
+    })
 }
 
 fn parse_request(wire: Wire, body: &Value) -> Result<SimRequest, String> {
@@ -96,6 +139,13 @@ fn parse_request(wire: Wire, body: &Value) -> Result<SimRequest, String> {
     if let Some(o) = unstreamed.as_object_mut() {
         o.remove("stream");
     }
+    let last = body["messages"].as_array().and_then(|m| m.last());
+    let answers_tool = last.is_some_and(|m| {
+        m["role"] == "tool"
+            || m["content"]
+                .as_array()
+                .is_some_and(|blocks| blocks.iter().any(|b| b["type"] == "tool_result"))
+    });
     let seed_text = canonical_json(&json!({"turns": turns, "schema": schema}));
     let seed_hex = fingerprint(&Value::String(seed_text));
     Ok(SimRequest {
@@ -107,6 +157,10 @@ fn parse_request(wire: Wire, body: &Value) -> Result<SimRequest, String> {
         metadata: body["metadata"].as_object().cloned().unwrap_or_default(),
         digest: fingerprint(&unstreamed),
         seed: u64::from_str_radix(&seed_hex[..16], 16).unwrap_or(0),
+        tools: tools_of(wire, body),
+        tool_choice: openai_tool_choice(wire, &body["tool_choice"]),
+        answers_tool,
+        json_object: body.pointer("/response_format/type") == Some(&json!("json_object")),
     })
 }
 
@@ -126,13 +180,14 @@ fn honest_prompt_tokens(turns: &[(String, String)]) -> u32 {
         system: None,
         messages: turns
             .iter()
-            .map(|(role, text)| Message {
-                role: match role.as_str() {
+            .map(|(role, text)| {
+                let role = match role.as_str() {
                     "system" | "developer" => Role::System,
                     "assistant" => Role::Assistant,
+                    "tool" => Role::Tool,
                     _ => Role::User,
-                },
-                content: text.clone(),
+                };
+                Message::new(role, text.clone())
             })
             .collect(),
     };
@@ -141,15 +196,46 @@ fn honest_prompt_tokens(turns: &[(String, String)]) -> u32 {
 }
 
 /// Execute the request: the answer is a pure function of the prompt and schema.
+/// The tool a request makes the model call, if it does: the one
+/// `tool_choice` names, else the first offered — unless the choice is
+/// `none` or the last turn already answers a tool call.
+fn tool_to_call(request: &SimRequest) -> Option<&(String, Value)> {
+    if request.answers_tool || request.tool_choice.as_ref() == Some(&json!("none")) {
+        return None;
+    }
+    let named = request
+        .tool_choice
+        .as_ref()
+        .and_then(|c| c.pointer("/function/name"))
+        .and_then(Value::as_str);
+    match named {
+        Some(name) => request.tools.iter().find(|(n, _)| n == name),
+        None => request.tools.first(),
+    }
+}
+
 fn execute(request: &SimRequest, fault: Fault) -> Answer {
     let mut rng = StdRng::seed_from_u64(request.seed);
+    let mut tool_calls = Vec::new();
+    if let Some((name, parameters)) = tool_to_call(request) {
+        let arguments = generate(parameters, &mut rng);
+        tool_calls.push(json!({
+            "id": format!("call_{}", &uuid::Uuid::new_v4().simple().to_string()[..24]),
+            "type": "function",
+            "function": {"name": name, "arguments": arguments.to_string()},
+        }));
+    }
     let output = match &request.schema {
+        _ if !tool_calls.is_empty() => String::new(),
         Some(schema) if fault != Fault::IgnoreSystem => {
             let mut value = generate(schema, &mut rng);
             if let (Fault::HallucinateKey, Value::Object(fields)) = (fault, &mut value) {
                 fields.insert("confidence_note".into(), json!("invented by the model"));
             }
             value.to_string()
+        }
+        _ if request.json_object && fault != Fault::IgnoreSystem => {
+            json!({ "answer": prose(&mut rng, 12) }).to_string()
         }
         _ => prose(&mut rng, 12),
     };
@@ -162,27 +248,51 @@ fn execute(request: &SimRequest, fault: Fault) -> Answer {
         model: request.model.clone(),
         usage: Usage {
             prompt_tokens,
-            completion_tokens: approx_tokens(&output),
+            completion_tokens: approx_tokens(&output).max(u32::from(!tool_calls.is_empty())),
         },
         output,
+        tool_calls,
     }
 }
 
 pub(crate) fn openai_completion(a: &Answer) -> Value {
+    let mut message = json!({"role": "assistant", "content": a.output, "refusal": null});
+    let mut finish = "stop";
+    if !a.tool_calls.is_empty() {
+        message["tool_calls"] = json!(a.tool_calls);
+        if a.output.is_empty() {
+            message["content"] = Value::Null;
+        }
+        finish = "tool_calls";
+    }
     json!({
         "id": a.id, "object": "chat.completion", "created": 0, "model": a.model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": a.output, "refusal": null},
-                     "finish_reason": "stop"}],
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
         "usage": {"prompt_tokens": a.usage.prompt_tokens, "completion_tokens": a.usage.completion_tokens,
                   "total_tokens": a.usage.prompt_tokens + a.usage.completion_tokens},
     })
 }
 
 fn anthropic_message(a: &Answer) -> Value {
+    let mut content = Vec::new();
+    if !a.output.is_empty() || a.tool_calls.is_empty() {
+        content.push(json!({"type": "text", "text": a.output}));
+    }
+    for call in &a.tool_calls {
+        let arguments = call["function"]["arguments"].as_str().unwrap_or("{}");
+        let input: Value = serde_json::from_str(arguments).unwrap_or(json!({}));
+        content.push(json!({"type": "tool_use", "id": call["id"],
+                            "name": call["function"]["name"], "input": input}));
+    }
+    let stop = if a.tool_calls.is_empty() {
+        "end_turn"
+    } else {
+        "tool_use"
+    };
     json!({
         "id": a.id, "type": "message", "role": "assistant", "model": a.model,
-        "content": [{"type": "text", "text": a.output}],
-        "stop_reason": "end_turn", "stop_sequence": null,
+        "content": content,
+        "stop_reason": stop, "stop_sequence": null,
         "usage": {"input_tokens": a.usage.prompt_tokens, "output_tokens": a.usage.completion_tokens},
     })
 }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 pub mod procs;
+pub mod python;
 pub mod webdriver;
 pub mod world;
 

@@ -224,22 +224,10 @@ pub fn request() -> ChatRequest {
     ChatRequest {
         system: Some("Answer in JSON.".into()),
         messages: vec![
-            Message {
-                role: Role::User,
-                content: "first".into(),
-            },
-            Message {
-                role: Role::User,
-                content: "second".into(),
-            },
-            Message {
-                role: Role::Assistant,
-                content: "ok".into(),
-            },
-            Message {
-                role: Role::User,
-                content: "third".into(),
-            },
+            Message::new(Role::User, "first"),
+            Message::new(Role::User, "second"),
+            Message::new(Role::Assistant, "ok"),
+            Message::new(Role::User, "third"),
         ],
         temperature: Some(0.0),
         max_tokens: Some(64),
@@ -249,6 +237,7 @@ pub fn request() -> ChatRequest {
             "required":["a"],"additionalProperties":false}),
         ),
         idempotency_key: "onejob-test-key".into(),
+        options: onejob::providers::ChatOptions::default(),
     }
 }
 

@@ -54,6 +54,7 @@ pub async fn serve(
     check_reachable: bool,
 ) -> anyhow::Result<()> {
     let config = db.load(listen)?;
+    let _telemetry = crate::telemetry::init(&config.telemetry)?;
     if validate {
         return validate::validate(&config, check_reachable).await;
     }

@@ -34,6 +34,8 @@ pub struct FileConfig {
     pub engine: EngineConfig,
     #[serde(default)]
     pub routes: BTreeMap<String, RouteConfig>,
+    #[serde(default)]
+    pub telemetry: crate::telemetry::TelemetryConfig,
 }
 
 /// How the engine inside `onejob serve` runs jobs.
@@ -224,6 +226,8 @@ pub struct Config {
     /// Set by `onejob demo` and tests that start their own simulator: every
     /// `kind = "sim"` provider talks to this URL instead of its `base_url`.
     pub sim_base_url: Option<String>,
+    /// Logs and traces (`[telemetry]`).
+    pub telemetry: crate::telemetry::TelemetryConfig,
 }
 
 impl Config {
@@ -240,6 +244,7 @@ impl Config {
                 server: ServerSection::default(),
                 engine: EngineConfig::default(),
                 routes: BTreeMap::new(),
+                telemetry: Default::default(),
             },
             Err(source) => {
                 return Err(ConfigError::Read {
@@ -325,6 +330,7 @@ impl Config {
             engine: file.engine,
             idempotency: file.server.idempotency.unwrap_or_default(),
             sim_base_url: None,
+            telemetry: file.telemetry,
         })
     }
 }

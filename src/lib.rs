@@ -14,6 +14,7 @@
 //! - [`providers`]: provider adapters, error classification, lookup by key.
 //! - [`store`]: durable jobs, attempts, keys and events on SQLite or PostgreSQL.
 //! - [`clock`]: injected time.
+//! - [`telemetry`]: log format, OpenTelemetry trace export, `traceparent`.
 //! - [`cli`]: what the `onejob` commands do.
 //! - [`demo`]: `onejob demo`, the scenarios played against a throwaway server.
 //! - [`sim`]: the simulated provider server (fault injection, execution ledger).
@@ -33,3 +34,4 @@ pub mod metrics;
 pub mod providers;
 pub mod sim;
 pub mod store;
+pub mod telemetry;

@@ -189,13 +189,13 @@ enum JobsCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,sqlx=warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    // `serve` sets up logging from its config's [telemetry]; the other
+    // commands log as text to stderr.
+    let _telemetry = if matches!(cli.command, Command::Serve { .. }) {
+        None
+    } else {
+        onejob::telemetry::init(&Default::default()).ok()
+    };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

@@ -22,7 +22,11 @@ pub(crate) fn spawn(inner: Arc<Inner>, job: Job) {
     if !inner.begin_driving(&job.id) {
         return;
     }
-    tokio::spawn(async move {
+    // The job's span continues the trace of whoever handed the job over
+    // (the request that created it) without keeping that span open.
+    let span = tracing::info_span!(parent: None, "job", job_id = %job.id);
+    crate::telemetry::continue_trace(&span);
+    let task = async move {
         let _driving = Driving {
             inner: inner.clone(),
             job_id: job.id.clone(),
@@ -32,7 +36,8 @@ pub(crate) fn spawn(inner: Arc<Inner>, job: Job) {
                 drive(&inner, job).await;
             }
         }
-    });
+    };
+    tokio::spawn(tracing::Instrument::instrument(task, span));
 }
 
 /// Marks the end of driving a job however the task ends (even by a panic),
@@ -109,7 +114,6 @@ enum RoundEnd {
 /// The error kind with which a provider says the prompt does not fit.
 const CONTEXT_LENGTH_EXCEEDED: &str = "context_length_exceeded";
 
-#[tracing::instrument(skip_all, fields(job_id = %job.id))]
 async fn drive(inner: &Arc<Inner>, mut job: Job) {
     let owner = inner.instance.clone();
     let transition = |job_id: String, t: JobTransition| {
@@ -416,7 +420,14 @@ fn launch(
     timeout: Duration,
 ) -> Flight {
     let client: Arc<dyn Provider> = entry.client.clone();
-    Box::pin(async move {
+    let span = tracing::info_span!(
+        "attempt",
+        job_id = %attempt.job_id,
+        attempt_id = %attempt.id,
+        provider = %attempt.provider,
+        kind = attempt.kind.as_str(),
+    );
+    let flight = async move {
         let outcome = match tokio::time::timeout(timeout, client.call(&request)).await {
             Ok(outcome) => outcome,
             Err(_) => CallOutcome::Unknown(crate::providers::Ambiguous {
@@ -428,7 +439,8 @@ fn launch(
             }),
         };
         (attempt, outcome)
-    })
+    };
+    Box::pin(tracing::Instrument::instrument(flight, span))
 }
 
 async fn start(

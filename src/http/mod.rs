@@ -51,7 +51,8 @@ pub struct AppState {
 
 pub fn router(state: AppState) -> Router {
     let body_limit = state.config.max_body_bytes;
-    Router::new()
+    let traced = state.config.telemetry.tracing_enabled();
+    let router = Router::new()
         .route("/v1/jobs", post(jobs::create))
         .route("/v1/jobs/{id}", get(jobs::show))
         .route("/v1/jobs/{id}/attempts", get(jobs::attempts))
@@ -92,7 +93,12 @@ pub fn router(state: AppState) -> Router {
         .fallback(|| async { ApiError::NotFound("route") })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(body_limit))
-        .with_state(state)
+        .with_state(state);
+    if traced {
+        router.layer(axum::middleware::from_fn(crate::telemetry::trace_request))
+    } else {
+        router
+    }
 }
 
 /// Prometheus text. The review-queue depth is read from the database here,

@@ -36,6 +36,7 @@ pub async fn exchange(
     request: RequestBuilder,
     timeouts: &Timeouts,
 ) -> Result<RawResponse, CallOutcome> {
+    let request = crate::telemetry::with_trace_context(request);
     let started = Instant::now();
     let first_byte = timeouts.first_byte();
     let whole = async {

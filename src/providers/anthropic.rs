@@ -8,8 +8,9 @@
 
 use super::classify::{classify_response, error_chain};
 use super::config::{ProviderConfig, Secret, Timeouts};
+use super::stream::{self, AnthropicReader, DeltaSender};
 use super::transport::exchange;
-use super::{CallOutcome, ChatRequest, Failure, Lookup, Provider, Success, Usage};
+use super::{CallOutcome, ChatRequest, Failure, Lookup, Provider, Streamed, Success, Usage};
 use crate::domain::request::{Message, Role};
 use async_trait::async_trait;
 use serde_json::{json, Map, Value};
@@ -328,6 +329,39 @@ impl Provider for AnthropicProvider {
         };
         super::trace_outcome(&outcome);
         outcome
+    }
+
+    /// Streamed, with `stream: true`. A trailing assistant turn is sent as
+    /// it is: the Messages API continues it (prefill).
+    #[tracing::instrument(skip_all, fields(provider = %self.name, key = %request.idempotency_key))]
+    async fn stream(&self, request: &ChatRequest, deltas: &DeltaSender) -> Streamed {
+        let mut body = match request_body(&self.model, request) {
+            Ok(body) => body,
+            Err(message) => {
+                let failure = Failure {
+                    retryable: false,
+                    retry_after: None,
+                    kind: "invalid_prompt".into(),
+                    message,
+                    status: None,
+                };
+                return (CallOutcome::Failed(failure), None);
+            }
+        };
+        body["stream"] = json!(true);
+        let mut builder = self
+            .client
+            .post(format!("{}/v1/messages", self.base))
+            .header("anthropic-version", &self.version)
+            .header("Idempotency-Key", &request.idempotency_key)
+            .json(&body);
+        if let Some(key) = &self.api_key {
+            builder = builder.header("x-api-key", key.expose());
+        }
+        let streamed =
+            stream::run(builder, &self.timeouts, AnthropicReader::default(), deltas).await;
+        super::trace_outcome(&streamed.0);
+        streamed
     }
 
     async fn lookup(&self, _idempotency_key: &str) -> Lookup {

@@ -128,6 +128,11 @@ pub struct ProviderConfig {
     pub store: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub anthropic_version: Option<String>,
+    /// Whether the provider continues a trailing assistant turn (prefill), so
+    /// a stream cut mid-answer may be finished here. Unset: true for the
+    /// Anthropic wire format and the simulator, false for OpenAI's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supports_prefill: Option<bool>,
     /// The file this came from; not part of the configuration itself.
     #[serde(skip)]
     pub source: PathBuf,
@@ -371,6 +376,14 @@ impl ProviderConfig {
     /// digest are stale.
     pub fn digest(&self) -> String {
         fingerprint(&serde_json::to_value(self).unwrap_or(serde_json::Value::Null))
+    }
+
+    /// See `supports_prefill`: the stated value, or the wire format's default.
+    pub fn continues_prefill(&self) -> bool {
+        self.supports_prefill.unwrap_or(matches!(
+            self.kind,
+            ProviderKind::Anthropic | ProviderKind::Sim
+        ))
     }
 
     pub fn anthropic_version(&self) -> &str {

@@ -11,6 +11,7 @@ pub mod classify;
 pub mod config;
 pub mod openai;
 pub mod sim;
+pub mod stream;
 pub mod switches;
 pub mod transport;
 
@@ -137,11 +138,20 @@ pub enum Lookup {
     CannotTell(String),
 }
 
+/// How a streamed call ended, and (when it succeeded) why the provider stopped.
+pub type Streamed = (CallOutcome, Option<stream::StreamFinish>);
+
 #[async_trait]
 pub trait Provider: Send + Sync {
     /// The provider's configured name (the file stem of providers/NAME.toml).
     fn name(&self) -> &str;
     async fn call(&self, request: &ChatRequest) -> CallOutcome;
+    /// The same call, streamed: each piece of the answer goes to `deltas`
+    /// as it arrives; the outcome carries the whole text. A provider that
+    /// cannot stream answers in one piece.
+    async fn stream(&self, request: &ChatRequest, deltas: &stream::DeltaSender) -> Streamed {
+        stream::whole(self.call(request).await, deltas)
+    }
     async fn lookup(&self, idempotency_key: &str) -> Lookup;
 }
 

@@ -6,8 +6,9 @@
 
 use super::classify::{classify_response, error_chain, ErrorBody};
 use super::config::{LookupMode, ProviderConfig, Secret, Timeouts};
+use super::stream::{self, DeltaSender, OpenAiReader};
 use super::transport::{exchange, RawResponse};
-use super::{CallOutcome, ChatRequest, Failure, Lookup, Provider, Success, Usage};
+use super::{CallOutcome, ChatRequest, Failure, Lookup, Provider, Streamed, Success, Usage};
 use crate::domain::request::Role;
 use async_trait::async_trait;
 use serde_json::{json, Map, Value};
@@ -248,6 +249,28 @@ pub(crate) async fn call_openai_wire(p: &OpenAiProvider, request: &ChatRequest) 
     })
 }
 
+/// The same request, streamed (`stream: true`, usage in the last chunk).
+pub(crate) async fn stream_openai_wire(
+    p: &OpenAiProvider,
+    request: &ChatRequest,
+    deltas: &DeltaSender,
+) -> Streamed {
+    let mut body = request_body(&p.model, request, p.store);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let mut builder = p
+        .client
+        .post(format!("{}/v1/chat/completions", p.base))
+        .header("Idempotency-Key", &request.idempotency_key)
+        .json(&body);
+    if let Some(key) = &p.api_key {
+        builder = builder.bearer_auth(key.expose());
+    }
+    let streamed = stream::run(builder, &p.timeouts, OpenAiReader::default(), deltas).await;
+    super::trace_outcome(&streamed.0);
+    streamed
+}
+
 #[async_trait]
 impl Provider for OpenAiProvider {
     fn name(&self) -> &str {
@@ -259,6 +282,11 @@ impl Provider for OpenAiProvider {
         let outcome = call_openai_wire(self, request).await;
         super::trace_outcome(&outcome);
         outcome
+    }
+
+    #[tracing::instrument(skip_all, fields(provider = %self.name, key = %request.idempotency_key))]
+    async fn stream(&self, request: &ChatRequest, deltas: &DeltaSender) -> Streamed {
+        stream_openai_wire(self, request, deltas).await
     }
 
     #[tracing::instrument(skip_all, fields(provider = %self.name, key = %idempotency_key))]

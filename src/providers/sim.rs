@@ -2,8 +2,9 @@
 //! same code as [`super::openai`]); lookup asks the simulator's ledger.
 
 use super::config::LookupMode;
-use super::openai::{call_openai_wire, OpenAiProvider};
-use super::{CallOutcome, ChatRequest, Lookup, Provider, Success, Usage};
+use super::openai::{call_openai_wire, stream_openai_wire, OpenAiProvider};
+use super::stream::DeltaSender;
+use super::{CallOutcome, ChatRequest, Lookup, Provider, Streamed, Success, Usage};
 use async_trait::async_trait;
 use serde::Deserialize;
 use std::time::Duration;
@@ -46,6 +47,10 @@ impl Provider for SimProvider {
         let outcome = call_openai_wire(&self.inner, request).await;
         super::trace_outcome(&outcome);
         outcome
+    }
+
+    async fn stream(&self, request: &ChatRequest, deltas: &DeltaSender) -> Streamed {
+        stream_openai_wire(&self.inner, request, deltas).await
     }
 
     #[tracing::instrument(skip_all, fields(provider = %self.inner.name(), key = %idempotency_key))]

@@ -1,6 +1,10 @@
 //! Behaviour specs: the request's `model` names how the simulator behaves,
 //! e.g. `healthy`, `healthy:latency=20`, `healthy:latency=10..50`, `fail:503`,
-//! `slow_first_byte:ms=500`, `rate_limit:retry_after=2`.
+//! `slow_first_byte:ms=500`, `rate_limit:retry_after=2`, and for streamed
+//! requests `stream_cut:tokens=3`, `stream_stall:tokens=3`,
+//! `stream_malformed:tokens=3`, `stream_no_done` (a piece is 16 characters).
+//! `no_prefill` refuses a trailing assistant turn; every other behaviour
+//! continues it (the answer's remainder, when the turn is its beginning).
 //!
 //! Grammar: `NAME[:PARAM(,PARAM)*]`, a PARAM being `KEY=VALUE` or a bare
 //! status code. `latency` applies to every behaviour that answers. `times=N`
@@ -45,6 +49,14 @@ pub enum Fault {
     ContentFilter,
     /// Executes and records, then answers 200 with a body that is not JSON.
     MalformedBody,
+    /// `stream: true`: some chunks, then one that is not JSON, then the end.
+    StreamMalformed,
+    /// `stream: true`: every piece of text, then the connection closes
+    /// cleanly without the finish reason and end marker.
+    StreamNoDone,
+    /// Refuses (400) a request whose last turn is the assistant's (prefill);
+    /// otherwise healthy.
+    NoPrefill,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +102,9 @@ pub struct Behaviour {
     /// The fault applies to this many requests for the model name, then
     /// the simulator answers healthily; `None`: always.
     pub times: Option<u64>,
+    /// Stream faults: pieces of text sent before the fault (`tokens=N`);
+    /// unset, half the stream.
+    pub after_pieces: Option<u32>,
 }
 
 impl Behaviour {
@@ -100,6 +115,7 @@ impl Behaviour {
         let mut ms = None;
         let mut retry_after_s = None;
         let mut times = None;
+        let mut after_pieces = None;
         for param in params.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let number = |v: &str| {
                 v.parse::<u64>()
@@ -110,6 +126,9 @@ impl Behaviour {
                 Some(("ms", v)) => ms = Some(number(v)?),
                 Some(("retry_after", v)) => retry_after_s = Some(number(v)?),
                 Some(("times", v)) => times = Some(number(v)?),
+                Some(("tokens", v)) => {
+                    after_pieces = Some(u32::try_from(number(v)?).unwrap_or(u32::MAX))
+                }
                 Some((key, _)) => return Err(format!("{spec:?}: unknown parameter {key:?}")),
                 None => status = Some(number(param)?),
             }
@@ -139,12 +158,16 @@ impl Behaviour {
             "context_length" => Fault::ContextLength,
             "content_filter" => Fault::ContentFilter,
             "malformed_body" => Fault::MalformedBody,
+            "stream_malformed" => Fault::StreamMalformed,
+            "stream_no_done" => Fault::StreamNoDone,
+            "no_prefill" => Fault::NoPrefill,
             other => return Err(format!("unknown behaviour {other:?}")),
         };
         Ok(Behaviour {
             fault,
             latency,
             times,
+            after_pieces,
         })
     }
 }
@@ -173,6 +196,12 @@ mod tests {
         assert_eq!(
             Behaviour::parse("context_length").unwrap().fault,
             Fault::ContextLength
+        );
+        assert_eq!(
+            Behaviour::parse("stream_cut:tokens=3")
+                .unwrap()
+                .after_pieces,
+            Some(3)
         );
         assert!(Behaviour::parse("gpt-4o").is_err());
         assert!(Behaviour::parse("healthy:speed=3").is_err());

@@ -44,6 +44,8 @@ struct SimRequest {
     stream: bool,
     store: bool,
     metadata: Map<String, Value>,
+    /// A trailing assistant turn: the answer continues it.
+    prefill: Option<String>,
     /// Fingerprint of the body minus `stream`: a key may not be reused with another.
     digest: String,
     seed: u64,
@@ -138,6 +140,16 @@ fn parse_request(wire: Wire, body: &Value) -> Result<SimRequest, String> {
     let mut unstreamed = body.clone();
     if let Some(o) = unstreamed.as_object_mut() {
         o.remove("stream");
+        o.remove("stream_options");
+    }
+    // The answer to a prefilled request is the rest of the answer to the
+    // request without it: seeded by the turns before the prefill.
+    let prefill = match turns.last() {
+        Some((role, text)) if role == "assistant" => Some(text.clone()),
+        _ => None,
+    };
+    if prefill.is_some() {
+        turns.pop();
     }
     let last = body["messages"].as_array().and_then(|m| m.last());
     let answers_tool = last.is_some_and(|m| {
@@ -155,6 +167,7 @@ fn parse_request(wire: Wire, body: &Value) -> Result<SimRequest, String> {
         stream: body["stream"] == true,
         store: body["store"] == true,
         metadata: body["metadata"].as_object().cloned().unwrap_or_default(),
+        prefill,
         digest: fingerprint(&unstreamed),
         seed: u64::from_str_radix(&seed_hex[..16], 16).unwrap_or(0),
         tools: tools_of(wire, body),
@@ -238,6 +251,12 @@ fn execute(request: &SimRequest, fault: Fault) -> Answer {
             json!({ "answer": prose(&mut rng, 12) }).to_string()
         }
         _ => prose(&mut rng, 12),
+    };
+    let output = match &request.prefill {
+        Some(prefill) => output
+            .strip_prefix(prefill.as_str())
+            .map_or(output.clone(), str::to_string),
+        None => output,
     };
     let mut prompt_tokens = honest_prompt_tokens(&request.turns);
     if fault == Fault::WrongUsage {
@@ -379,6 +398,7 @@ fn answer_response(
     a: &Answer,
     stream: bool,
     fault: Fault,
+    after_pieces: Option<u32>,
 ) -> Response {
     if !stream {
         let body = match wire {
@@ -388,9 +408,22 @@ fn answer_response(
         return Json(body).into_response();
     }
     let mut frames = sse_frames(wire, a);
+    // Frames before the first piece of text: OpenAI's role chunk;
+    // Anthropic's message_start and content_block_start. After the last:
+    // the finish and the end marker (OpenAI), or block stop, message_delta
+    // and message_stop (Anthropic).
+    let (head, tail_len) = match wire {
+        Wire::OpenAi => (1, 2),
+        Wire::Anthropic => (2, 3),
+    };
+    let pieces = frames.len() - head - tail_len;
+    let keep = |after: Option<u32>| match after {
+        Some(n) => head + (n as usize).min(pieces),
+        None => frames.len() / 2,
+    };
     let tail: Frames = match fault {
         Fault::StreamCut => {
-            frames.truncate(frames.len() / 2);
+            frames.truncate(keep(after_pieces));
             stream::once(async {
                 // One pending poll lets hyper flush the frames sent so far;
                 // erroring at once would drop them with the connection.
@@ -400,13 +433,22 @@ fn answer_response(
             .boxed()
         }
         Fault::StreamStall => {
-            frames.truncate(frames.len() / 2);
+            frames.truncate(keep(after_pieces));
             let state = state.clone();
             stream::once(async move {
                 state.closing().await;
                 Err(aborted())
             })
             .boxed()
+        }
+        Fault::StreamMalformed => {
+            frames.truncate(keep(after_pieces));
+            frames.push("data: {\"choices\": [{\"delta\": {\"content\": \n\n".to_string());
+            stream::empty().boxed()
+        }
+        Fault::StreamNoDone => {
+            frames.truncate(head + pieces);
+            stream::empty().boxed()
         }
         _ => stream::empty().boxed(),
     };
@@ -476,7 +518,7 @@ async fn chat(
         return match recorded {
             Recorded::Replayed(answer) | Recorded::Executed(answer) => {
                 let mut response =
-                    answer_response(&state, wire, &answer, request.stream, Fault::Healthy);
+                    answer_response(&state, wire, &answer, request.stream, Fault::Healthy, None);
                 response
                     .headers_mut()
                     .insert("idempotent-replayed", HeaderValue::from_static("true"));
@@ -500,6 +542,9 @@ async fn chat(
             );
         }
         Fault::Reject => return invalid("simulated rejection"),
+        Fault::NoPrefill if request.prefill.is_some() => {
+            return invalid("this model does not continue a trailing assistant message")
+        }
         Fault::Fail(status) => {
             return error(
                 wire,
@@ -580,9 +625,23 @@ async fn chat(
         }
         Fault::SlowFirstByte(wait) => {
             tokio::time::sleep(wait).await;
-            answer_response(&state, wire, &answer, request.stream, behaviour.fault)
+            answer_response(
+                &state,
+                wire,
+                &answer,
+                request.stream,
+                behaviour.fault,
+                behaviour.after_pieces,
+            )
         }
-        fault => answer_response(&state, wire, &answer, request.stream, fault),
+        fault => answer_response(
+            &state,
+            wire,
+            &answer,
+            request.stream,
+            fault,
+            behaviour.after_pieces,
+        ),
     }
 }
 

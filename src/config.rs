@@ -138,6 +138,10 @@ pub struct RouteConfig {
     pub backoff_cap_ms: u64,
     #[serde(default = "defaults::unknown_deadline_ms")]
     pub unknown_deadline_ms: u64,
+    /// Streamed attempts: once a stream has started, the longest silence
+    /// between two chunks; then the stream counts as broken (`unknown`).
+    #[serde(default = "defaults::stall_ms")]
+    pub stall_ms: u64,
 }
 
 mod defaults {
@@ -164,6 +168,9 @@ mod defaults {
     }
     pub fn unknown_deadline_ms() -> u64 {
         600_000
+    }
+    pub fn stall_ms() -> u64 {
+        10_000
     }
 }
 
@@ -349,6 +356,7 @@ impl RouteConfig {
             backoff_base_ms: defaults::backoff_base_ms(),
             backoff_cap_ms: defaults::backoff_cap_ms(),
             unknown_deadline_ms: defaults::unknown_deadline_ms(),
+            stall_ms: defaults::stall_ms(),
         }
     }
 }

@@ -37,6 +37,7 @@ fn route(
         backoff_base_ms: 50,
         backoff_cap_ms: 200,
         unknown_deadline_ms: 60_000,
+        stall_ms: 2_000,
     }
 }
 

@@ -86,13 +86,6 @@ async fn a_completion_is_one_job_however_often_it_is_sent(backend: Backend) {
         (status, err["error"]["code"].as_str()),
         (400, Some("missing_idempotency_key"))
     );
-    let mut streaming = body.clone();
-    streaming["stream"] = json!(true);
-    let (status, _, err) = complete(&world, Some("chat-2"), &streaming).await;
-    assert_eq!(
-        (status, err["error"]["param"].as_str()),
-        (422, Some("stream"))
-    );
     let mut other_route = body.clone();
     other_route["model"] = json!("gpt-nonexistent");
     let (status, _, err) = complete(&world, Some("chat-3"), &other_route).await;

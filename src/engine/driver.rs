@@ -26,15 +26,26 @@ pub(crate) fn spawn(inner: Arc<Inner>, job: Job) {
     // (the request that created it) without keeping that span open.
     let span = tracing::info_span!(parent: None, "job", job_id = %job.id);
     crate::telemetry::continue_trace(&span);
+    // Taken now, before the submitter answers: a streaming client then
+    // knows this driver streams to it.
+    let hub = inner.claim_hub(&job);
     let task = async move {
         let _driving = Driving {
             inner: inner.clone(),
             job_id: job.id.clone(),
         };
+        let (id, owner, key) = (
+            job.id.clone(),
+            job.owner_id.clone(),
+            job.idempotency_key.clone(),
+        );
         if let Ok(_permit) = inner.slots.acquire().await {
             if still_ours(&inner, &job).await {
-                drive(&inner, job).await;
+                drive(&inner, job, hub.clone()).await;
             }
+        }
+        if let Some(hub) = hub {
+            super::stream::close_after_drive(&inner, &id, &owner, &key, hub).await;
         }
     };
     tokio::spawn(tracing::Instrument::instrument(task, span));
@@ -84,21 +95,21 @@ async fn still_ours(inner: &Inner, job: &Job) -> bool {
 }
 
 /// A failure that ended a round, as the retry policy needs it.
-struct RoundFailure {
-    retryable: bool,
-    retry_after: Option<Duration>,
-    reason: String,
+pub(super) struct RoundFailure {
+    pub retryable: bool,
+    pub retry_after: Option<Duration>,
+    pub reason: String,
     /// Empty when no provider was tried (none admitted).
-    provider: String,
+    pub provider: String,
     /// The machine-readable kind, e.g. `context_length_exceeded`.
-    kind: String,
+    pub kind: String,
     /// The provider itself refused retryably (429, 5xx, …): worth asking it
     /// again before moving along the route.
-    refusal: bool,
+    pub refusal: bool,
 }
 
 /// How a round of attempts ended.
-enum RoundEnd {
+pub(super) enum RoundEnd {
     /// An attempt won, or the job was finished or cancelled by someone else.
     Done,
     /// The guard refused the round's first attempt: an attempt is live.
@@ -114,7 +125,7 @@ enum RoundEnd {
 /// The error kind with which a provider says the prompt does not fit.
 const CONTEXT_LENGTH_EXCEEDED: &str = "context_length_exceeded";
 
-async fn drive(inner: &Arc<Inner>, mut job: Job) {
+async fn drive(inner: &Arc<Inner>, mut job: Job, hub: Option<Arc<super::stream::StreamHub>>) {
     let owner = inner.instance.clone();
     let transition = |job_id: String, t: JobTransition| {
         let inner = inner.clone();
@@ -207,9 +218,15 @@ async fn drive(inner: &Arc<Inner>, mut job: Job) {
             kind
         };
         let end = match choice {
-            Choice::Provider(entry) => {
-                run_round(inner, &job, &route, &plan, entry, kind, tried).await
-            }
+            Choice::Provider(entry) => match &hub {
+                Some(hub) if hub.is_open() => {
+                    super::stream::run_streamed_round(
+                        inner, &job, &route, &plan, entry, kind, tried, hub,
+                    )
+                    .await
+                }
+                _ => run_round(inner, &job, &route, &plan, entry, kind, tried).await,
+            },
             Choice::NoneFits(reason) => {
                 let reason = match steer.window_above {
                     Some(_) => format!("{CONTEXT_LENGTH_EXCEEDED}: no provider on the route has a larger context window: {reason}"),
@@ -443,7 +460,7 @@ fn launch(
     Box::pin(tracing::Instrument::instrument(flight, span))
 }
 
-async fn start(
+pub(super) async fn start(
     inner: &Inner,
     job: &Job,
     route: &RouteConfig,
@@ -469,7 +486,7 @@ async fn start(
 }
 
 /// What finishing one attempt meant for the round.
-enum Settled {
+pub(super) enum Settled {
     Won,
     /// Someone else won, or the job was cancelled.
     Lost,
@@ -477,7 +494,12 @@ enum Settled {
     Unknown,
 }
 
-async fn settle(inner: &Inner, plan: &JobPlan, attempt: &Attempt, outcome: CallOutcome) -> Settled {
+pub(super) async fn settle(
+    inner: &Inner,
+    plan: &JobPlan,
+    attempt: &Attempt,
+    outcome: CallOutcome,
+) -> Settled {
     let provider = attempt.provider.as_str();
     let mut tokens = 0u64;
     let elapsed_ms = inner.clock.now_ms() - attempt.started_at;

@@ -13,6 +13,7 @@ pub mod gate;
 pub mod plan;
 mod reconciler;
 mod routing;
+pub mod stream;
 
 use crate::clock::Clock;
 use crate::config::{Config, RouteConfig};
@@ -59,6 +60,8 @@ pub(crate) struct Inner {
     slots: Semaphore,
     wake: Notify,
     waiters: Mutex<HashMap<String, Vec<oneshot::Sender<()>>>>,
+    /// Streamed jobs' events, by (owner, idempotency key).
+    hubs: Mutex<HashMap<(String, String), Arc<stream::StreamHub>>>,
 }
 
 #[derive(Clone)]
@@ -97,6 +100,7 @@ impl Engine {
                 slots,
                 wake: Notify::new(),
                 waiters: Mutex::new(HashMap::new()),
+                hubs: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -184,6 +188,18 @@ impl Engine {
             tokio::time::timeout(limit, self.inner.slots.acquire_many(all)).await,
             Ok(Ok(_))
         )
+    }
+
+    /// The stream of the job `(owner, key)` names, made if there is none,
+    /// before the job is submitted: a driver that takes the job here runs
+    /// it streamed.
+    pub fn stream_hub(&self, owner: &str, key: &str) -> Arc<stream::StreamHub> {
+        self.inner.stream_hub(owner, key)
+    }
+
+    /// Forget a stream no driver took.
+    pub fn release_hub(&self, owner: &str, key: &str, hub: &Arc<stream::StreamHub>) {
+        self.inner.release_hub(owner, key, hub)
     }
 
     /// Make the dispatcher look for runnable jobs now (after a retry or resolution).

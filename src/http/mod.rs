@@ -9,6 +9,7 @@ pub mod error;
 pub mod job_actions;
 pub mod jobs;
 pub mod openai_compat;
+pub mod openai_stream;
 pub mod ui;
 pub mod views;
 

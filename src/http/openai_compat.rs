@@ -383,6 +383,22 @@ pub(crate) fn key_for(
     }
 }
 
+/// A refused submission in OpenAI's error shape: an unknown route is an
+/// unknown `model`.
+pub(crate) fn submit_error(state: &AppState, e: jobs::SubmitError) -> CompatError {
+    if matches!(e, jobs::SubmitError::KeyReused { .. }) {
+        Metrics::inc(&state.metrics.idempotency_conflicts);
+    }
+    let mut error = CompatError::from(ApiError::from(e));
+    if error.code == "invalid_request" && error.message.starts_with("route:") {
+        error.param = Some("model".into());
+        error.code = "model_not_found".into();
+        error.status = StatusCode::NOT_FOUND;
+        error.kind = "not_found_error";
+    }
+    error
+}
+
 pub async fn create(
     State(state): State<AppState>,
     caller: Result<Caller, ApiError>,
@@ -392,6 +408,11 @@ pub async fn create(
     let caller = caller?;
     let LimitedBody(raw) = body?;
     let (key, made_here) = key_for(&state, &headers)?;
+    if let Some((ask, unstreamed)) = super::openai_stream::requested(&raw) {
+        let body = job_body(&unstreamed)?;
+        let key = super::openai_stream::StreamKey { key, made_here };
+        return super::openai_stream::create(state, caller, headers, key, ask, body).await;
+    }
     let body = job_body(&raw)?;
     let submitted = jobs::submit(
         state.store.as_ref(),
@@ -403,22 +424,7 @@ pub async fn create(
         state.engine.as_ref(),
     )
     .await;
-    let submission = match submitted {
-        Ok(s) => s,
-        Err(e) => {
-            if matches!(e, jobs::SubmitError::KeyReused { .. }) {
-                Metrics::inc(&state.metrics.idempotency_conflicts);
-            }
-            let mut error = CompatError::from(ApiError::from(e));
-            if error.code == "invalid_request" && error.message.starts_with("route:") {
-                error.param = Some("model".into());
-                error.code = "model_not_found".into();
-                error.status = StatusCode::NOT_FOUND;
-                error.kind = "not_found_error";
-            }
-            return Err(error);
-        }
-    };
+    let submission = submitted.map_err(|e| submit_error(&state, e))?;
     Metrics::inc(if submission.replayed {
         &state.metrics.jobs_replayed
     } else {

@@ -46,6 +46,8 @@ struct SimRequest {
     metadata: Map<String, Value>,
     /// A trailing assistant turn: the answer continues it.
     prefill: Option<String>,
+    /// OpenAI's `stream_options.include_usage`: a usage chunk before `[DONE]`.
+    include_usage: bool,
     /// Fingerprint of the body minus `stream`: a key may not be reused with another.
     digest: String,
     seed: u64,
@@ -168,6 +170,7 @@ fn parse_request(wire: Wire, body: &Value) -> Result<SimRequest, String> {
         store: body["store"] == true,
         metadata: body["metadata"].as_object().cloned().unwrap_or_default(),
         prefill,
+        include_usage: body["stream_options"]["include_usage"] == true,
         digest: fingerprint(&unstreamed),
         seed: u64::from_str_radix(&seed_hex[..16], 16).unwrap_or(0),
         tools: tools_of(wire, body),
@@ -337,7 +340,7 @@ fn aborted() -> std::io::Error {
 }
 
 /// SSE frames of `answer` in the wire's streaming format.
-fn sse_frames(wire: Wire, a: &Answer) -> Vec<String> {
+fn sse_frames(wire: Wire, a: &Answer, include_usage: bool) -> Vec<String> {
     let chars: Vec<char> = a.output.chars().collect();
     let pieces: Vec<String> = chars.chunks(16).map(|c| c.iter().collect()).collect();
     let frame = |event: Option<&str>, data: Value| match event {
@@ -359,6 +362,12 @@ fn sse_frames(wire: Wire, a: &Answer) -> Vec<String> {
                 frames.push(frame(None, chunk(json!({"content": p}), Value::Null)));
             }
             frames.push(frame(None, chunk(json!({}), json!("stop"))));
+            if include_usage {
+                frames.push(frame(None, json!({"id": a.id, "object": "chat.completion.chunk", "created": 0,
+                    "model": a.model, "choices": [],
+                    "usage": {"prompt_tokens": a.usage.prompt_tokens, "completion_tokens": a.usage.completion_tokens,
+                              "total_tokens": a.usage.prompt_tokens + a.usage.completion_tokens}})));
+            }
             frames.push("data: [DONE]\n\n".to_string());
         }
         Wire::Anthropic => {
@@ -399,6 +408,7 @@ fn answer_response(
     stream: bool,
     fault: Fault,
     after_pieces: Option<u32>,
+    include_usage: bool,
 ) -> Response {
     if !stream {
         let body = match wire {
@@ -407,13 +417,13 @@ fn answer_response(
         };
         return Json(body).into_response();
     }
-    let mut frames = sse_frames(wire, a);
+    let mut frames = sse_frames(wire, a, include_usage);
     // Frames before the first piece of text: OpenAI's role chunk;
     // Anthropic's message_start and content_block_start. After the last:
     // the finish and the end marker (OpenAI), or block stop, message_delta
     // and message_stop (Anthropic).
     let (head, tail_len) = match wire {
-        Wire::OpenAi => (1, 2),
+        Wire::OpenAi => (1, 2 + usize::from(include_usage)),
         Wire::Anthropic => (2, 3),
     };
     let pieces = frames.len() - head - tail_len;
@@ -517,8 +527,15 @@ async fn chat(
     {
         return match recorded {
             Recorded::Replayed(answer) | Recorded::Executed(answer) => {
-                let mut response =
-                    answer_response(&state, wire, &answer, request.stream, Fault::Healthy, None);
+                let mut response = answer_response(
+                    &state,
+                    wire,
+                    &answer,
+                    request.stream,
+                    Fault::Healthy,
+                    None,
+                    request.include_usage,
+                );
                 response
                     .headers_mut()
                     .insert("idempotent-replayed", HeaderValue::from_static("true"));
@@ -632,6 +649,7 @@ async fn chat(
                 request.stream,
                 behaviour.fault,
                 behaviour.after_pieces,
+                request.include_usage,
             )
         }
         fault => answer_response(
@@ -641,6 +659,7 @@ async fn chat(
             request.stream,
             fault,
             behaviour.after_pieces,
+            request.include_usage,
         ),
     }
 }

@@ -31,6 +31,7 @@ pub fn route(primary: &str, fallbacks: &[&str]) -> RouteConfig {
         backoff_base_ms: 10,
         backoff_cap_ms: 50,
         unknown_deadline_ms: 60_000,
+        stall_ms: 10_000,
     }
 }
 

@@ -1,0 +1,648 @@
+//! Streamed jobs: a job whose client asked for `stream: true` runs its
+//! attempts streamed, and the first attempt to deliver a piece of the
+//! answer owns the client's stream.
+//!
+//! The [`StreamHub`] of a job is where the owning attempt's pieces go, in
+//! order; clients (the first request and any replay with the same key) read
+//! it from any position, so a client that lost its connection resumes where
+//! it left off. Invariants kept here:
+//! - One owner: claiming the stream is one step under the hub's lock (one
+//!   process drives a job, by its lease), like the CAS among attempts; the
+//!   other live attempts are then cancelled and recorded as abandoned.
+//! - The answer is committed by the CAS (invariant 5) before the hub says
+//!   the stream finished: a stream that ends normally is a durable result.
+//! - A stream broken mid-answer is finished by a provider that continues a
+//!   prefill, or ends with an error naming the original failure; a
+//!   truncated answer is never reported as finished.
+
+use super::driver::{settle, start, RoundEnd, RoundFailure, Settled};
+use super::plan::JobPlan;
+use super::routing::choose_hedge;
+use super::Inner;
+use crate::config::RouteConfig;
+use crate::domain::request::{Message, Role};
+use crate::domain::{Attempt, AttemptKind, GuardRefusal, Job, JobState};
+use crate::metrics::Metrics;
+use crate::providers::catalog::ProviderEntry;
+use crate::providers::stream::Delta;
+use crate::providers::{Ambiguous, CallOutcome, Streamed, Success, Usage};
+use crate::store::{AttemptEnd, FinishAttempt};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+/// How long a finished job's hub stays for resuming clients; after that a
+/// replay streams the stored completion.
+const HUB_LINGER: Duration = Duration::from_secs(60);
+
+/// What a streamed job has told its clients, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamEvent {
+    /// An attempt owns the stream (OpenAI's first chunk, with the role).
+    Start {
+        model: String,
+        provider: String,
+        attempt_id: String,
+    },
+    Piece {
+        model: String,
+        delta: Delta,
+    },
+    /// The answer is committed (the job succeeded).
+    Finish {
+        model: String,
+        finish_reason: String,
+        usage: Option<Usage>,
+    },
+    /// The stream ends without a whole answer; the job goes on.
+    Error {
+        code: String,
+        message: String,
+    },
+}
+
+impl StreamEvent {
+    pub fn ends_stream(&self) -> bool {
+        matches!(self, StreamEvent::Finish { .. } | StreamEvent::Error { .. })
+    }
+}
+
+#[derive(Debug, Default)]
+struct HubState {
+    /// A driver in this process runs the job streamed.
+    driven: bool,
+    events: Vec<StreamEvent>,
+}
+
+/// One streamed job's events, shared by its driver and its clients.
+#[derive(Debug)]
+pub struct StreamHub {
+    state: Mutex<HubState>,
+    /// The number of events, for clients waiting for the next one.
+    count: watch::Sender<usize>,
+}
+
+impl Default for StreamHub {
+    fn default() -> Self {
+        StreamHub {
+            state: Mutex::new(HubState::default()),
+            count: watch::channel(0).0,
+        }
+    }
+}
+
+impl StreamHub {
+    fn state(&self) -> MutexGuard<'_, HubState> {
+        // Every mutation is a push or a flag: a poisoned lock is consistent.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether a driver here runs the job streamed (so clients read here).
+    pub fn is_driven(&self) -> bool {
+        self.state().driven
+    }
+
+    /// Still taking events (no finish, no error yet).
+    pub fn is_open(&self) -> bool {
+        !self.state().events.last().is_some_and(|e| e.ends_stream())
+    }
+
+    /// Events from `from` on, and whether the stream has ended.
+    pub fn events_from(&self, from: usize) -> (Vec<StreamEvent>, bool) {
+        let state = self.state();
+        let ended = state.events.last().is_some_and(|e| e.ends_stream());
+        (state.events.get(from..).unwrap_or_default().to_vec(), ended)
+    }
+
+    /// Resolves when there may be events past `seen`.
+    pub async fn changed_past(&self, seen: usize) {
+        let mut rx = self.count.subscribe();
+        let _ = rx.wait_for(|n| *n > seen).await;
+    }
+
+    fn push(&self, event: StreamEvent) {
+        let mut state = self.state();
+        if state.events.last().is_some_and(|e| e.ends_stream()) {
+            return;
+        }
+        state.events.push(event);
+        let n = state.events.len();
+        drop(state);
+        self.count.send_replace(n);
+    }
+
+    fn fail(&self, code: &str, message: &str) {
+        self.push(StreamEvent::Error {
+            code: code.to_string(),
+            message: message.to_string(),
+        });
+    }
+}
+
+type HubKey = (String, String);
+
+impl Inner {
+    fn hubs(&self) -> MutexGuard<'_, std::collections::HashMap<HubKey, Arc<StreamHub>>> {
+        self.hubs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The hub of the job `(owner, key)` names, made if there is none.
+    pub(crate) fn stream_hub(&self, owner: &str, key: &str) -> Arc<StreamHub> {
+        self.hubs()
+            .entry((owner.to_string(), key.to_string()))
+            .or_default()
+            .clone()
+    }
+
+    /// Forget `hub` unless a driver took it.
+    pub(crate) fn release_hub(&self, owner: &str, key: &str, hub: &Arc<StreamHub>) {
+        let mut hubs = self.hubs();
+        let k = (owner.to_string(), key.to_string());
+        if hubs
+            .get(&k)
+            .is_some_and(|h| Arc::ptr_eq(h, hub) && !h.is_driven())
+        {
+            hubs.remove(&k);
+        }
+    }
+
+    /// Called as a driver takes `job`: the job runs streamed when a client
+    /// waits on an open hub for it.
+    pub(super) fn claim_hub(&self, job: &Job) -> Option<Arc<StreamHub>> {
+        let hubs = self.hubs();
+        let hub = hubs.get(&(job.owner_id.clone(), job.idempotency_key.clone()))?;
+        if !hub.is_open() {
+            return None;
+        }
+        hub.state().driven = true;
+        Some(hub.clone())
+    }
+}
+
+/// After the driver stopped: a hub still open gets the job's state as its
+/// error (it failed, went to review, or waits on an unknown outcome), then
+/// lingers for resuming clients.
+pub(super) async fn close_after_drive(
+    inner: &Arc<Inner>,
+    job_id: &str,
+    owner: &str,
+    key: &str,
+    hub: Arc<StreamHub>,
+) {
+    if hub.is_open() {
+        let (code, message) = match inner.store.get_job(job_id).await {
+            Ok(Some(now)) => {
+                let code = match now.state {
+                    JobState::Failed => "job_failed",
+                    JobState::NeedsReview => "job_needs_review",
+                    JobState::Cancelled => "job_cancelled",
+                    _ => "job_pending",
+                };
+                let message = format!(
+                    "job {} is {}: {}; replay this request with the same Idempotency-Key for its final answer",
+                    now.id,
+                    now.state.as_str(),
+                    now.last_error.as_deref().unwrap_or("no result yet")
+                );
+                (code, message)
+            }
+            _ => (
+                "job_pending",
+                format!("job {job_id} is not finished; replay this request with the same Idempotency-Key"),
+            ),
+        };
+        hub.fail(code, &message);
+    }
+    hub.state().driven = false;
+    let inner = inner.clone();
+    let key = (owner.to_string(), key.to_string());
+    tokio::spawn(async move {
+        tokio::time::sleep(HUB_LINGER).await;
+        let mut hubs = inner.hubs();
+        if hubs.get(&key).is_some_and(|h| Arc::ptr_eq(h, &hub)) {
+            hubs.remove(&key);
+        }
+    });
+}
+
+enum Event {
+    Piece(Delta),
+    End(Streamed),
+}
+
+struct Live<'a> {
+    attempt: Attempt,
+    entry: &'a ProviderEntry,
+    task: JoinHandle<()>,
+    done: bool,
+}
+
+fn launch(
+    entry: &ProviderEntry,
+    request: crate::providers::ChatRequest,
+    timeout: Duration,
+    index: usize,
+    events: mpsc::UnboundedSender<(usize, Event)>,
+) -> JoinHandle<()> {
+    let client = entry.client.clone();
+    tokio::spawn(async move {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let call = tokio::time::timeout(timeout, client.stream(&request, &tx));
+        tokio::pin!(call);
+        let ended = loop {
+            tokio::select! {
+                biased;
+                Some(delta) = rx.recv() => { let _ = events.send((index, Event::Piece(delta))); }
+                ended = &mut call => break ended,
+            }
+        };
+        while let Ok(delta) = rx.try_recv() {
+            let _ = events.send((index, Event::Piece(delta)));
+        }
+        let streamed = ended.unwrap_or_else(|_| {
+            let outcome = CallOutcome::Unknown(Ambiguous {
+                kind: "attempt_timeout".to_string(),
+                message: format!(
+                    "no answer within attempt_timeout_ms ({} ms)",
+                    timeout.as_millis()
+                ),
+            });
+            (outcome, None)
+        });
+        let _ = events.send((index, Event::End(streamed)));
+    })
+}
+
+/// Cancel an attempt that lost the stream (or whose round is over) and
+/// record it as abandoned; its usage is not known once it is cut off.
+async fn abandon(inner: &Inner, live: &mut Live<'_>, reason: &str) {
+    if live.done {
+        return;
+    }
+    live.done = true;
+    live.task.abort();
+    let finish = FinishAttempt {
+        attempt_id: live.attempt.id.clone(),
+        end: AttemptEnd::Abandoned {
+            reason: reason.to_string(),
+        },
+        at: inner.clock.now_ms(),
+        actor: format!("engine:{}", inner.instance),
+    };
+    if inner.store.finish_attempt(finish).await.is_ok() {
+        Metrics::inc(&inner.metrics.attempts_abandoned);
+        inner
+            .metrics
+            .attempt_finished(&live.attempt.provider, "abandoned");
+    }
+}
+
+/// A provider that may finish a broken stream: on the route, not tried in
+/// this round, admitted (as a fallback unless it is the primary), breaker
+/// closed, and able to continue a prefill.
+fn continuation_target<'a>(
+    inner: &'a Inner,
+    route: &RouteConfig,
+    plan: &JobPlan,
+    tried: &[String],
+) -> Option<&'a ProviderEntry> {
+    std::iter::once(&route.primary)
+        .chain(route.fallbacks.iter())
+        .filter(|name| !tried.contains(name))
+        .find_map(|name| {
+            let entry = inner.catalog.get(name)?;
+            if !entry.config.continues_prefill() {
+                return None;
+            }
+            plan.request_for(entry).ok()?;
+            let as_fallback = *name != route.primary;
+            inner
+                .gate
+                .admits(name, plan.contract_name(), as_fallback)
+                .ok()?;
+            inner.with_breaker(name, |b| b.is_closed()).then_some(entry)
+        })
+}
+
+/// One round of streamed attempts: the first (primary or retry), a hedge
+/// when no piece arrived within `silence_ms` (time to first token) or the
+/// first ended `unknown` before any piece, and continuations of a stream
+/// broken mid-answer.
+pub(super) async fn run_streamed_round(
+    inner: &Arc<Inner>,
+    job: &Job,
+    route: &RouteConfig,
+    plan: &JobPlan,
+    first: &ProviderEntry,
+    kind: AttemptKind,
+    mut tried: Vec<String>,
+    hub: &Arc<StreamHub>,
+) -> RoundEnd {
+    let timeout = Duration::from_millis(route.attempt_timeout_ms);
+    let stall_for = Duration::from_millis(route.stall_ms.max(1));
+    let request = match plan.request_for(first) {
+        Ok(r) => r,
+        Err(e) => {
+            return ended(
+                None,
+                Some(RoundFailure {
+                    retryable: false,
+                    retry_after: None,
+                    reason: e.0,
+                    provider: first.name.clone(),
+                    kind: "invalid_request".to_string(),
+                    refusal: false,
+                }),
+            )
+        }
+    };
+    let attempt = match start(inner, job, route, first, kind).await {
+        Ok(attempt) => attempt,
+        Err(GuardRefusal::OutcomeUnknown) => return RoundEnd::Refused,
+        // The unknown attempt a rescue was to back up was settled meanwhile:
+        // go on as a retry.
+        Err(GuardRefusal::HedgeNotAllowed) => {
+            return ended(
+                None,
+                Some(RoundFailure {
+                    retryable: true,
+                    retry_after: None,
+                    reason: "the attempt to back up was settled meanwhile".to_string(),
+                    provider: String::new(),
+                    kind: "hedge_not_needed".to_string(),
+                    refusal: false,
+                }),
+            )
+        }
+        Err(_) => return RoundEnd::Done,
+    };
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut live = vec![Live {
+        attempt,
+        entry: first,
+        task: launch(first, request, timeout, 0, tx.clone()),
+        done: false,
+    }];
+    tried.push(first.name.clone());
+    let mut hedges_left = route.max_hedges;
+    let silence = tokio::time::sleep(Duration::from_millis(route.silence_ms));
+    tokio::pin!(silence);
+    let stall = tokio::time::sleep(Duration::from_secs(86_400));
+    tokio::pin!(stall);
+    let mut owner: Option<usize> = None;
+    // Text the client has from earlier owners (a continuation's prefill),
+    // and from the current owner.
+    let (mut earlier, mut own) = (String::new(), String::new());
+    let mut broken: Option<(String, String)> = None;
+    let (mut unknown, mut failure) = (None::<String>, None::<RoundFailure>);
+
+    // Start a hedge (or continuation) to `entry` with `request`; `None` when
+    // the guard refuses.
+    macro_rules! hedge {
+        ($entry:expr, $request:expr) => {{
+            match start(inner, job, route, $entry, AttemptKind::Hedge).await {
+                Ok(attempt) => {
+                    Metrics::inc(&inner.metrics.hedges_started);
+                    hedges_left = hedges_left.saturating_sub(1);
+                    tried.push($entry.name.clone());
+                    let index = live.len();
+                    live.push(Live {
+                        attempt,
+                        entry: $entry,
+                        task: launch($entry, $request, timeout, index, tx.clone()),
+                        done: false,
+                    });
+                    Some(index)
+                }
+                Err(_) => None,
+            }
+        }};
+    }
+
+    loop {
+        let running = live.iter().filter(|l| !l.done).count();
+        if running == 0 {
+            break;
+        }
+        let (index, event) = tokio::select! {
+            Some(next) = rx.recv() => next,
+            _ = &mut silence, if owner.is_none() && hedges_left > 0 && running == 1 => {
+                if let Some(entry) = choose_hedge(inner, route, plan, &tried) {
+                    if let Ok(request) = plan.request_for(entry) {
+                        tracing::info!(provider = %entry.name, "no first token within silence_ms; hedging");
+                        hedge!(entry, request);
+                    }
+                }
+                continue;
+            }
+            _ = &mut stall, if owner.is_some() => {
+                let Some(o) = owner else { continue };
+                live[o].task.abort();
+                let ambiguous = Ambiguous {
+                    kind: "stream_stall".to_string(),
+                    message: format!("no chunk for stall_ms ({} ms) after {} characters", route.stall_ms, own.chars().count()),
+                };
+                (o, Event::End((CallOutcome::Unknown(ambiguous), None)))
+            }
+        };
+        if live[index].done {
+            continue;
+        }
+        match event {
+            Event::Piece(delta) => {
+                if owner.is_none() {
+                    owner = Some(index);
+                    claim(inner, hub, &mut live, index).await;
+                }
+                if owner != Some(index) {
+                    continue;
+                }
+                own.push_str(&delta.content);
+                hub.push(StreamEvent::Piece {
+                    model: live[index].entry.config.model.clone(),
+                    delta,
+                });
+                stall
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + stall_for);
+            }
+            Event::End((outcome, finish)) => {
+                live[index].done = true;
+                let is_owner = owner == Some(index);
+                if !is_owner {
+                    if let CallOutcome::Succeeded(_) = outcome {
+                        // A whole answer with no piece (empty text): it owns
+                        // the stream now.
+                        if owner.is_none() {
+                            owner = Some(index);
+                            claim(inner, hub, &mut live, index).await;
+                        }
+                    }
+                }
+                if owner != Some(index) {
+                    // Ended before any piece: a failure like an unstreamed one.
+                    if let CallOutcome::Unknown(_) = &outcome {
+                        // Rescue: hedge at once to a provider not tried,
+                        // while this attempt still counts as the started one.
+                        if hedges_left > 0 && running == 1 {
+                            if let Some(entry) = choose_hedge(inner, route, plan, &tried) {
+                                if let Ok(request) = plan.request_for(entry) {
+                                    tracing::info!(provider = %entry.name, "attempt ended unknown before any token; hedging at once");
+                                    hedge!(entry, request);
+                                }
+                            }
+                        }
+                    }
+                    match settle(inner, plan, &live[index].attempt, outcome).await {
+                        Settled::Won | Settled::Lost => return RoundEnd::Done,
+                        Settled::Unknown => unknown = Some(live[index].attempt.provider.clone()),
+                        Settled::Failed(f) => {
+                            // A non-retryable failure dominates a retryable one.
+                            if failure.as_ref().is_none_or(|kept| kept.retryable) {
+                                failure = Some(f);
+                            }
+                        }
+                    }
+                    continue;
+                }
+                // The owner ended.
+                let entry = live[index].entry;
+                match outcome {
+                    CallOutcome::Succeeded(success) => {
+                        let output = format!("{earlier}{}", success.output);
+                        let usage = success.usage;
+                        let whole = CallOutcome::Succeeded(Success { output, ..success });
+                        let settled = settle(inner, plan, &live[index].attempt, whole).await;
+                        return match settled {
+                            Settled::Won => {
+                                inner
+                                    .metrics
+                                    .observe_job_latency(inner.clock.now_ms() - job.created_at);
+                                hub.push(StreamEvent::Finish {
+                                    model: entry.config.model.clone(),
+                                    finish_reason: finish
+                                        .map_or_else(|| "stop".to_string(), |f| f.finish_reason),
+                                    usage,
+                                });
+                                RoundEnd::Done
+                            }
+                            Settled::Lost => {
+                                hub.fail("job_finished", "the job was finished or cancelled by another party; replay for its final state");
+                                RoundEnd::Done
+                            }
+                            Settled::Failed(f) => {
+                                hub.fail(&f.kind, &f.reason);
+                                ended(None, Some(f))
+                            }
+                            Settled::Unknown => {
+                                hub.fail("attempt_outcome_unknown", "the answer could not be recorded; replay for the job's final state");
+                                ended(Some(entry.name.clone()), None)
+                            }
+                        };
+                    }
+                    CallOutcome::Failed(f) if own.is_empty() && broken.is_some() => {
+                        // A continuation refused before adding anything: the
+                        // client hears of the original failure, not this.
+                        let reason = format!("{}: {}: {}", entry.name, f.kind, f.message);
+                        settle(inner, plan, &live[index].attempt, CallOutcome::Failed(f)).await;
+                        let (code, message) = broken.take().unwrap_or_default();
+                        hub.fail(&code, &message);
+                        tracing::info!(%reason, "continuation refused; the stream ends with the original failure");
+                        return ended(unknown.or(Some(entry.name.clone())), None);
+                    }
+                    CallOutcome::Failed(f) => {
+                        let message = format!(
+                            "{} stopped the answer after {} characters: {}: {}",
+                            entry.name,
+                            earlier.chars().count() + own.chars().count(),
+                            f.kind,
+                            f.message
+                        );
+                        let code = f.kind.clone();
+                        let settled =
+                            settle(inner, plan, &live[index].attempt, CallOutcome::Failed(f)).await;
+                        hub.fail(&code, &message);
+                        return match settled {
+                            Settled::Failed(f) => ended(unknown, Some(f)),
+                            Settled::Unknown => ended(Some(entry.name.clone()), None),
+                            Settled::Won | Settled::Lost => RoundEnd::Done,
+                        };
+                    }
+                    CallOutcome::Unknown(a) => {
+                        let original = broken.clone().unwrap_or_else(|| {
+                            (
+                                a.kind.clone(),
+                                format!(
+                                    "the stream from {} broke after {} characters: {}: {}",
+                                    entry.name,
+                                    own.chars().count(),
+                                    a.kind,
+                                    a.message
+                                ),
+                            )
+                        });
+                        // Continue on a provider that takes a prefill, started
+                        // while the broken attempt still counts as started.
+                        let mut continued = None;
+                        if hedges_left > 0 {
+                            if let Some(next) = continuation_target(inner, route, plan, &tried) {
+                                if let Ok(mut request) = plan.request_for(next) {
+                                    request.messages.push(Message::new(
+                                        Role::Assistant,
+                                        format!("{earlier}{own}"),
+                                    ));
+                                    continued = hedge!(next, request);
+                                    if continued.is_some() {
+                                        tracing::info!(provider = %next.name, "stream broke mid-answer; continuing it");
+                                    }
+                                }
+                            }
+                        }
+                        settle(inner, plan, &live[index].attempt, CallOutcome::Unknown(a)).await;
+                        unknown = Some(entry.name.clone());
+                        match continued {
+                            Some(next) => {
+                                earlier.push_str(&own);
+                                own.clear();
+                                owner = Some(next);
+                                broken = Some(original);
+                                stall
+                                    .as_mut()
+                                    .reset(tokio::time::Instant::now() + stall_for);
+                            }
+                            None => {
+                                hub.fail(&original.0, &original.1);
+                                return ended(unknown, None);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if let Some((code, message)) = broken {
+        hub.fail(&code, &message);
+    }
+    ended(unknown, failure)
+}
+
+fn ended(unknown: Option<String>, failure: Option<RoundFailure>) -> RoundEnd {
+    RoundEnd::Ended { unknown, failure }
+}
+
+/// The attempt at `index` owns the client's stream: say so, and cancel the
+/// others.
+async fn claim(inner: &Inner, hub: &StreamHub, live: &mut [Live<'_>], index: usize) {
+    let owner = &live[index];
+    hub.push(StreamEvent::Start {
+        model: owner.entry.config.model.clone(),
+        provider: owner.entry.name.clone(),
+        attempt_id: owner.attempt.id.clone(),
+    });
+    for (i, other) in live.iter_mut().enumerate() {
+        if i != index {
+            abandon(inner, other, "another attempt owns the stream").await;
+        }
+    }
+}

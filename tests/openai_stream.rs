@@ -1,0 +1,470 @@
+//! `POST /v1/chat/completions` with `stream: true`, against the simulator's
+//! stream faults: what the client received, the job and its attempts, and
+//! the simulator's ledger.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::world::{route, start_world, ProviderSpec, World};
+use common::Backend;
+use futures::StreamExt;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+on_both_backends!(
+    a_streamed_completion_arrives_in_pieces_and_replays_the_same_text,
+    a_stream_cut_mid_answer_is_finished_by_a_fallback_that_continues_it,
+    a_stream_cut_with_no_continuation_ends_with_an_error_naming_the_cut,
+    a_primary_silent_past_silence_ms_loses_the_stream_to_the_hedge,
+    a_stalled_stream_is_bounded_by_stall_ms_and_continued,
+    a_malformed_chunk_breaks_the_stream_and_it_is_continued,
+    a_stream_closed_without_done_is_never_a_finished_answer,
+    a_persistent_503_streams_from_the_fallback,
+    a_client_that_drops_mid_stream_resumes_with_the_same_key,
+);
+
+/// One SSE event as the client saw it.
+#[derive(Debug, Clone)]
+struct Sse {
+    id: Option<String>,
+    data: String,
+}
+
+impl Sse {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.data).unwrap_or(Value::Null)
+    }
+}
+
+fn parse(text: &str) -> Vec<Sse> {
+    text.split("\n\n")
+        .filter(|block| !block.trim().is_empty())
+        .map(|block| {
+            let (mut id, mut data) = (None, String::new());
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("id: ") {
+                    id = Some(v.to_string());
+                } else if let Some(v) = line.strip_prefix("data: ") {
+                    data.push_str(v);
+                }
+            }
+            Sse { id, data }
+        })
+        .collect()
+}
+
+fn body(text: &str) -> Value {
+    json!({
+        "model": "default",
+        "messages": [{"role": "user", "content": text}],
+        "stream": true,
+        "stream_options": {"include_usage": true}
+    })
+}
+
+fn request(world: &World, key: &str, body: &Value) -> reqwest::RequestBuilder {
+    world
+        .client
+        .post(format!("{}/v1/chat/completions", world.address))
+        .bearer_auth(&world.key)
+        .header("Idempotency-Key", key)
+        .json(body)
+}
+
+async fn stream(
+    world: &World,
+    key: &str,
+    body: &Value,
+) -> (u16, reqwest::header::HeaderMap, Vec<Sse>) {
+    let response = request(world, key, body).send().await.unwrap();
+    let (status, headers) = (response.status().as_u16(), response.headers().clone());
+    let text = response.text().await.unwrap();
+    (status, headers, parse(&text))
+}
+
+fn content(events: &[Sse]) -> String {
+    events
+        .iter()
+        .filter_map(|e| {
+            e.json()["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+fn finish_reasons(events: &[Sse]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| {
+            e.json()["choices"][0]["finish_reason"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+fn ends_done(events: &[Sse]) -> bool {
+    events.last().is_some_and(|e| e.data == "[DONE]")
+}
+
+fn error_event(events: &[Sse]) -> Option<Value> {
+    events
+        .iter()
+        .map(Sse::json)
+        .find(|v| v.get("error").is_some())
+        .map(|v| v["error"].clone())
+}
+
+fn job_id(headers: &reqwest::header::HeaderMap) -> String {
+    headers["x-onejob-job-id"].to_str().unwrap().to_string()
+}
+
+fn result_text(job: &Value) -> String {
+    job["result"].as_str().expect("a text result").to_string()
+}
+
+/// What a healthy simulator answers to `text`, asked directly.
+async fn healthy_answer(world: &World, text: &str) -> String {
+    let answer = world
+        .client
+        .post(format!("{}/v1/chat/completions", world.sim.base_url()))
+        .json(&json!({"model": "healthy", "messages": [{"role": "user", "content": text}]}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let answer: Value = serde_json::from_str(&answer).expect(&answer);
+    answer["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+fn states(attempts: &[Value]) -> Vec<(String, String)> {
+    attempts
+        .iter()
+        .map(|a| {
+            (
+                a["provider"].as_str().unwrap().to_string(),
+                a["state"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn pair(provider: &str, state: &str) -> (String, String) {
+    (provider.to_string(), state.to_string())
+}
+
+fn spec(name: &'static str, model: &'static str) -> ProviderSpec {
+    ProviderSpec { name, model }
+}
+
+async fn a_streamed_completion_arrives_in_pieces_and_replays_the_same_text(backend: Backend) {
+    let providers = [spec("primary", "healthy")];
+    let world = start_world(backend, &providers, route("primary", &[]), |_| {}).await;
+    let (status, headers, events) = stream(&world, "s-1", &body("Tell me a story")).await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["content-type"], "text/event-stream");
+    assert_eq!(headers["x-onejob-provider"], "primary");
+    let id = job_id(&headers);
+    assert!(
+        events.iter().all(|e| e.id.is_some()),
+        "every event has an id"
+    );
+    let first = events[0].json();
+    assert_eq!(first["object"], "chat.completion.chunk");
+    assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(first["id"], format!("chatcmpl-{id}"));
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(Sse::json).collect();
+    assert!(
+        chunks.iter().all(|c| c["model"] == "healthy"),
+        "every chunk names the model that answered"
+    );
+    let text = content(&events);
+    assert!(
+        chunks
+            .iter()
+            .filter(|c| c["choices"][0]["delta"]["content"].is_string())
+            .count()
+            > 2,
+        "the answer comes in pieces"
+    );
+    assert_eq!(finish_reasons(&events), vec!["stop"]);
+    let usage = &chunks.last().unwrap()["usage"];
+    assert!(usage["completion_tokens"].as_u64().unwrap() > 0, "{usage}");
+    assert!(ends_done(&events));
+    assert_eq!(text, healthy_answer(&world, "Tell me a story").await);
+
+    // [DONE] came after the commit: the job is already succeeded.
+    let job = world.job(&id).await;
+    assert_eq!(job["state"], "succeeded");
+    assert_eq!(result_text(&job), text);
+    assert_eq!(
+        states(&world.attempts(&id).await),
+        vec![pair("primary", "succeeded")]
+    );
+    assert_eq!(world.executions(&id, "primary"), 1);
+
+    // Replays, streamed and not, give the same text and run nothing.
+    let (_, headers, again) = stream(&world, "s-1", &body("Tell me a story")).await;
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(content(&again), text);
+    assert!(ends_done(&again));
+    let mut plain = body("Tell me a story");
+    plain.as_object_mut().unwrap().remove("stream");
+    plain.as_object_mut().unwrap().remove("stream_options");
+    let answer: Value = request(&world, "s-1", &plain)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["choices"][0]["message"]["content"], text.as_str());
+    assert_eq!(world.executions(&id, "primary"), 1);
+    assert_eq!(world.store.count_jobs().await.unwrap(), 1);
+    world.stop().await;
+}
+
+async fn a_stream_cut_mid_answer_is_finished_by_a_fallback_that_continues_it(backend: Backend) {
+    let providers = [
+        spec("primary", "stream_cut:tokens=2"),
+        spec("backup", "healthy"),
+    ];
+    let world = start_world(backend, &providers, route("primary", &["backup"]), |_| {}).await;
+    let (status, headers, events) = stream(&world, "cut-1", &body("Explain tides")).await;
+    assert_eq!(status, 200);
+    let id = job_id(&headers);
+    assert!(error_event(&events).is_none(), "{events:?}");
+    let text = content(&events);
+    assert_eq!(
+        text,
+        healthy_answer(&world, "Explain tides").await,
+        "one whole answer"
+    );
+    assert_eq!(finish_reasons(&events), vec!["stop"]);
+    assert!(ends_done(&events));
+    let models: Vec<Value> = events
+        .iter()
+        .map(Sse::json)
+        .filter(|c| c["choices"][0]["delta"]["content"].is_string())
+        .map(|c| c["model"].clone())
+        .collect();
+    assert_eq!(models.first().unwrap(), "stream_cut:tokens=2");
+    assert_eq!(
+        models.last().unwrap(),
+        "healthy",
+        "the continuation names its model"
+    );
+
+    let job = world.job(&id).await;
+    assert_eq!(job["state"], "succeeded");
+    assert_eq!(result_text(&job), text);
+    let attempts = world.attempts(&id).await;
+    assert_eq!(attempts[0]["error_kind"], "stream_cut");
+    assert_eq!(attempts[1]["provider"], "backup");
+    assert_eq!(attempts[1]["state"], "succeeded");
+    assert_eq!(world.executions(&id, "primary"), 1);
+    assert_eq!(world.executions(&id, "backup"), 1);
+    world.stop().await;
+}
+
+async fn a_stream_cut_with_no_continuation_ends_with_an_error_naming_the_cut(backend: Backend) {
+    let providers = [
+        spec("primary", "stream_cut:tokens=2"),
+        spec("backup", "no_prefill"),
+    ];
+    let world = start_world(backend, &providers, route("primary", &["backup"]), |_| {}).await;
+    let (status, headers, events) = stream(&world, "cut-2", &body("Explain tides")).await;
+    assert_eq!(status, 200);
+    let id = job_id(&headers);
+    let error = error_event(&events).expect("an in-band error event");
+    assert_eq!(error["code"], "stream_cut", "{error}");
+    assert!(
+        error["message"].as_str().unwrap().contains("primary"),
+        "{error}"
+    );
+    assert!(
+        finish_reasons(&events).is_empty(),
+        "never a finish on a truncated answer"
+    );
+    assert!(!ends_done(&events));
+    let partial = content(&events);
+    assert_eq!(partial.chars().count(), 32, "two pieces of 16 characters");
+    let backup = world.attempts(&id).await;
+    assert!(
+        backup
+            .iter()
+            .any(|a| a["provider"] == "backup" && a["state"] == "failed"),
+        "the refusing fallback was asked: {backup:?}"
+    );
+
+    // The job goes on: the primary executed, the reconciler finds its answer.
+    let (job, _) = world
+        .until(&id, Duration::from_secs(20), |j, _| {
+            j["state"] == "succeeded"
+        })
+        .await;
+    let whole = result_text(&job);
+    assert!(whole.starts_with(&partial) && whole.len() > partial.len());
+    let (_, _, replay) = stream(&world, "cut-2", &body("Explain tides")).await;
+    assert_eq!(content(&replay), whole, "a replay returns the final answer");
+    assert_eq!(world.executions(&id, "primary"), 1);
+    world.stop().await;
+}
+
+async fn a_primary_silent_past_silence_ms_loses_the_stream_to_the_hedge(backend: Backend) {
+    let providers = [
+        spec("primary", "slow_first_byte:ms=3000"),
+        spec("backup", "healthy"),
+    ];
+    let mut r = route("primary", &["backup"]);
+    r.silence_ms = 200;
+    let world = start_world(backend, &providers, r, |_| {}).await;
+    let (_, headers, events) = stream(&world, "slow-1", &body("Hello")).await;
+    let id = job_id(&headers);
+    assert_eq!(headers["x-onejob-provider"], "backup");
+    assert_eq!(content(&events), healthy_answer(&world, "Hello").await);
+    assert!(ends_done(&events));
+    assert_eq!(events[0].json()["model"], "healthy");
+    let attempts = world.attempts(&id).await;
+    assert_eq!(
+        states(&attempts),
+        vec![pair("primary", "discarded"), pair("backup", "succeeded")]
+    );
+    assert_eq!(world.job(&id).await["completed_by"], attempts[1]["id"]);
+    world.stop().await;
+}
+
+async fn a_stalled_stream_is_bounded_by_stall_ms_and_continued(backend: Backend) {
+    let providers = [
+        spec("primary", "stream_stall:tokens=2"),
+        spec("backup", "healthy"),
+    ];
+    let mut r = route("primary", &["backup"]);
+    r.stall_ms = 300;
+    let world = start_world(backend, &providers, r, |_| {}).await;
+    let (_, headers, events) = stream(&world, "stall-1", &body("Explain tides")).await;
+    let id = job_id(&headers);
+    assert_eq!(
+        content(&events),
+        healthy_answer(&world, "Explain tides").await
+    );
+    assert!(ends_done(&events));
+    let attempts = world.attempts(&id).await;
+    assert_eq!(attempts[0]["error_kind"], "stream_stall");
+    assert_eq!(attempts[0]["state"], "unknown");
+    assert_eq!(attempts[1]["state"], "succeeded");
+    world.stop().await;
+}
+
+async fn a_malformed_chunk_breaks_the_stream_and_it_is_continued(backend: Backend) {
+    let providers = [
+        spec("primary", "stream_malformed:tokens=1"),
+        spec("backup", "healthy"),
+    ];
+    let world = start_world(backend, &providers, route("primary", &["backup"]), |_| {}).await;
+    let (_, headers, events) = stream(&world, "bad-1", &body("Explain tides")).await;
+    let id = job_id(&headers);
+    assert_eq!(
+        content(&events),
+        healthy_answer(&world, "Explain tides").await
+    );
+    assert_eq!(finish_reasons(&events), vec!["stop"]);
+    let attempts = world.attempts(&id).await;
+    assert_eq!(attempts[0]["error_kind"], "malformed_chunk");
+    assert_eq!(world.executions(&id, "backup"), 1);
+    world.stop().await;
+}
+
+async fn a_stream_closed_without_done_is_never_a_finished_answer(backend: Backend) {
+    // No fallback: the client must not take the text for a whole answer.
+    let providers = [spec("primary", "stream_no_done")];
+    let world = start_world(backend, &providers, route("primary", &[]), |_| {}).await;
+    let (_, headers, events) = stream(&world, "nodone-1", &body("Explain tides")).await;
+    let id = job_id(&headers);
+    let error = error_event(&events).expect("an error, not a finish");
+    assert_eq!(error["code"], "stream_incomplete", "{error}");
+    assert!(finish_reasons(&events).is_empty());
+    assert!(!ends_done(&events));
+    let attempts = world.attempts(&id).await;
+    assert_eq!(attempts[0]["error_kind"], "stream_incomplete");
+    world.stop().await;
+}
+
+async fn a_persistent_503_streams_from_the_fallback(backend: Backend) {
+    let providers = [spec("primary", "fail:503"), spec("backup", "healthy")];
+    let world = start_world(backend, &providers, route("primary", &["backup"]), |_| {}).await;
+    let (_, headers, events) = stream(&world, "503-1", &body("Hello")).await;
+    let id = job_id(&headers);
+    assert_eq!(headers["x-onejob-provider"], "backup");
+    assert_eq!(content(&events), healthy_answer(&world, "Hello").await);
+    assert!(ends_done(&events));
+    let attempts = world.attempts(&id).await;
+    assert_eq!(attempts[0]["provider"], "primary");
+    assert_eq!(attempts[0]["state"], "failed");
+    assert_eq!(attempts.last().unwrap()["provider"], "backup");
+    assert_eq!(attempts.last().unwrap()["state"], "succeeded");
+    world.stop().await;
+}
+
+async fn a_client_that_drops_mid_stream_resumes_with_the_same_key(backend: Backend) {
+    // The primary stalls after two pieces; the client drops there, and the
+    // job goes on (stall, continuation) without it.
+    let providers = [
+        spec("primary", "stream_stall:tokens=2"),
+        spec("backup", "healthy"),
+    ];
+    let mut r = route("primary", &["backup"]);
+    r.stall_ms = 500;
+    let world = start_world(backend, &providers, r, |_| {}).await;
+    let b = body("Explain tides");
+    let response = request(&world, "resume-1", &b).send().await.unwrap();
+    let id = job_id(response.headers());
+    let mut bytes = response.bytes_stream();
+    let mut seen = String::new();
+    while parse(&seen).len() < 3 {
+        seen.push_str(std::str::from_utf8(&bytes.next().await.unwrap().unwrap()).unwrap());
+    }
+    drop(bytes); // the client's connection is gone
+    let before = parse(&seen);
+    let last_id = before.last().unwrap().id.clone().unwrap();
+    let had = content(&before);
+    assert_eq!(had.chars().count(), 32);
+
+    // Reconnect with the same key and the last event id: the rest, once.
+    let response = request(&world, "resume-1", &b)
+        .header("Last-Event-ID", &last_id)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(job_id(response.headers()), id, "the same job");
+    let rest = parse(&response.text().await.unwrap());
+    assert!(rest
+        .iter()
+        .all(|e| e.id.as_deref() != Some(last_id.as_str())));
+    let whole = format!("{had}{}", content(&rest));
+    assert_eq!(whole, healthy_answer(&world, "Explain tides").await);
+    assert!(ends_done(&rest));
+
+    // The finished job, resumed from the middle: the stored answer's rest.
+    let response = request(&world, "resume-1", &b)
+        .header("Last-Event-ID", &last_id)
+        .send()
+        .await
+        .unwrap();
+    let stored = parse(&response.text().await.unwrap());
+    assert_eq!(format!("{had}{}", content(&stored)), whole);
+    // Without Last-Event-ID: the whole answer.
+    let (_, _, again) = stream(&world, "resume-1", &b).await;
+    assert_eq!(content(&again), whole);
+
+    assert_eq!(world.executions(&id, "primary"), 1, "one execution");
+    assert_eq!(world.executions(&id, "backup"), 1);
+    assert_eq!(world.store.count_jobs().await.unwrap(), 1);
+    world.stop().await;
+}

@@ -39,6 +39,9 @@ struct Args {
     /// Sequential jobs in the lone-client phase.
     #[arg(long, default_value_t = 500)]
     lone: usize,
+    /// Sequential streamed completions in the time-to-first-token phase.
+    #[arg(long, default_value_t = 300)]
+    ttft: usize,
     /// Jobs per second in the fixed-rate phase.
     #[arg(long, default_value_t = 1_000)]
     rate: u64,
@@ -233,6 +236,45 @@ async fn main() -> anyhow::Result<()> {
     let direct = Phase::new(&direct, Instant::now(), cpu);
     rss.push(("after lone client", rss_kib()));
 
+    // 2b. Time to first token, streamed: through onejob
+    // (`/v1/chat/completions`, `stream: true`) and from the simulator directly.
+    let streamed = |model: &str| {
+        serde_json::to_vec(&json!({
+            "model": model,
+            "messages": [{ "role": "user", "content": message }],
+            "max_tokens": 64,
+            "stream": true,
+        }))
+    };
+    let (via_body, direct_body) = (streamed("default")?, streamed("healthy")?);
+    let chat_url = format!("{base}/v1/chat/completions");
+    let sim_chat_url = format!("{}/v1/chat/completions", sim.base_url());
+    let mut ttft_via = Vec::with_capacity(args.ttft);
+    let mut ttft_direct = Vec::with_capacity(args.ttft);
+    let cpu = cpu_time();
+    for i in 0..args.ttft {
+        let request = bench
+            .client
+            .post(&chat_url)
+            .bearer_auth(&bench.key)
+            .header("Idempotency-Key", format!("ttft-{i}"))
+            .header("Content-Type", "application/json")
+            .body(via_body.clone());
+        ttft_via.push(first_token(request).await);
+    }
+    let ttft_via = Phase::new(&ttft_via, Instant::now(), cpu);
+    let cpu = cpu_time();
+    for i in 0..args.ttft {
+        let request = bench
+            .client
+            .post(&sim_chat_url)
+            .header("Idempotency-Key", format!("ttft-direct-{i}"))
+            .header("Content-Type", "application/json")
+            .body(direct_body.clone());
+        ttft_direct.push(first_token(request).await);
+    }
+    let ttft_direct = Phase::new(&ttft_direct, Instant::now(), cpu);
+
     // 3. Fixed rate, open loop: latency counts from the scheduled send time,
     // so a stall delays (and is charged to) every request scheduled behind it.
     let total = (args.rate * args.rate_secs) as usize;
@@ -302,6 +344,15 @@ async fn main() -> anyhow::Result<()> {
         "",
         ""
     );
+    ttft_via.row("lone TTFT, streamed through onejob", "");
+    ttft_direct.row("lone TTFT, simulator directly", "");
+    println!(
+        "{:<34} {:>9} {:>9} {:>9}",
+        "  onejob's added TTFT",
+        "",
+        ms(ttft_via.p50.saturating_sub(ttft_direct.p50)),
+        ms(ttft_via.p99.saturating_sub(ttft_direct.p99)),
+    );
     fixed.row(
         &format!("fixed rate {}/s for {} s", args.rate, args.rate_secs),
         "≤ 2 ms p99",
@@ -317,6 +368,48 @@ async fn main() -> anyhow::Result<()> {
         println!("  {when:<28} {:>8.1} MiB", kib as f64 / 1024.0);
     }
     Ok(())
+}
+
+/// Send a streamed completion; the sample's latency is the time to the
+/// first chunk carrying content, and it is ok when the stream ends with
+/// `[DONE]`.
+async fn first_token(request: reqwest::RequestBuilder) -> Sample {
+    let started = Instant::now();
+    let mut first = None;
+    let mut seen = String::new();
+    let ok = match request.send().await {
+        Ok(mut response) if response.status().is_success() => loop {
+            match response.chunk().await {
+                Ok(Some(bytes)) => {
+                    seen.push_str(&String::from_utf8_lossy(&bytes));
+                    if first.is_none() && seen.contains("\"content\":\"") {
+                        let has_text = seen.split("\n\n").any(|event| {
+                            event
+                                .lines()
+                                .filter_map(|l| l.strip_prefix("data: "))
+                                .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+                                .any(|c| {
+                                    c["choices"][0]["delta"]["content"]
+                                        .as_str()
+                                        .is_some_and(|t| !t.is_empty())
+                                })
+                        });
+                        if has_text {
+                            first = Some(started.elapsed());
+                        }
+                    }
+                }
+                Ok(None) => break seen.contains("data: [DONE]"),
+                Err(_) => break false,
+            }
+        },
+        _ => false,
+    };
+    Sample {
+        done: Instant::now(),
+        latency: first.unwrap_or_else(|| started.elapsed()),
+        ok: ok && first.is_some(),
+    }
 }
 
 /// Run `concurrency` clients, each taking the next (key, expected status)

@@ -357,7 +357,12 @@ async fn a_stalled_stream_is_bounded_by_stall_ms_and_continued(backend: Backend)
     assert!(ends_done(&events));
     let attempts = world.attempts(&id).await;
     assert_eq!(attempts[0]["error_kind"], "stream_stall");
-    assert_eq!(attempts[0]["state"], "unknown");
+    // Unknown, or already reconciled (the simulator executed it) and
+    // discarded: the continuation won the CAS.
+    assert!(
+        ["unknown", "discarded"].contains(&attempts[0]["state"].as_str().unwrap()),
+        "{attempts:?}"
+    );
     assert_eq!(attempts[1]["state"], "succeeded");
     world.stop().await;
 }

@@ -329,6 +329,10 @@ fn continuation_target<'a>(
 /// when no piece arrived within `silence_ms` (time to first token) or the
 /// first ended `unknown` before any piece, and continuations of a stream
 /// broken mid-answer.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "run_round's arguments and the hub the round streams to"
+)]
 pub(super) async fn run_streamed_round(
     inner: &Arc<Inner>,
     job: &Job,

@@ -379,7 +379,7 @@ async fn a_malformed_chunk_breaks_the_stream_and_it_is_continued(backend: Backen
         content(&events),
         healthy_answer(&world, "Explain tides").await
     );
-    assert_eq!(finish_reasons(&events), vec!["stop"]);
+    assert_eq!(finish_reasons(&events), vec!["stop"], "{events:?}");
     let attempts = world.attempts(&id).await;
     assert_eq!(attempts[0]["error_kind"], "malformed_chunk");
     assert_eq!(world.executions(&id, "backup"), 1);

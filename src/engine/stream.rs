@@ -108,6 +108,12 @@ impl StreamHub {
         !self.state().events.last().is_some_and(|e| e.ends_stream())
     }
 
+    /// The stream ended with an error: the job goes on without it, and a
+    /// replay waits for the job's final answer instead.
+    pub fn ended_in_error(&self) -> bool {
+        matches!(self.state().events.last(), Some(StreamEvent::Error { .. }))
+    }
+
     /// Events from `from` on, and whether the stream has ended.
     pub fn events_from(&self, from: usize) -> (Vec<StreamEvent>, bool) {
         let state = self.state();
@@ -532,7 +538,8 @@ pub(super) async fn run_streamed_round(
                                 RoundEnd::Done
                             }
                             Settled::Lost => {
-                                hub.fail("job_finished", "the job was finished or cancelled by another party; replay for its final state");
+                                let streamed = format!("{earlier}{own}");
+                                finish_from_winner(inner, job, &streamed, entry, hub).await;
                                 RoundEnd::Done
                             }
                             Settled::Failed(f) => {
@@ -629,6 +636,46 @@ pub(super) async fn run_streamed_round(
         hub.fail(&code, &message);
     }
     ended(unknown, failure)
+}
+
+/// The owner's answer lost the CAS: another attempt's result was committed
+/// first (e.g. the reconciler found the broken attempt's whole answer at
+/// the provider). When that answer begins with what the client has, the
+/// client gets the rest of it and a finish; otherwise an error.
+async fn finish_from_winner(
+    inner: &Inner,
+    job: &Job,
+    streamed: &str,
+    entry: &ProviderEntry,
+    hub: &StreamHub,
+) {
+    let committed = match inner.store.get_job(&job.id).await {
+        Ok(Some(now)) if now.state == JobState::Succeeded => now.result,
+        _ => None,
+    };
+    let text = committed.map(|r| match serde_json::from_str::<serde_json::Value>(&r) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => r,
+    });
+    match text.as_deref().and_then(|t| t.strip_prefix(streamed)) {
+        Some(rest) => {
+            if !rest.is_empty() {
+                hub.push(StreamEvent::Piece {
+                    model: entry.config.model.clone(),
+                    delta: Delta::text(rest),
+                });
+            }
+            hub.push(StreamEvent::Finish {
+                model: entry.config.model.clone(),
+                finish_reason: "stop".to_string(),
+                usage: None,
+            });
+        }
+        None => hub.fail(
+            "job_finished",
+            "the job was finished or cancelled by another party; replay for its final state",
+        ),
+    }
 }
 
 fn ended(unknown: Option<String>, failure: Option<RoundFailure>) -> RoundEnd {

@@ -378,11 +378,14 @@ pub async fn create(
     .await;
     // A hub no driver here took (the job is finished, or driven unstreamed
     // or elsewhere) is of no use: the stored completion is streamed instead.
+    // Nor is one whose stream ended in an error: the job went on, and the
+    // replay waits for its final answer.
     let hub = match (hub, &state.engine) {
         (Some(hub), Some(engine)) if !hub.is_driven() => {
             engine.release_hub(&caller.owner_id, key.as_str(), &hub);
             None
         }
+        (Some(hub), _) if hub.ended_in_error() => None,
         (hub, _) => hub,
     };
     let submission = submitted.map_err(|e| submit_error(&state, e))?;

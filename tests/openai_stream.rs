@@ -21,6 +21,9 @@ on_both_backends!(
     a_stream_closed_without_done_is_never_a_finished_answer,
     a_persistent_503_streams_from_the_fallback,
     a_client_that_drops_mid_stream_resumes_with_the_same_key,
+    a_streamed_429_is_retried_on_the_same_provider_no_sooner_than_retry_after,
+    a_streamed_500_once_is_retried_and_streams_the_whole_answer,
+    a_reset_before_headers_is_rescued_by_the_fallback_at_once,
 );
 
 /// One SSE event as the client saw it.
@@ -157,6 +160,12 @@ fn states(attempts: &[Value]) -> Vec<(String, String)> {
 
 fn pair(provider: &str, state: &str) -> (String, String) {
     (provider.to_string(), state.to_string())
+}
+
+/// Milliseconds since the epoch of an RFC 3339 timestamp the API wrote.
+fn ms(v: &Value) -> i64 {
+    let t = humantime::parse_rfc3339(v.as_str().unwrap()).unwrap();
+    t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
 
 fn spec(name: &'static str, model: &'static str) -> ProviderSpec {
@@ -471,5 +480,84 @@ async fn a_client_that_drops_mid_stream_resumes_with_the_same_key(backend: Backe
     assert_eq!(world.executions(&id, "primary"), 1, "one execution");
     assert_eq!(world.executions(&id, "backup"), 1);
     assert_eq!(world.store.count_jobs().await.unwrap(), 1);
+    world.stop().await;
+}
+
+async fn a_streamed_429_is_retried_on_the_same_provider_no_sooner_than_retry_after(
+    backend: Backend,
+) {
+    let providers = [
+        spec("primary", "rate_limit:retry_after=1,times=1"),
+        spec("backup", "healthy"),
+    ];
+    let world = start_world(backend, &providers, route("primary", &["backup"]), |_| {}).await;
+    let (_, headers, events) = stream(&world, "429-1", &body("Hello")).await;
+    let id = job_id(&headers);
+    assert_eq!(headers["x-onejob-provider"], "primary");
+    assert_eq!(content(&events), healthy_answer(&world, "Hello").await);
+    assert!(ends_done(&events));
+    let attempts = world.attempts(&id).await;
+    assert_eq!(
+        states(&attempts),
+        vec![pair("primary", "failed"), pair("primary", "succeeded")]
+    );
+    assert_eq!(attempts[0]["error_kind"], "rate_limited");
+    let refused_at = ms(&attempts[0]["finished_at"]);
+    let retried_at = ms(&attempts[1]["started_at"]);
+    assert!(
+        retried_at - refused_at >= 1000,
+        "Retry-After honoured: {attempts:?}"
+    );
+    assert_eq!(world.executions(&id, "primary"), 1);
+    assert_eq!(world.executions(&id, "backup"), 0);
+    world.stop().await;
+}
+
+async fn a_streamed_500_once_is_retried_and_streams_the_whole_answer(backend: Backend) {
+    let providers = [
+        spec("primary", "fail:500,times=1"),
+        spec("backup", "healthy"),
+    ];
+    let world = start_world(backend, &providers, route("primary", &["backup"]), |_| {}).await;
+    let (_, headers, events) = stream(&world, "500-1", &body("Hello")).await;
+    let id = job_id(&headers);
+    assert_eq!(content(&events), healthy_answer(&world, "Hello").await);
+    assert_eq!(finish_reasons(&events), vec!["stop"]);
+    let attempts = world.attempts(&id).await;
+    assert_eq!(
+        states(&attempts),
+        vec![pair("primary", "failed"), pair("primary", "succeeded")]
+    );
+    assert_eq!(world.executions(&id, "primary"), 1);
+    world.stop().await;
+}
+
+async fn a_reset_before_headers_is_rescued_by_the_fallback_at_once(backend: Backend) {
+    let providers = [spec("primary", "drop_response"), spec("backup", "healthy")];
+    let world = start_world(backend, &providers, route("primary", &["backup"]), |_| {}).await;
+    let (_, headers, events) = stream(&world, "reset-1", &body("Hello")).await;
+    let id = job_id(&headers);
+    assert_eq!(headers["x-onejob-provider"], "backup");
+    assert_eq!(content(&events), healthy_answer(&world, "Hello").await);
+    assert!(ends_done(&events));
+    let attempts = world.attempts(&id).await;
+    assert_eq!(attempts[0]["provider"], "primary");
+    assert_eq!(attempts[1]["provider"], "backup");
+    assert_eq!(attempts[1]["kind"], "hedge");
+    // At once: long before silence_ms (10 s) would have hedged.
+    let reset_at = ms(&attempts[0]["started_at"]);
+    let hedged_at = ms(&attempts[1]["started_at"]);
+    assert!(hedged_at - reset_at < 10_000, "{attempts:?}");
+    // The unknown attempt is reconciled: the simulator executed it, and its
+    // late answer loses to the hedge's.
+    let (job, attempts) = world
+        .until(&id, Duration::from_secs(20), |_, a| {
+            a[0]["state"] != "unknown"
+        })
+        .await;
+    assert_eq!(attempts[0]["state"], "discarded", "{attempts:?}");
+    assert_eq!(job["completed_by"], attempts[1]["id"]);
+    assert_eq!(world.executions(&id, "primary"), 1);
+    assert_eq!(world.executions(&id, "backup"), 1);
     world.stop().await;
 }

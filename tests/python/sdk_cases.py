@@ -166,6 +166,65 @@ def refusals_raise():
     return seen
 
 
+def stream(key, **kwargs):
+    """A streamed completion: the chunks the SDK yields, and the headers."""
+    raw = client().chat.completions.with_raw_response.create(
+        extra_headers={"Idempotency-Key": key}, stream=True, **kwargs
+    )
+    return raw.parse(), raw.headers
+
+
+@case
+def streamed():
+    body = dict(
+        model="default",
+        messages=[{"role": "user", "content": "Stream me a story."}],
+        stream_options={"include_usage": True},
+    )
+    chunks, headers = stream("sdk-stream", **body)
+    chunks = list(chunks)
+    pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert chunks[0].choices[0].delta.role == "assistant", chunks[0]
+    assert len(pieces) > 1, "the answer comes in pieces"
+    assert finishes == ["stop"], finishes
+    assert chunks[-1].usage and chunks[-1].usage.completion_tokens > 0, chunks[-1]
+    text = "".join(pieces)
+    # The same key again, streamed: the same text; and not streamed: the same.
+    again, h2 = stream("sdk-stream", **body)
+    again_text = "".join(c.choices[0].delta.content or "" for c in again if c.choices)
+    assert again_text == text, (again_text, text)
+    assert h2["x-onejob-job-id"] == headers["x-onejob-job-id"]
+    plain, _ = create("sdk-stream", model="default", messages=body["messages"])
+    assert plain.choices[0].message.content == text
+    return {
+        "job_id": headers["x-onejob-job-id"],
+        "content": text,
+        "models": sorted({c.model for c in chunks}),
+    }
+
+
+@case
+def stream_cut_raises():
+    """A stream cut with no continuation raises; the truncated text is never
+    handed back as a finished answer."""
+    pieces, finishes = [], []
+    chunks, headers = stream(
+        "sdk-stream-cut", model="cut", messages=[{"role": "user", "content": "Explain tides."}]
+    )
+    try:
+        for c in chunks:
+            if c.choices:
+                pieces.append(c.choices[0].delta.content or "")
+                if c.choices[0].finish_reason:
+                    finishes.append(c.choices[0].finish_reason)
+        raise AssertionError("the cut stream ended without an error")
+    except openai.APIError as e:
+        error = {"message": e.message, "code": getattr(e, "code", None)}
+    assert finishes == [], finishes
+    return {"job_id": headers["x-onejob-job-id"], "partial": "".join(pieces), "error": error}
+
+
 if __name__ == "__main__":
     try:
         result = CASES[sys.argv[1]]()

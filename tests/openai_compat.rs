@@ -15,6 +15,7 @@ on_both_backends!(
     tool_calls_make_a_round_trip,
     a_json_schema_answer_is_validated_and_a_broken_one_never_returned,
     keyless_calls_get_a_made_key_when_idempotency_is_optional,
+    image_parts_go_only_to_providers_that_accept_images,
     stream_is_not_part_of_the_fingerprint,
 );
 
@@ -416,6 +417,57 @@ async fn stream_is_not_part_of_the_fingerprint(backend: Backend) {
     assert_eq!(status, 200);
     let (status, h2, _) = complete(&world, Some("fp-1"), &streamed).await;
     assert_eq!(status, 200, "not a 409: the same intent");
+    assert_eq!(h1["x-onejob-job-id"], h2["x-onejob-job-id"]);
+    world.stop().await;
+}
+
+async fn image_parts_go_only_to_providers_that_accept_images(backend: Backend) {
+    let providers = [
+        ProviderSpec {
+            name: "text-only",
+            model: "healthy",
+        },
+        ProviderSpec {
+            name: "vision",
+            model: "healthy",
+        },
+    ];
+    let world = start_world(backend, &providers, route("text-only", &["vision"]), |c| {
+        let path = c.providers_dir.join("text-only.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(path, format!("accepts_images = false\n{text}")).unwrap();
+    })
+    .await;
+    let body = json!({"model": "default", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is in this picture?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]});
+    let (status, headers, answer) = complete(&world, Some("image-1"), &body).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(headers["x-onejob-provider"], "vision");
+    let job_id = headers["x-onejob-job-id"].to_str().unwrap();
+    assert_eq!(
+        world.deliveries(job_id, "text-only"),
+        0,
+        "never sent where images are not accepted"
+    );
+    let job = world.store.get_job(job_id).await.unwrap().unwrap();
+    let request: Value = serde_json::from_str(&job.request).unwrap();
+    assert_eq!(
+        request["messages"][0]["parts"][1]["type"], "image_url",
+        "the part is kept"
+    );
+    assert_eq!(
+        request["messages"][0]["content"],
+        "What is in this picture?"
+    );
+    // Text-only content is not kept as parts: the same intent as a string.
+    let text_parts = json!({"model": "default", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "hi"}]}]});
+    let (status, h1, _) = complete(&world, Some("image-2"), &text_parts).await;
+    assert_eq!(status, 200);
+    let plain = json!({"model": "default", "messages": [{"role": "user", "content": "hi"}]});
+    let (status, h2, _) = complete(&world, Some("image-2"), &plain).await;
+    assert_eq!(status, 200);
     assert_eq!(h1["x-onejob-job-id"], h2["x-onejob-job-id"]);
     world.stop().await;
 }

@@ -169,3 +169,70 @@ async fn anthropic_cannot_tell_by_key() {
     assert!(matches!(provider.lookup("k").await, Lookup::CannotTell(m) if m.contains("no lookup")));
     assert!(up.seen().is_empty());
 }
+
+/// Tool definitions, a tool call and its result, stop and user, in
+/// Anthropic's terms; a `tool_use` answer comes back as an OpenAI tool call.
+#[tokio::test]
+async fn tools_and_tool_turns_are_carried_in_anthropics_terms() {
+    use onejob::domain::request::{Message, Role};
+    const TOOL_USE: &str = r#"{"id":"msg_2","type":"message","role":"assistant","model":"m",
+     "content":[{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{"city":"Oslo"}}],
+     "stop_reason":"tool_use","stop_sequence":null,"usage":{"input_tokens":30,"output_tokens":9}}"#;
+    let up = upstream(json(200, TOOL_USE)).await;
+    let provider = upstream::provider("anthropic", &up.base_url);
+    let mut req = request();
+    let mut call = Message::new(Role::Assistant, "");
+    call.tool_calls = Some(vec![json!({"id": "call_9", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}})]);
+    let mut result = Message::new(Role::Tool, "{\"temp_c\": 18}");
+    result.tool_call_id = Some("call_9".into());
+    req.messages.extend([call, result]);
+    req.options.tools = Some(vec![json!({"type": "function", "function": {
+        "name": "get_weather", "description": "Weather", "parameters": {"type": "object"}}})]);
+    req.options.tool_choice = Some(json!("required"));
+    req.options.stop = Some(vec!["END".into()]);
+    req.options.user = Some("u-1".into());
+    let outcome = provider.call(&req).await;
+    let CallOutcome::Succeeded(success) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert_eq!(
+        success.tool_calls,
+        vec![json!({"id": "toolu_1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}})]
+    );
+    let sent = &up.seen()[0].body;
+    assert_eq!(
+        sent["tools"],
+        json!([{"name": "get_weather", "description": "Weather", "input_schema": {"type": "object"}}])
+    );
+    assert_eq!(sent["tool_choice"], json!({"type": "any"}));
+    assert_eq!(sent["stop_sequences"], json!(["END"]));
+    assert_eq!(sent["metadata"], json!({"user_id": "u-1"}));
+    let messages = sent["messages"].as_array().unwrap();
+    let n = messages.len();
+    assert_eq!(
+        messages[n - 2],
+        json!({"role": "assistant", "content": [{"type": "tool_use", "id": "call_9",
+               "name": "get_weather", "input": {"city": "Paris"}}]})
+    );
+    assert_eq!(
+        messages[n - 1],
+        json!({"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_9",
+               "content": "{\"temp_c\": 18}"}]})
+    );
+}
+
+#[tokio::test]
+async fn what_the_anthropic_wire_cannot_express_is_never_sent() {
+    let up = upstream(json(200, SUCCESS)).await;
+    let provider = upstream::provider("anthropic", &up.base_url);
+    let mut req = request();
+    req.options.seed = Some(7);
+    let outcome = provider.call(&req).await;
+    assert!(
+        matches!(&outcome, CallOutcome::Failed(f) if !f.retryable && f.message.contains("seed")),
+        "{outcome:?}"
+    );
+    assert!(up.seen().is_empty());
+}

@@ -5,6 +5,7 @@
 mod upstream;
 
 use onejob::providers::{build_provider, CallOutcome, Lookup};
+use serde_json::json;
 use std::time::Duration;
 use upstream::{json, json_with, request, run_rows, transport_rows, upstream, Expect, Row};
 
@@ -225,4 +226,67 @@ async fn stored_completions_are_found_by_key() {
     );
     let provider = build_provider("openai", &config).unwrap();
     assert!(matches!(provider.lookup("k").await, Lookup::CannotTell(_)));
+}
+
+/// Sampling options, tools and a tool turn go out as OpenAI's fields; a
+/// tool-calling answer with no content comes back as tool calls.
+#[tokio::test]
+async fn options_tools_and_tool_calls_are_carried() {
+    use onejob::domain::request::{Message, Role};
+    const TOOL_CALL: &str = r#"{"id":"chatcmpl-2","object":"chat.completion","created":1,"model":"m",
+     "choices":[{"index":0,"message":{"role":"assistant","content":null,"refusal":null,
+       "tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{}"}}]},
+       "finish_reason":"tool_calls"}],"usage":{"prompt_tokens":12,"completion_tokens":3,"total_tokens":15}}"#;
+    let up = upstream(json(200, TOOL_CALL)).await;
+    let provider = upstream::provider("openai", &up.base_url);
+    let mut req = request();
+    let parts = vec![
+        json!({"type": "text", "text": "what is this?"}),
+        json!({"type": "image_url", "image_url": {"url": "https://example.test/cat.png"}}),
+    ];
+    let mut picture = Message::new(Role::User, "what is this?");
+    picture.parts = Some(parts.clone());
+    let mut result = Message::new(Role::Tool, "42");
+    result.tool_call_id = Some("call_0".into());
+    req.messages.extend([picture, result]);
+    req.options = onejob::providers::ChatOptions {
+        stop: Some(vec!["END".into()]),
+        seed: Some(7),
+        user: Some("u-1".into()),
+        presence_penalty: Some(0.5),
+        frequency_penalty: Some(-0.5),
+        tools: Some(vec![json!({"type": "function", "function": {"name": "f"}})]),
+        tool_choice: Some(json!("auto")),
+        json_object: false,
+        schema_name: Some("triage".into()),
+    };
+    let CallOutcome::Succeeded(success) = provider.call(&req).await else {
+        panic!("not a success")
+    };
+    assert_eq!(success.output, "");
+    assert_eq!(success.tool_calls[0]["id"], "call_1");
+    let sent = &up.seen()[0].body;
+    for (field, value) in [
+        ("stop", json!(["END"])),
+        ("seed", json!(7)),
+        ("user", json!("u-1")),
+        ("presence_penalty", json!(0.5)),
+        ("frequency_penalty", json!(-0.5)),
+        ("tool_choice", json!("auto")),
+    ] {
+        assert_eq!(sent[field], value, "{field}");
+    }
+    assert_eq!(sent["tools"][0]["function"]["name"], "f");
+    assert_eq!(sent["response_format"]["json_schema"]["name"], "triage");
+    let messages = sent["messages"].as_array().unwrap();
+    let n = messages.len();
+    assert_eq!(
+        messages[n - 2],
+        json!({"role": "user", "content": parts}),
+        "image parts as given"
+    );
+    assert_eq!(
+        messages[n - 1],
+        json!({"role": "tool", "content": "42", "tool_call_id": "call_0"})
+    );
 }

@@ -24,6 +24,7 @@ on_both_backends!(
     a_streamed_429_is_retried_on_the_same_provider_no_sooner_than_retry_after,
     a_streamed_500_once_is_retried_and_streams_the_whole_answer,
     a_reset_before_headers_is_rescued_by_the_fallback_at_once,
+    a_streamed_replay_on_another_instance_gets_the_final_completion,
 );
 
 /// One SSE event as the client saw it.
@@ -559,5 +560,53 @@ async fn a_reset_before_headers_is_rescued_by_the_fallback_at_once(backend: Back
     assert_eq!(job["completed_by"], attempts[1]["id"]);
     assert_eq!(world.executions(&id, "primary"), 1);
     assert_eq!(world.executions(&id, "backup"), 1);
+    world.stop().await;
+}
+
+async fn a_streamed_replay_on_another_instance_gets_the_final_completion(backend: Backend) {
+    let providers = [spec("primary", "healthy:latency=1500")];
+    let world = start_world(backend, &providers, route("primary", &[]), |_| {}).await;
+    // Instance B: the same database and providers, its own engine.
+    let (other, stop_other, other_server) =
+        common::world::serve(world.config().clone(), world.store.clone()).await;
+    let b = body("Hello");
+    let first = {
+        let request = request(&world, "multi-1", &b);
+        tokio::spawn(async move {
+            let response = request.send().await.unwrap();
+            let id = job_id(response.headers());
+            (id, parse(&response.text().await.unwrap()))
+        })
+    };
+    // The job exists (driven by A) before B is asked.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while world.store.count_jobs().await.unwrap() == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the job was never created"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let replay = world
+        .client
+        .post(format!("{other}/v1/chat/completions"))
+        .bearer_auth(&world.key)
+        .header("Idempotency-Key", "multi-1")
+        .json(&b)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    let on_b = parse(&replay.text().await.unwrap());
+    let (id, on_a) = first.await.unwrap();
+    assert_eq!(
+        content(&on_b),
+        content(&on_a),
+        "the final completion, streamed"
+    );
+    assert!(ends_done(&on_b));
+    assert_eq!(world.executions(&id, "primary"), 1);
+    let _ = stop_other.send(());
+    other_server.await.unwrap();
     world.stop().await;
 }

@@ -189,6 +189,11 @@ pub async fn serve(
 }
 
 impl World {
+    /// The configuration the server runs with (to start another instance).
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
     /// The directory the server's provider files are in.
     pub fn providers_path(&self) -> &std::path::Path {
         self._providers.path()

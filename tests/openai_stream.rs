@@ -25,6 +25,7 @@ on_both_backends!(
     a_streamed_500_once_is_retried_and_streams_the_whole_answer,
     a_reset_before_headers_is_rescued_by_the_fallback_at_once,
     a_streamed_replay_on_another_instance_gets_the_final_completion,
+    a_streamed_content_filter_fails_after_one_attempt_with_its_reason,
 );
 
 /// One SSE event as the client saw it.
@@ -608,5 +609,25 @@ async fn a_streamed_replay_on_another_instance_gets_the_final_completion(backend
     assert_eq!(world.executions(&id, "primary"), 1);
     let _ = stop_other.send(());
     other_server.await.unwrap();
+    world.stop().await;
+}
+
+async fn a_streamed_content_filter_fails_after_one_attempt_with_its_reason(backend: Backend) {
+    let providers = [spec("primary", "content_filter"), spec("backup", "healthy")];
+    let world = start_world(backend, &providers, route("primary", &["backup"]), |_| {}).await;
+    let (_, headers, events) = stream(&world, "filter-1", &body("Hello")).await;
+    let id = job_id(&headers);
+    let error = error_event(&events).expect("an error event");
+    assert_eq!(error["code"], "content_policy", "{error}");
+    assert!(content(&events).is_empty());
+    assert!(!ends_done(&events));
+    let attempts = world.attempts(&id).await;
+    assert_eq!(
+        states(&attempts),
+        vec![pair("primary", "failed")],
+        "one attempt"
+    );
+    assert_eq!(world.job(&id).await["state"], "failed");
+    assert_eq!(world.executions(&id, "backup"), 0);
     world.stop().await;
 }

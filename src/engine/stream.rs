@@ -199,11 +199,28 @@ pub(super) async fn close_after_drive(
     if hub.is_open() {
         let (code, message) = match inner.store.get_job(job_id).await {
             Ok(Some(now)) => {
+                // A job failed by a provider's refusal keeps the provider's
+                // code (e.g. `content_policy`, `context_length_exceeded`).
+                let refused = match now.state {
+                    JobState::Failed => inner
+                        .store
+                        .list_attempts(job_id)
+                        .await
+                        .ok()
+                        .and_then(|attempts| {
+                            attempts
+                                .into_iter()
+                                .rev()
+                                .find(|a| a.state == crate::domain::AttemptState::Failed)
+                                .and_then(|a| a.error_kind)
+                        }),
+                    _ => None,
+                };
                 let code = match now.state {
-                    JobState::Failed => "job_failed",
-                    JobState::NeedsReview => "job_needs_review",
-                    JobState::Cancelled => "job_cancelled",
-                    _ => "job_pending",
+                    JobState::Failed => refused.unwrap_or_else(|| "job_failed".to_string()),
+                    JobState::NeedsReview => "job_needs_review".to_string(),
+                    JobState::Cancelled => "job_cancelled".to_string(),
+                    _ => "job_pending".to_string(),
                 };
                 let message = format!(
                     "job {} is {}: {}; replay this request with the same Idempotency-Key for its final answer",
@@ -214,11 +231,11 @@ pub(super) async fn close_after_drive(
                 (code, message)
             }
             _ => (
-                "job_pending",
+                "job_pending".to_string(),
                 format!("job {job_id} is not finished; replay this request with the same Idempotency-Key"),
             ),
         };
-        hub.fail(code, &message);
+        hub.fail(&code, &message);
     }
     hub.state().driven = false;
     let inner = inner.clone();

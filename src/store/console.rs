@@ -137,7 +137,7 @@ macro_rules! console_ops {
             .await?;
             let (hedges, hedge_wins): (i64, i64) = sqlx::query_as(
                 "SELECT COUNT(*), COUNT(j.id) FROM attempts a \
-                 LEFT JOIN jobs j ON j.completed_by = a.id \
+                 LEFT JOIN jobs j ON j.id = a.job_id AND j.completed_by = a.id \
                  WHERE a.kind = 'hedge' AND a.started_at >= $1 AND a.started_at < $2",
             )
             .bind(from)

@@ -105,6 +105,13 @@ impl Application {
                     source,
                 })?,
         );
+        let tenants =
+            crate::tenants::Tenants::load(store.clone(), clock.clone(), config.limits.clone())
+                .await
+                .map_err(|source| StartError::Database {
+                    url: config.database.to_string(),
+                    source,
+                })?;
         let config = Arc::new(config);
         let metrics = Arc::new(Metrics::default());
         let engine = config.engine.enabled.then(|| {
@@ -122,7 +129,7 @@ impl Application {
             config,
             store,
             clock,
-            keys: Arc::default(),
+            tenants,
             providers,
             contracts,
             engine,
@@ -165,6 +172,8 @@ impl Application {
             .clone()
             .spawn_refresher(store.clone(), REFRESH_EVERY);
         let eligibility_refresher = self.state.gate.clone().spawn_refresher(REFRESH_EVERY);
+        let tenants = self.state.tenants.clone();
+        let tenant_watcher = tenants.clone().spawn_watcher();
         let (stop, stopped) = watch::channel(false);
         let engine = self.state.engine.clone().map(|engine| {
             let stopped = stopped.clone();
@@ -174,10 +183,9 @@ impl Application {
                 tokio::spawn(async move { runner.run(stopped).await }),
             )
         });
+        let header_read_timeout = self.state.config.header_read_timeout;
         let router = http::router(self.state);
-        let served = axum::serve(self.listener, router)
-            .with_graceful_shutdown(shutdown)
-            .await;
+        let served = http::serve::serve(self.listener, router, header_read_timeout, shutdown).await;
         let _ = stop.send(true);
         if let Some((engine, runner)) = engine {
             let _ = runner.await;
@@ -187,6 +195,8 @@ impl Application {
         }
         refresher.abort();
         eligibility_refresher.abort();
+        tenant_watcher.abort();
+        tenants.stop().await;
         served?;
         store.close().await;
         Ok(())

@@ -12,6 +12,7 @@ use std::sync::Arc;
 pub mod providers;
 pub mod review;
 pub mod sim;
+pub mod tenants;
 pub mod validate;
 
 /// The flags every command that talks to the database takes.
@@ -72,20 +73,6 @@ pub async fn migrate(db: &DbArgs) -> anyhow::Result<()> {
     let store = open_store(&config).await?;
     store.close().await;
     println!("migrated {}", config.database);
-    Ok(())
-}
-
-pub async fn create_key(db: &DbArgs, owner: &str, admin: bool) -> anyhow::Result<()> {
-    let config = db.load(None)?;
-    let store = open_store(&config).await?;
-    let key = crate::keys::create_key(store.as_ref(), &SystemClock, owner, admin).await;
-    store.close().await;
-    let key = key?;
-    println!(
-        "created {} key for owner {owner}; it is shown once, store it now:",
-        if admin { "an admin" } else { "a" }
-    );
-    println!("{key}");
     Ok(())
 }
 

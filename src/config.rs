@@ -36,6 +36,10 @@ pub struct FileConfig {
     pub routes: BTreeMap<String, RouteConfig>,
     #[serde(default)]
     pub telemetry: crate::telemetry::TelemetryConfig,
+    /// `[limits.default]`, `[limits.owners.NAME]`: per-owner request rate,
+    /// concurrent jobs and tokens per day.
+    #[serde(default)]
+    pub limits: crate::tenants::limits::LimitsConfig,
 }
 
 /// How the engine inside `onejob serve` runs jobs.
@@ -92,6 +96,10 @@ pub struct ServerSection {
     pub database_url: Option<String>,
     /// Largest accepted request body, in bytes.
     pub max_body_bytes: Option<usize>,
+    /// A client must send its request headers within this (slowloris guard).
+    pub header_read_timeout_ms: Option<u64>,
+    /// ...and a job or completion body within this, else 408.
+    pub body_read_timeout_ms: Option<u64>,
     /// One TOML per provider [default: providers/ beside the config].
     pub providers_dir: Option<String>,
     /// One folder per contract [default: contracts/ beside the config].
@@ -225,11 +233,14 @@ pub struct Config {
     pub listen: SocketAddr,
     pub database: DatabaseUrl,
     pub max_body_bytes: usize,
+    pub header_read_timeout: std::time::Duration,
+    pub body_read_timeout: std::time::Duration,
     pub providers_dir: PathBuf,
     pub contracts_dir: PathBuf,
     pub routes: BTreeMap<String, RouteConfig>,
     pub engine: EngineConfig,
     pub idempotency: IdempotencyMode,
+    pub limits: crate::tenants::limits::LimitsConfig,
     /// Set by `onejob demo` and tests that start their own simulator: every
     /// `kind = "sim"` provider talks to this URL instead of its `base_url`.
     pub sim_base_url: Option<String>,
@@ -252,6 +263,7 @@ impl Config {
                 engine: EngineConfig::default(),
                 routes: BTreeMap::new(),
                 telemetry: Default::default(),
+                limits: Default::default(),
             },
             Err(source) => {
                 return Err(ConfigError::Read {
@@ -321,6 +333,7 @@ impl Config {
                 )));
             }
         }
+        file.limits.check().map_err(invalid)?;
         if routes.is_empty() {
             routes.insert("default".to_string(), RouteConfig::builtin_default());
         }
@@ -329,6 +342,12 @@ impl Config {
             listen,
             database,
             max_body_bytes: file.server.max_body_bytes.unwrap_or(1024 * 1024),
+            header_read_timeout: std::time::Duration::from_millis(
+                file.server.header_read_timeout_ms.unwrap_or(10_000).max(1),
+            ),
+            body_read_timeout: std::time::Duration::from_millis(
+                file.server.body_read_timeout_ms.unwrap_or(30_000).max(1),
+            ),
             providers_dir: base_dir
                 .join(file.server.providers_dir.as_deref().unwrap_or("providers")),
             contracts_dir: base_dir
@@ -336,6 +355,7 @@ impl Config {
             routes,
             engine: file.engine,
             idempotency: file.server.idempotency.unwrap_or_default(),
+            limits: file.limits,
             sim_base_url: None,
             telemetry: file.telemetry,
         })

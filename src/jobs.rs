@@ -10,6 +10,7 @@ use crate::domain::{new_id, Job, JobRequest, RequestError};
 use crate::engine::Engine;
 use crate::keys::Caller;
 use crate::store::{event, CreateOutcome, NewEvent, Store, StoreError};
+use crate::tenants::{check_new_job, Admission, CheckError, LimitError};
 use std::collections::BTreeMap;
 
 /// A job as the submitter sees it after `submit`.
@@ -28,13 +29,32 @@ pub enum SubmitError {
     KeyReused { key: String, job_id: String },
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Refused by the owner's concurrent-jobs limit or token budget; nothing written.
+    #[error(transparent)]
+    Limited(#[from] LimitError),
+}
+
+impl From<CheckError> for SubmitError {
+    fn from(e: CheckError) -> Self {
+        match e {
+            CheckError::Limited(l) => SubmitError::Limited(l),
+            CheckError::Store(s) => SubmitError::Store(s),
+        }
+    }
 }
 
 /// Create the job for (caller, key), or return the one that exists.
 ///
 /// Invariants 1 and 2: the database's UNIQUE constraint decides who creates;
 /// the same key with another fingerprint is a conflict and changes nothing.
+/// A replay is answered whatever the limits; a new job must fit the owner's
+/// concurrent-jobs limit and token budget (`admission`), checked before
+/// anything is written or any provider called.
 #[tracing::instrument(skip_all, fields(owner = %caller.owner_id))]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the handlers' state, spelled out so the logic layer needs no AppState"
+)]
 pub async fn submit(
     store: &dyn Store,
     clock: &dyn Clock,
@@ -43,6 +63,7 @@ pub async fn submit(
     key: &IdempotencyKey,
     body: &[u8],
     engine: Option<&Engine>,
+    admission: &Admission,
 ) -> Result<Submission, SubmitError> {
     let request = JobRequest::parse(body)?;
     let Some(route) = routes.get(&request.route) else {
@@ -65,6 +86,7 @@ pub async fn submit(
         return answer_existing(store, clock, caller, key, job, &fingerprint).await;
     }
     let now = clock.now_ms();
+    check_new_job(store, now, admission, request.params.max_tokens).await?;
     let new = NewJob {
         id: new_id(),
         owner_id: caller.owner_id.clone(),

@@ -1,27 +1,46 @@
 //! API keys: random, shown once, stored only as a SHA-256 hash. Keys carry
 //! 256 bits of randomness, so a fast hash is enough: there is nothing to
 //! brute-force that a slow hash would protect.
+//!
+//! The lifecycle: create (optionally expiring), list (never the secret),
+//! revoke (refused at once), rotate (a new secret; the old one keeps
+//! working for a grace period, then is refused). HTTP and CLI call the same
+//! functions here.
 
 use crate::clock::Clock;
-use crate::domain::new_id;
+use crate::domain::{new_id, Millis};
+use crate::store::tenants::{KeyRecord, Rotation};
 use crate::store::{ApiKey, Store, StoreError};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
+use std::time::Duration;
 
 /// Prefix that makes a leaked key recognisable to secret scanners.
 pub const KEY_PREFIX: &str = "oj_";
+/// How much of a key `keys list` shows: the prefix and 8 hex digits.
+const SHOWN_CHARS: usize = 11;
+/// The longest expiry or grace period accepted (ten years).
+const MAX_LIFETIME: Duration = Duration::from_secs(10 * 366 * 86_400);
 
 /// Who is calling: the owner (tenant) of the key, never a header the client chooses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
     pub owner_id: String,
     pub is_admin: bool,
+    /// The key used, for `last used` and the audit trail.
+    pub key_id: String,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
     #[error("owner name must be 1-128 characters of letters, digits, '-', '_', '.' or '@'")]
     InvalidOwner,
+    #[error("{0}")]
+    InvalidDuration(String),
+    #[error("key {0} not found")]
+    NotFound(String),
+    #[error("key {0} is revoked, expired or already rotated")]
+    NotLive(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -37,6 +56,52 @@ fn valid_owner(owner: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'))
 }
 
+/// A duration as people write it (`90s`, `12h`, `30d`), for `--expires-in` and `--grace`.
+pub fn parse_duration(field: &str, text: &str) -> Result<Duration, KeyError> {
+    let d = humantime::parse_duration(text.trim()).map_err(|e| {
+        KeyError::InvalidDuration(format!(
+            "{field}: {e}; write a duration such as 90s, 12h or 30d"
+        ))
+    })?;
+    if d > MAX_LIFETIME {
+        return Err(KeyError::InvalidDuration(format!(
+            "{field}: at most ten years"
+        )));
+    }
+    Ok(d)
+}
+
+fn new_secret() -> String {
+    let mut secret = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut secret);
+    format!("{KEY_PREFIX}{}", hex::encode(secret))
+}
+
+fn new_row(
+    owner: &str,
+    admin: bool,
+    key: &str,
+    now: Millis,
+    expires_in: Option<Duration>,
+) -> ApiKey {
+    ApiKey {
+        id: new_id(),
+        owner_id: owner.to_string(),
+        key_hash: hash_key(key),
+        prefix: key.chars().take(SHOWN_CHARS).collect(),
+        is_admin: admin,
+        created_at: now,
+        expires_at: expires_in.map(|d| now + d.as_millis() as Millis),
+        revoked_at: None,
+    }
+}
+
+/// A new key and its record; the key is in no log and nowhere else.
+pub struct CreatedKey {
+    pub secret: String,
+    pub record: KeyRecord,
+}
+
 /// Create a key for `owner` and return it; only its hash is stored.
 pub async fn create_key(
     store: &dyn Store,
@@ -44,25 +109,93 @@ pub async fn create_key(
     owner: &str,
     admin: bool,
 ) -> Result<String, KeyError> {
+    Ok(create(store, clock, owner, admin, None).await?.secret)
+}
+
+/// Create a key, expiring `expires_in` from now when given.
+pub async fn create(
+    store: &dyn Store,
+    clock: &dyn Clock,
+    owner: &str,
+    admin: bool,
+    expires_in: Option<Duration>,
+) -> Result<CreatedKey, KeyError> {
     if !valid_owner(owner) {
         return Err(KeyError::InvalidOwner);
     }
-    let mut secret = [0u8; 32];
-    rand::rngs::OsRng.fill_bytes(&mut secret);
-    let key = format!("{KEY_PREFIX}{}", hex::encode(secret));
-    store
-        .insert_api_key(ApiKey {
-            id: new_id(),
-            owner_id: owner.to_string(),
-            key_hash: hash_key(&key),
-            is_admin: admin,
-            created_at: clock.now_ms(),
-        })
-        .await?;
-    Ok(key)
+    let secret = new_secret();
+    let row = new_row(owner, admin, &secret, clock.now_ms(), expires_in);
+    let record = KeyRecord::from(&row);
+    store.insert_api_key(row).await?;
+    Ok(CreatedKey { secret, record })
 }
 
-/// The caller a presented key belongs to, if any.
+pub async fn list(store: &dyn Store, owner: Option<&str>) -> Result<Vec<KeyRecord>, KeyError> {
+    Ok(store.list_api_keys(owner).await?)
+}
+
+/// Revoke a key now; every server refuses it within about a second.
+pub async fn revoke(
+    store: &dyn Store,
+    clock: &dyn Clock,
+    id: &str,
+    actor: &str,
+) -> Result<KeyRecord, KeyError> {
+    let Some(_) = store.get_api_key(id).await? else {
+        return Err(KeyError::NotFound(id.to_string()));
+    };
+    if !store.revoke_api_key(id, actor, clock.now_ms()).await? {
+        return Err(KeyError::NotLive(id.to_string()));
+    }
+    store
+        .get_api_key(id)
+        .await?
+        .ok_or_else(|| KeyError::NotFound(id.to_string()))
+}
+
+/// A rotation's result: the new key (shown once) and the old key's record.
+pub struct RotatedKey {
+    pub created: CreatedKey,
+    pub old: KeyRecord,
+}
+
+/// Give key `id` a successor with the same owner, rights and expiry; the
+/// old secret keeps working for `grace`, then is refused.
+pub async fn rotate(
+    store: &dyn Store,
+    clock: &dyn Clock,
+    id: &str,
+    grace: Duration,
+    actor: &str,
+) -> Result<RotatedKey, KeyError> {
+    let Some(old) = store.get_api_key(id).await? else {
+        return Err(KeyError::NotFound(id.to_string()));
+    };
+    let now = clock.now_ms();
+    let secret = new_secret();
+    let mut row = new_row(&old.owner_id, old.is_admin, &secret, now, None);
+    row.expires_at = old.expires_at;
+    let record = KeyRecord::from(&row);
+    let rotation = Rotation {
+        old_id: id.to_string(),
+        new: row,
+        old_expires_at: now + grace.as_millis() as Millis,
+    };
+    if !store.rotate_api_key(rotation, actor).await? {
+        return Err(KeyError::NotLive(id.to_string()));
+    }
+    let old = store
+        .get_api_key(id)
+        .await?
+        .ok_or_else(|| KeyError::NotFound(id.to_string()))?;
+    Ok(RotatedKey {
+        created: CreatedKey { secret, record },
+        old,
+    })
+}
+
+/// The caller a presented key belongs to, if it is live. Uncached: the
+/// server goes through [`crate::tenants::Tenants::authenticate`].
 pub async fn authenticate(
     store: &dyn Store,
     presented: &str,
@@ -70,13 +203,42 @@ pub async fn authenticate(
     if !presented.starts_with(KEY_PREFIX) || presented.len() > 256 {
         return Ok(None);
     }
+    let now = crate::clock::SystemClock.now_ms();
     Ok(store
         .find_api_key(&hash_key(presented))
         .await?
+        .filter(|k| k.is_live_at(now))
         .map(|k| Caller {
             owner_id: k.owner_id,
             is_admin: k.is_admin,
+            key_id: k.id,
         }))
+}
+
+/// What a listed key is now.
+pub fn key_state(key: &KeyRecord, now: Millis) -> &'static str {
+    match (key.revoked_at, key.expires_at, &key.replaced_by) {
+        (Some(_), _, _) => "revoked",
+        (None, Some(e), _) if e <= now => "expired",
+        (None, _, Some(_)) => "rotating",
+        _ => "active",
+    }
+}
+
+impl From<&ApiKey> for KeyRecord {
+    fn from(k: &ApiKey) -> Self {
+        KeyRecord {
+            id: k.id.clone(),
+            owner_id: k.owner_id.clone(),
+            prefix: k.prefix.clone(),
+            is_admin: k.is_admin,
+            created_at: k.created_at,
+            expires_at: k.expires_at,
+            revoked_at: k.revoked_at,
+            last_used_at: None,
+            replaced_by: None,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -89,5 +251,17 @@ mod tests {
         assert!(!valid_owner(""));
         assert!(!valid_owner("a b"));
         assert!(!valid_owner(&"x".repeat(129)));
+    }
+
+    #[test]
+    fn durations_read_as_people_write_them() {
+        assert_eq!(parse_duration("g", "90s").unwrap(), Duration::from_secs(90));
+        assert_eq!(
+            parse_duration("g", "30d").unwrap(),
+            Duration::from_secs(30 * 86_400)
+        );
+        let err = parse_duration("--grace", "soon").unwrap_err().to_string();
+        assert!(err.starts_with("--grace:"), "{err}");
+        assert!(parse_duration("g", "20years").is_err());
     }
 }

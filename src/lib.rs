@@ -12,6 +12,7 @@
 //! - [`keys`]: API keys, stored hashed; who the caller is.
 //! - [`http`]: the axum API: handlers, auth extractor, the error shape.
 //! - [`providers`]: provider adapters, error classification, lookup by key.
+//! - [`tenants`]: keys cached on the hot path, limits per owner, usage.
 //! - [`store`]: durable jobs, attempts, keys and events on SQLite or PostgreSQL.
 //! - [`clock`]: injected time.
 //! - [`telemetry`]: log format, OpenTelemetry trace export, `traceparent`.
@@ -35,3 +36,4 @@ pub mod providers;
 pub mod sim;
 pub mod store;
 pub mod telemetry;
+pub mod tenants;

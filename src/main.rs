@@ -59,6 +59,22 @@ enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// Per-owner limits: request rate, concurrent jobs, tokens per day.
+    Limits {
+        #[command(subcommand)]
+        command: LimitsCommand,
+    },
+    /// Tokens and jobs by owner, day, route, provider and attempt kind.
+    Usage {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Only this owner [default: every owner]
+        #[arg(long)]
+        owner: Option<String>,
+        /// Days back, today included
+        #[arg(long, default_value_t = 7)]
+        days: u32,
+    },
     /// Inspect jobs.
     Jobs {
         #[command(subcommand)]
@@ -168,6 +184,58 @@ enum KeysCommand {
         owner: String,
         #[arg(long)]
         admin: bool,
+        /// Refuse the key after this long, e.g. 90d [default: never]
+        #[arg(long)]
+        expires_in: Option<String>,
+    },
+    /// Keys with owner, id, prefix, state, created, last used, expiry, revocation.
+    List {
+        #[command(flatten)]
+        db: DbArgs,
+        #[arg(long)]
+        owner: Option<String>,
+    },
+    /// Refuse a key from now on (every running server within a second).
+    Revoke {
+        #[command(flatten)]
+        db: DbArgs,
+        id: String,
+    },
+    /// A new secret for a key; the old one works for --grace, then is refused.
+    Rotate {
+        #[command(flatten)]
+        db: DbArgs,
+        id: String,
+        /// How long the old secret keeps working, e.g. 1h
+        #[arg(long, default_value = "24h")]
+        grace: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum LimitsCommand {
+    /// The config file's limits and the changes made at run time.
+    Show {
+        #[command(flatten)]
+        db: DbArgs,
+    },
+    /// Replace an owner's run-time limits (fields not given fall back to the
+    /// config file's); audited.
+    Set {
+        #[command(flatten)]
+        db: DbArgs,
+        owner: String,
+        #[arg(long)]
+        requests_per_second: Option<f64>,
+        #[arg(long)]
+        burst: Option<u32>,
+        #[arg(long)]
+        concurrent_jobs: Option<u32>,
+        #[arg(long)]
+        tokens_per_day: Option<u64>,
+        /// Why (1-500 characters); kept in the audit trail.
+        #[arg(long)]
+        reason: String,
     },
 }
 
@@ -254,9 +322,42 @@ fn main() -> ExitCode {
                 }
             },
             Command::Demo => onejob::demo::run().await,
-            Command::Keys {
-                command: KeysCommand::Create { db, owner, admin },
-            } => cli::create_key(&db, &owner, admin).await,
+            Command::Keys { command } => match command {
+                KeysCommand::Create {
+                    db,
+                    owner,
+                    admin,
+                    expires_in,
+                } => cli::tenants::create(&db, &owner, admin, expires_in.as_deref()).await,
+                KeysCommand::List { db, owner } => cli::tenants::list(&db, owner.as_deref()).await,
+                KeysCommand::Revoke { db, id } => cli::tenants::revoke(&db, &id).await,
+                KeysCommand::Rotate { db, id, grace } => {
+                    cli::tenants::rotate(&db, &id, &grace).await
+                }
+            },
+            Command::Limits { command } => match command {
+                LimitsCommand::Show { db } => cli::tenants::show_limits(&db).await,
+                LimitsCommand::Set {
+                    db,
+                    owner,
+                    requests_per_second,
+                    burst,
+                    concurrent_jobs,
+                    tokens_per_day,
+                    reason,
+                } => {
+                    let limits = onejob::tenants::limits::Limits {
+                        requests_per_second,
+                        burst,
+                        concurrent_jobs,
+                        tokens_per_day,
+                    };
+                    cli::tenants::set_limits(&db, &owner, limits, &reason).await
+                }
+            },
+            Command::Usage { db, owner, days } => {
+                cli::tenants::usage(&db, owner.as_deref(), days).await
+            }
             Command::Jobs {
                 command: JobsCommand::Show { db, id },
             } => cli::show_job(&db, &id, false).await,

@@ -115,7 +115,7 @@ fn eligibility_rows(
 }
 
 /// Left-aligned columns two spaces apart; the last column is not padded.
-fn table<const N: usize>(rows: &[[String; N]]) -> String {
+pub(crate) fn table<const N: usize>(rows: &[[String; N]]) -> String {
     let mut widths = [0usize; N];
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {

@@ -36,6 +36,14 @@ pub enum ApiError {
     JobFinished(String),
     #[error("{0}")]
     AttemptNotUnknown(String),
+    #[error("{0}")]
+    KeyNotLive(String),
+    #[error("the request body did not arrive within {0} ms")]
+    RequestTimeout(u64),
+    /// A request rate, concurrent-jobs or token-budget limit: 429 with
+    /// `Retry-After` (and `retry-after-ms`) and `x-should-retry`.
+    #[error(transparent)]
+    Limited(#[from] crate::tenants::LimitError),
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
 }
@@ -53,7 +61,10 @@ impl ApiError {
             ApiError::IdempotencyKeyReused(_)
             | ApiError::AttemptOutcomeUnknown(_)
             | ApiError::JobFinished(_)
-            | ApiError::AttemptNotUnknown(_) => StatusCode::CONFLICT,
+            | ApiError::AttemptNotUnknown(_)
+            | ApiError::KeyNotLive(_) => StatusCode::CONFLICT,
+            ApiError::Limited(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::InvalidRequest(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -75,6 +86,9 @@ impl ApiError {
             ApiError::AttemptOutcomeUnknown(_) => "attempt_outcome_unknown",
             ApiError::JobFinished(_) => "job_finished",
             ApiError::AttemptNotUnknown(_) => "attempt_not_unknown",
+            ApiError::KeyNotLive(_) => "key_not_live",
+            ApiError::RequestTimeout(_) => "request_timeout",
+            ApiError::Limited(e) => e.code(),
             ApiError::Internal(_) => "internal",
         }
     }
@@ -89,6 +103,20 @@ impl IntoResponse for ApiError {
         let body =
             serde_json::json!({ "error": { "code": self.code(), "message": self.to_string() } });
         let mut response = (status, Json(body)).into_response();
+        if let ApiError::Limited(limit) = &self {
+            let ms = limit.retry_after_ms();
+            let headers = response.headers_mut();
+            headers.insert("retry-after", HeaderValue::from(ms.div_ceil(1000).max(1)));
+            headers.insert("retry-after-ms", HeaderValue::from(ms));
+            headers.insert(
+                "x-should-retry",
+                HeaderValue::from_static(if limit.should_retry() {
+                    "true"
+                } else {
+                    "false"
+                }),
+            );
+        }
         if status.is_client_error() && status != StatusCode::TOO_MANY_REQUESTS {
             // OpenAI/Anthropic SDKs retry 409 (and others) unless told not to;
             // a client error will not change by itself.
@@ -131,6 +159,7 @@ impl From<SubmitError> for ApiError {
             SubmitError::Request(RequestError::Invalid(m)) => ApiError::InvalidRequest(m),
             e @ SubmitError::KeyReused { .. } => ApiError::IdempotencyKeyReused(e.to_string()),
             SubmitError::Store(e) => e.into(),
+            SubmitError::Limited(e) => ApiError::Limited(e),
         }
     }
 }

@@ -22,7 +22,12 @@ impl FromRequest<AppState> for LimitedBody {
 
     async fn from_request(req: Request<Body>, state: &AppState) -> Result<Self, Self::Rejection> {
         let limit = state.config.max_body_bytes;
-        match Bytes::from_request(req, state).await {
+        let timeout = state.config.body_read_timeout;
+        // A client that trickles its body is cut off (slowloris).
+        let read = tokio::time::timeout(timeout, Bytes::from_request(req, state))
+            .await
+            .map_err(|_| ApiError::RequestTimeout(timeout.as_millis() as u64))?;
+        match read {
             Ok(bytes) => Ok(LimitedBody(bytes)),
             Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
                 Err(ApiError::PayloadTooLarge(limit))
@@ -66,6 +71,7 @@ pub async fn create(
     LimitedBody(body): LimitedBody,
 ) -> Result<Response, ApiError> {
     let (key, made_here) = super::openai_compat::key_for(&state, &headers)?;
+    let admission = state.tenants.admit(&caller)?;
     let submitted = jobs::submit(
         state.store.as_ref(),
         state.clock.as_ref(),
@@ -74,6 +80,7 @@ pub async fn create(
         &key,
         &body,
         state.engine.as_ref(),
+        &admission,
     )
     .await;
     let submission = match submitted {

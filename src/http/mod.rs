@@ -10,6 +10,8 @@ pub mod job_actions;
 pub mod jobs;
 pub mod openai_compat;
 pub mod openai_stream;
+pub mod serve;
+pub mod tenants;
 pub mod ui;
 pub mod views;
 
@@ -36,7 +38,8 @@ pub struct AppState {
     pub config: Arc<Config>,
     pub store: Arc<dyn Store>,
     pub clock: Arc<dyn Clock>,
-    pub keys: Arc<auth::KeyCache>,
+    /// Keys (cached), limits and usage.
+    pub tenants: Arc<crate::tenants::Tenants>,
     pub providers: Arc<Catalog>,
     pub contracts: Arc<BTreeMap<String, Contract>>,
     /// `None` when this server only accepts and stores jobs.
@@ -88,6 +91,17 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/admin/contracts/run", post(admin_contracts::run))
         .route("/v1/admin/contracts/runs", get(admin_contracts::latest))
         .route("/v1/admin/contracts/runs/{id}", get(admin_contracts::show))
+        .route(
+            "/v1/admin/keys",
+            get(tenants::list_keys).post(tenants::create_key),
+        )
+        .route("/v1/admin/keys/{id}/revoke", post(tenants::revoke_key))
+        .route("/v1/admin/keys/{id}/rotate", post(tenants::rotate_key))
+        .route("/v1/admin/limits", get(tenants::show_limits))
+        .route("/v1/admin/limits/{owner}", post(tenants::set_limits))
+        .route("/v1/admin/tenants/audit", get(tenants::audit))
+        .route("/v1/admin/usage", get(tenants::admin_usage))
+        .route("/v1/usage", get(tenants::own_usage))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .merge(ui::routes())

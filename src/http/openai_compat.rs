@@ -70,6 +70,8 @@ pub struct CompatError {
     param: Option<String>,
     message: String,
     retry: bool,
+    /// `Retry-After` of a limit's 429, in milliseconds.
+    retry_after_ms: Option<u64>,
 }
 
 impl CompatError {
@@ -81,6 +83,7 @@ impl CompatError {
             param: Some(param.to_string()),
             message: format!("{param}: {}", message.into()),
             retry: false,
+            retry_after_ms: None,
         }
     }
 
@@ -123,13 +126,18 @@ impl From<ApiError> for CompatError {
             }
             _ => None,
         };
+        let limit = match &e {
+            ApiError::Limited(l) => Some(l),
+            _ => None,
+        };
         CompatError {
             status,
             kind: error_type(status),
             code: e.code().to_string(),
             param,
             message,
-            retry: false,
+            retry: limit.is_some_and(|l| l.should_retry()),
+            retry_after_ms: limit.map(|l| l.retry_after_ms()),
         }
     }
 }
@@ -144,6 +152,11 @@ impl IntoResponse for CompatError {
         response
             .headers_mut()
             .insert("x-should-retry", HeaderValue::from_static(retry));
+        if let Some(ms) = self.retry_after_ms {
+            let headers = response.headers_mut();
+            headers.insert("retry-after", HeaderValue::from(ms.div_ceil(1000).max(1)));
+            headers.insert("retry-after-ms", HeaderValue::from(ms));
+        }
         response
     }
 }
@@ -273,6 +286,7 @@ fn job_body(raw: &[u8]) -> Result<Vec<u8>, CompatError> {
         param: None,
         message: format!("body is not a JSON object: {e}"),
         retry: false,
+        retry_after_ms: None,
     })?;
     if let Some(field) = request.keys().find(|k| !ACCEPTED.contains(&k.as_str())) {
         return Err(CompatError::unsupported(field, "not supported by onejob"));
@@ -413,6 +427,7 @@ pub async fn create(
         let key = super::openai_stream::StreamKey { key, made_here };
         return super::openai_stream::create(state, caller, headers, key, ask, body).await;
     }
+    let admission = state.tenants.admit(&caller).map_err(ApiError::from)?;
     let body = job_body(&raw)?;
     let submitted = jobs::submit(
         state.store.as_ref(),
@@ -422,6 +437,7 @@ pub async fn create(
         &key,
         &body,
         state.engine.as_ref(),
+        &admission,
     )
     .await;
     let submission = submitted.map_err(|e| submit_error(&state, e))?;
@@ -536,6 +552,7 @@ fn job_error(job: &Job, attempts: &[Attempt], key_made_here: bool) -> CompatErro
         param: None,
         message: message.clone(),
         retry: false,
+        retry_after_ms: None,
     };
     match job.state {
         // Still running: the same request with the same key picks the job
@@ -598,6 +615,7 @@ pub async fn show_model(
             param: Some("model".into()),
             message: format!("no route named {name:?} on this server"),
             retry: false,
+            retry_after_ms: None,
         });
     }
     Ok(Json(model(&name)))

@@ -362,6 +362,10 @@ pub async fn create(
     job_body: Vec<u8>,
 ) -> Result<Response, CompatError> {
     let StreamKey { key, made_here } = key;
+    let admission = state
+        .tenants
+        .admit(&caller)
+        .map_err(super::error::ApiError::from)?;
     let hub = state
         .engine
         .as_ref()
@@ -374,6 +378,7 @@ pub async fn create(
         &key,
         &job_body,
         state.engine.as_ref(),
+        &admission,
     )
     .await;
     // A hub no driver here took (the job is finished, or driven unstreamed

@@ -110,6 +110,11 @@ impl Ledger {
         self.entries().get(key).map_or(0, |e| e.executions)
     }
 
+    /// Executions of every key together.
+    pub fn total_executions(&self) -> u64 {
+        self.entries().values().map(|e| e.executions).sum()
+    }
+
     pub fn answer(&self, key: &str) -> Option<Answer> {
         self.entries().get(key).map(|e| e.answer.clone())
     }

@@ -19,8 +19,10 @@ mod ops;
 pub mod postgres;
 mod rows;
 pub mod sqlite;
+pub mod tenants;
 
 pub use contract_runs::{ContractRun, ContractRunSummary, NewContractRun};
+use tenants::{KeyRecord, OwnerLimitsRow, OwnerLoad, Rotation, TenantAuditEntry, UsageRow};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -201,8 +203,19 @@ pub struct ApiKey {
     pub id: String,
     pub owner_id: String,
     pub key_hash: String,
+    /// The first characters of the key, shown by `keys list`.
+    pub prefix: String,
     pub is_admin: bool,
     pub created_at: Millis,
+    pub expires_at: Option<Millis>,
+    pub revoked_at: Option<Millis>,
+}
+
+impl ApiKey {
+    /// Neither revoked nor expired at `now`.
+    pub fn is_live_at(&self, now: Millis) -> bool {
+        self.revoked_at.is_none() && self.expires_at.is_none_or(|e| e > now)
+    }
 }
 
 #[async_trait]
@@ -382,6 +395,44 @@ pub trait Store: Send + Sync + 'static {
         from: Millis,
         to: Millis,
     ) -> Result<console::WindowStats, StoreError>;
+
+    // Tenants: the key lifecycle, run-time limits, usage (`store/tenants.rs`).
+
+    async fn list_api_keys(&self, owner: Option<&str>) -> Result<Vec<KeyRecord>, StoreError>;
+
+    async fn get_api_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError>;
+
+    /// Revoke now (audited, change counter bumped); false when not found or revoked already.
+    async fn revoke_api_key(&self, id: &str, actor: &str, at: Millis) -> Result<bool, StoreError>;
+
+    /// Insert the successor and cut the old key's life, in one commit;
+    /// false when the old key is not live or was rotated already.
+    async fn rotate_api_key(&self, rotation: Rotation, actor: &str) -> Result<bool, StoreError>;
+
+    /// Write `last used` for a batch of keys.
+    async fn touch_api_keys(&self, used: Vec<(String, Millis)>) -> Result<(), StoreError>;
+
+    /// The counter bumped by every change running servers cache.
+    async fn tenant_changes(&self) -> Result<i64, StoreError>;
+
+    async fn owner_limits(&self) -> Result<Vec<OwnerLimitsRow>, StoreError>;
+
+    /// Set an owner's run-time limits (audited, change counter bumped).
+    async fn set_owner_limits(&self, row: OwnerLimitsRow) -> Result<(), StoreError>;
+
+    async fn tenant_audit(&self, limit: i64) -> Result<Vec<TenantAuditEntry>, StoreError>;
+
+    /// Heartbeat `instance` at `at`; the number of instances seen since `since`.
+    async fn heartbeat(&self, instance: &str, at: Millis, since: Millis)
+        -> Result<i64, StoreError>;
+
+    async fn leave_instances(&self, instance: &str) -> Result<(), StoreError>;
+
+    /// The owner's live jobs and today's tokens, in one read.
+    async fn owner_load(&self, owner: &str, day: i64) -> Result<OwnerLoad, StoreError>;
+
+    /// Usage rows from `from_day` on, of `owner` or of everyone.
+    async fn usage(&self, owner: Option<&str>, from_day: i64) -> Result<Vec<UsageRow>, StoreError>;
 }
 
 /// Open the store a URL names, without migrating.

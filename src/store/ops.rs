@@ -256,6 +256,7 @@ macro_rules! store_ops {
                         .bind(at)
                         .execute(&mut *conn)
                         .await?;
+                        add_usage(conn, &finish.attempt_id, usage.as_deref(), true, at).await?;
                         let version = read_version + 1;
                         let detail = serde_json::json!({ "version": version }).to_string();
                         insert_event(conn, &event_for(event::ATTEMPT_SUCCEEDED, Some(detail))).await?;
@@ -273,6 +274,8 @@ macro_rules! store_ops {
                     .bind(at)
                     .execute(&mut *conn)
                     .await?;
+                    // A lost race is paid for all the same.
+                    add_usage(conn, &finish.attempt_id, usage.as_deref(), false, at).await?;
                     let current: Option<(i64, Option<String>, String)> =
                         sqlx::query_as("SELECT version, completed_by, state FROM jobs WHERE id = $1")
                             .bind(&job_id)
@@ -368,13 +371,17 @@ macro_rules! store_ops {
 
         pub(crate) async fn insert_api_key(conn: &mut $conn, key: &ApiKey) -> Result<(), StoreError> {
             sqlx::query(
-                "INSERT INTO api_keys (id, owner_id, key_hash, is_admin, created_at) VALUES ($1, $2, $3, $4, $5)",
+                "INSERT INTO api_keys (id, owner_id, key_hash, prefix, is_admin, created_at, expires_at, revoked_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
             )
             .bind(&key.id)
             .bind(&key.owner_id)
             .bind(&key.key_hash)
+            .bind(&key.prefix)
             .bind(key.is_admin)
             .bind(key.created_at)
+            .bind(key.expires_at)
+            .bind(key.revoked_at)
             .execute(&mut *conn)
             .await?;
             Ok(())
@@ -382,7 +389,8 @@ macro_rules! store_ops {
 
         pub(crate) async fn find_api_key(conn: &mut $conn, key_hash: &str) -> Result<Option<ApiKey>, StoreError> {
             let row: Option<ApiKeyRow> = sqlx::query_as(
-                "SELECT id, owner_id, key_hash, is_admin, created_at FROM api_keys WHERE key_hash = $1",
+                "SELECT id, owner_id, key_hash, prefix, is_admin, created_at, expires_at, revoked_at \
+                 FROM api_keys WHERE key_hash = $1",
             )
             .bind(key_hash)
             .fetch_optional(&mut *conn)

@@ -3,6 +3,7 @@
 //! concurrent connections (and processes) queue on that row instead of
 //! racing past the check. Dispatchers claim with `SKIP LOCKED`.
 
+use super::tenants::{KeyRecord, OwnerLimitsRow, OwnerLoad, Rotation, TenantAuditEntry, UsageRow};
 use super::{
     ApiKey, AttemptResolution, CreateOutcome, FinishAttempt, FinishOutcome, JobEvent,
     JobResolution, JobTransition, NewEvent, ProviderSwitch, Refusal, ReviewItem, Store, StoreError,
@@ -26,6 +27,7 @@ mod ops {
     );
     crate::store::contract_runs::contract_run_ops!(sqlx::PgConnection);
     crate::store::console::console_ops!(sqlx::PgConnection);
+    crate::store::tenants::tenant_ops!(sqlx::PgConnection);
 }
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
@@ -297,5 +299,62 @@ impl Store for PgStore {
         to: Millis,
     ) -> Result<super::console::WindowStats, StoreError> {
         ops::window_stats(&mut *self.pool.acquire().await?, from, to).await
+    }
+
+    async fn list_api_keys(&self, owner: Option<&str>) -> Result<Vec<KeyRecord>, StoreError> {
+        ops::list_keys(&mut *self.pool.acquire().await?, owner).await
+    }
+
+    async fn get_api_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError> {
+        ops::get_key(&mut *self.pool.acquire().await?, id).await
+    }
+
+    async fn revoke_api_key(&self, id: &str, actor: &str, at: Millis) -> Result<bool, StoreError> {
+        in_tx!(self, |c| ops::revoke_key(c, id, actor, at))
+    }
+
+    async fn rotate_api_key(&self, rotation: Rotation, actor: &str) -> Result<bool, StoreError> {
+        in_tx!(self, |c| ops::rotate_key(c, &rotation, actor))
+    }
+
+    async fn touch_api_keys(&self, used: Vec<(String, Millis)>) -> Result<(), StoreError> {
+        in_tx!(self, |c| ops::touch_keys(c, &used))
+    }
+
+    async fn tenant_changes(&self) -> Result<i64, StoreError> {
+        ops::tenant_changes(&mut *self.pool.acquire().await?).await
+    }
+
+    async fn owner_limits(&self) -> Result<Vec<OwnerLimitsRow>, StoreError> {
+        ops::owner_limits(&mut *self.pool.acquire().await?).await
+    }
+
+    async fn set_owner_limits(&self, row: OwnerLimitsRow) -> Result<(), StoreError> {
+        in_tx!(self, |c| ops::set_owner_limits(c, &row))
+    }
+
+    async fn tenant_audit(&self, limit: i64) -> Result<Vec<TenantAuditEntry>, StoreError> {
+        ops::tenant_audit(&mut *self.pool.acquire().await?, limit).await
+    }
+
+    async fn heartbeat(
+        &self,
+        instance: &str,
+        at: Millis,
+        since: Millis,
+    ) -> Result<i64, StoreError> {
+        in_tx!(self, |c| ops::heartbeat(c, instance, at, since))
+    }
+
+    async fn leave_instances(&self, instance: &str) -> Result<(), StoreError> {
+        ops::leave(&mut *self.pool.acquire().await?, instance).await
+    }
+
+    async fn owner_load(&self, owner: &str, day: i64) -> Result<OwnerLoad, StoreError> {
+        ops::owner_load(&mut *self.pool.acquire().await?, owner, day).await
+    }
+
+    async fn usage(&self, owner: Option<&str>, from_day: i64) -> Result<Vec<UsageRow>, StoreError> {
+        ops::usage(&mut *self.pool.acquire().await?, owner, from_day).await
     }
 }

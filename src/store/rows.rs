@@ -142,8 +142,11 @@ pub(crate) struct ApiKeyRow {
     id: String,
     owner_id: String,
     key_hash: String,
+    prefix: String,
     is_admin: bool,
     created_at: i64,
+    expires_at: Option<i64>,
+    revoked_at: Option<i64>,
 }
 
 impl From<ApiKeyRow> for ApiKey {
@@ -152,8 +155,11 @@ impl From<ApiKeyRow> for ApiKey {
             id: r.id,
             owner_id: r.owner_id,
             key_hash: r.key_hash,
+            prefix: r.prefix,
             is_admin: r.is_admin,
             created_at: r.created_at,
+            expires_at: r.expires_at,
+            revoked_at: r.revoked_at,
         }
     }
 }

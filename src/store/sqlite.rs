@@ -9,6 +9,7 @@
 //! on the same file too (they wait up to the busy timeout). Reads use a small
 //! pool of their own connections and never wait for the writer.
 
+use super::tenants::{KeyRecord, OwnerLimitsRow, OwnerLoad, Rotation, TenantAuditEntry, UsageRow};
 use super::{
     ApiKey, AttemptResolution, CreateOutcome, FinishAttempt, FinishOutcome, JobEvent,
     JobResolution, JobTransition, NewEvent, ProviderSwitch, Refusal, ReviewItem, Store, StoreError,
@@ -31,6 +32,7 @@ mod ops {
     crate::store::lifecycle::lifecycle_ops!(sqlx::SqliteConnection, "", "");
     crate::store::contract_runs::contract_run_ops!(sqlx::SqliteConnection);
     crate::store::console::console_ops!(sqlx::SqliteConnection);
+    crate::store::tenants::tenant_ops!(sqlx::SqliteConnection);
 }
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -554,5 +556,72 @@ impl Store for SqliteStore {
         to: Millis,
     ) -> Result<super::console::WindowStats, StoreError> {
         ops::window_stats(&mut *self.read.get().await?, from, to).await
+    }
+
+    async fn list_api_keys(&self, owner: Option<&str>) -> Result<Vec<KeyRecord>, StoreError> {
+        ops::list_keys(&mut *self.read.get().await?, owner).await
+    }
+
+    async fn get_api_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError> {
+        ops::get_key(&mut *self.read.get().await?, id).await
+    }
+
+    async fn revoke_api_key(&self, id: &str, actor: &str, at: Millis) -> Result<bool, StoreError> {
+        let (id, actor) = (id.to_string(), actor.to_string());
+        self.write(move |c| Box::pin(async move { ops::revoke_key(c, &id, &actor, at).await }))
+            .await
+    }
+
+    async fn rotate_api_key(&self, rotation: Rotation, actor: &str) -> Result<bool, StoreError> {
+        let actor = actor.to_string();
+        self.write(move |c| Box::pin(async move { ops::rotate_key(c, &rotation, &actor).await }))
+            .await
+    }
+
+    async fn touch_api_keys(&self, used: Vec<(String, Millis)>) -> Result<(), StoreError> {
+        self.write(move |c| Box::pin(async move { ops::touch_keys(c, &used).await }))
+            .await
+    }
+
+    async fn tenant_changes(&self) -> Result<i64, StoreError> {
+        ops::tenant_changes(&mut *self.read.get().await?).await
+    }
+
+    async fn owner_limits(&self) -> Result<Vec<OwnerLimitsRow>, StoreError> {
+        ops::owner_limits(&mut *self.read.get().await?).await
+    }
+
+    async fn set_owner_limits(&self, row: OwnerLimitsRow) -> Result<(), StoreError> {
+        self.write(move |c| Box::pin(async move { ops::set_owner_limits(c, &row).await }))
+            .await
+    }
+
+    async fn tenant_audit(&self, limit: i64) -> Result<Vec<TenantAuditEntry>, StoreError> {
+        ops::tenant_audit(&mut *self.read.get().await?, limit).await
+    }
+
+    async fn heartbeat(
+        &self,
+        instance: &str,
+        at: Millis,
+        since: Millis,
+    ) -> Result<i64, StoreError> {
+        let instance = instance.to_string();
+        self.write(move |c| Box::pin(async move { ops::heartbeat(c, &instance, at, since).await }))
+            .await
+    }
+
+    async fn leave_instances(&self, instance: &str) -> Result<(), StoreError> {
+        let instance = instance.to_string();
+        self.write(move |c| Box::pin(async move { ops::leave(c, &instance).await }))
+            .await
+    }
+
+    async fn owner_load(&self, owner: &str, day: i64) -> Result<OwnerLoad, StoreError> {
+        ops::owner_load(&mut *self.read.get().await?, owner, day).await
+    }
+
+    async fn usage(&self, owner: Option<&str>, from_day: i64) -> Result<Vec<UsageRow>, StoreError> {
+        ops::usage(&mut *self.read.get().await?, owner, from_day).await
     }
 }

@@ -1,0 +1,222 @@
+//! `onejob keys list|create|revoke|rotate`, `onejob limits show|set` and
+//! `onejob usage`: the same logic as `/v1/admin/keys`, `/v1/admin/limits`
+//! and `/v1/admin/usage`, straight on the database.
+
+use super::providers::table;
+use super::{open_store, DbArgs};
+use crate::clock::{rfc3339, Clock, SystemClock};
+use crate::keys::{self, key_state};
+use crate::store::tenants::OwnerLimitsRow;
+use crate::tenants::limits::Limits;
+use crate::tenants::usage;
+
+/// Who a CLI change is audited as: `cli:$USER`, or `cli`.
+fn actor() -> String {
+    match std::env::var("USER") {
+        Ok(user) if !user.trim().is_empty() => format!("cli:{}", user.trim()),
+        _ => "cli".to_string(),
+    }
+}
+
+/// `onejob keys create --owner NAME [--admin] [--expires-in 30d]`; the key
+/// alone on the last line.
+pub async fn create(
+    db: &DbArgs,
+    owner: &str,
+    admin: bool,
+    expires_in: Option<&str>,
+) -> anyhow::Result<()> {
+    let expires_in = expires_in
+        .map(|t| keys::parse_duration("--expires-in", t))
+        .transpose()?;
+    let config = db.load(None)?;
+    let store = open_store(&config).await?;
+    let created = keys::create(store.as_ref(), &SystemClock, owner, admin, expires_in).await;
+    store.close().await;
+    let created = created?;
+    println!(
+        "created {} key {} for owner {owner}{}; it is shown once, store it now:",
+        if admin { "an admin" } else { "a" },
+        created.record.id,
+        created
+            .record
+            .expires_at
+            .map(|e| format!(", expiring {}", rfc3339(e)))
+            .unwrap_or_default()
+    );
+    println!("{}", created.secret);
+    Ok(())
+}
+
+/// `onejob keys list [--owner NAME]`.
+pub async fn list(db: &DbArgs, owner: Option<&str>) -> anyhow::Result<()> {
+    let config = db.load(None)?;
+    let store = open_store(&config).await?;
+    let listed = keys::list(store.as_ref(), owner).await;
+    store.close().await;
+    let now = SystemClock.now_ms();
+    let mut rows = vec![[
+        "OWNER",
+        "ID",
+        "PREFIX",
+        "STATE",
+        "ADMIN",
+        "CREATED",
+        "LAST USED",
+        "EXPIRES",
+        "REVOKED",
+    ]
+    .map(String::from)];
+    let time = |t: Option<i64>| t.map(rfc3339).unwrap_or_else(|| "-".into());
+    for k in listed? {
+        rows.push([
+            k.owner_id.clone(),
+            k.id.clone(),
+            format!("{}…", k.prefix),
+            key_state(&k, now).to_string(),
+            if k.is_admin { "yes" } else { "no" }.to_string(),
+            rfc3339(k.created_at),
+            time(k.last_used_at),
+            time(k.expires_at),
+            time(k.revoked_at),
+        ]);
+    }
+    print!("{}", table(&rows));
+    Ok(())
+}
+
+/// `onejob keys revoke ID`.
+pub async fn revoke(db: &DbArgs, id: &str) -> anyhow::Result<()> {
+    let config = db.load(None)?;
+    let store = open_store(&config).await?;
+    let result = keys::revoke(store.as_ref(), &SystemClock, id, &actor()).await;
+    store.close().await;
+    let record = result?;
+    println!(
+        "key {} of owner {} revoked; running servers refuse it within a second",
+        record.id, record.owner_id
+    );
+    Ok(())
+}
+
+/// `onejob keys rotate ID [--grace 24h]`; the new key alone on the last line.
+pub async fn rotate(db: &DbArgs, id: &str, grace: &str) -> anyhow::Result<()> {
+    let grace = keys::parse_duration("--grace", grace)?;
+    let config = db.load(None)?;
+    let store = open_store(&config).await?;
+    let result = keys::rotate(store.as_ref(), &SystemClock, id, grace, &actor()).await;
+    store.close().await;
+    let rotated = result?;
+    println!(
+        "key {} of owner {} rotated: the old secret works until {}, then is refused",
+        rotated.old.id,
+        rotated.old.owner_id,
+        rotated.old.expires_at.map(rfc3339).unwrap_or_default()
+    );
+    println!(
+        "new key {}; it is shown once, store it now:",
+        rotated.created.record.id
+    );
+    println!("{}", rotated.created.secret);
+    Ok(())
+}
+
+/// `onejob limits show`: the config's limits and the run-time changes.
+pub async fn show_limits(db: &DbArgs) -> anyhow::Result<()> {
+    let config = db.load(None)?;
+    let store = open_store(&config).await?;
+    let rows = store.owner_limits().await;
+    store.close().await;
+    let text = |l: &Limits| serde_json::to_string(l).unwrap_or_default();
+    println!("default (config): {}", text(&config.limits.default));
+    for (owner, limits) in &config.limits.owners {
+        println!("owner {owner} (config): {}", text(limits));
+    }
+    for r in rows? {
+        println!(
+            "owner {} (set by {} at {}: {}): {}",
+            r.owner_id,
+            r.changed_by,
+            rfc3339(r.changed_at),
+            r.reason,
+            r.limits
+        );
+    }
+    Ok(())
+}
+
+/// `onejob limits set OWNER --reason TEXT [--requests-per-second N] …`.
+pub async fn set_limits(
+    db: &DbArgs,
+    owner: &str,
+    limits: Limits,
+    reason: &str,
+) -> anyhow::Result<()> {
+    limits
+        .check()
+        .map_err(|e| anyhow::anyhow!("--{}", e.replace('_', "-")))?;
+    let reason = reason.trim();
+    if reason.is_empty() || reason.chars().count() > 500 {
+        anyhow::bail!("--reason: required, 1-500 characters");
+    }
+    let config = db.load(None)?;
+    let store = open_store(&config).await?;
+    let row = OwnerLimitsRow {
+        owner_id: owner.to_string(),
+        limits: serde_json::to_string(&limits)?,
+        changed_by: actor(),
+        reason: reason.to_string(),
+        changed_at: SystemClock.now_ms(),
+    };
+    let result = store.set_owner_limits(row).await;
+    store.close().await;
+    result?;
+    println!(
+        "limits of {owner} set to {} (over the config file's); running servers apply them within a second",
+        serde_json::to_string(&limits)?
+    );
+    Ok(())
+}
+
+/// `onejob usage [--owner NAME] [--days N]`.
+pub async fn usage(db: &DbArgs, owner: Option<&str>, days: u32) -> anyhow::Result<()> {
+    let config = db.load(None)?;
+    let store = open_store(&config).await?;
+    let report = usage::report(store.as_ref(), &SystemClock, owner, days).await;
+    store.close().await;
+    let report = report?;
+    let mut rows = vec![[
+        "OWNER",
+        "DAY",
+        "ROUTE",
+        "PROVIDER",
+        "KIND",
+        "ATTEMPTS",
+        "JOBS",
+        "PROMPT",
+        "COMPLETION",
+        "DISCARDED",
+    ]
+    .map(String::from)];
+    for l in &report.lines {
+        rows.push([
+            l.owner.clone(),
+            l.day.clone(),
+            l.route.clone(),
+            l.provider.clone(),
+            l.kind.clone(),
+            l.attempts.to_string(),
+            l.jobs.to_string(),
+            l.prompt_tokens.to_string(),
+            l.completion_tokens.to_string(),
+            l.discarded_tokens.to_string(),
+        ]);
+    }
+    print!("{}", table(&rows));
+    let t = &report.totals;
+    println!(
+        "since {}: {} jobs, {} tokens, of which hedges {} and discarded answers {}",
+        report.from, t.jobs, t.tokens, t.hedge_tokens, t.discarded_tokens
+    );
+    Ok(())
+}

@@ -1,0 +1,357 @@
+//! Keys, limits and usage over HTTP. Admin: `/v1/admin/keys` (list, create,
+//! revoke, rotate), `/v1/admin/limits` (read, change at run time, audited),
+//! `/v1/admin/usage`, `/v1/admin/tenants/audit`. Any key: `GET /v1/usage`
+//! (its owner's own usage). Handlers call the same functions as the CLI.
+
+use super::auth::Admin;
+use super::error::ApiError;
+use super::AppState;
+use crate::clock::rfc3339;
+use crate::keys::{self, key_state, Caller, KeyError};
+use crate::store::tenants::{KeyRecord, OwnerLimitsRow, TenantAuditEntry};
+use crate::tenants::limits::Limits;
+use crate::tenants::usage::{self, UsageReport};
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+/// A key as listed: never the secret, never its hash.
+#[derive(Debug, Serialize)]
+pub struct KeyView {
+    pub id: String,
+    pub owner: String,
+    pub prefix: String,
+    pub admin: bool,
+    /// `active`, `rotating` (replaced; works until `expires_at`), `expired` or `revoked`.
+    pub state: &'static str,
+    pub created_at: String,
+    pub last_used_at: Option<String>,
+    pub expires_at: Option<String>,
+    pub revoked_at: Option<String>,
+    pub replaced_by: Option<String>,
+}
+
+impl KeyView {
+    pub fn new(k: KeyRecord, now: i64) -> Self {
+        KeyView {
+            state: key_state(&k, now),
+            id: k.id,
+            owner: k.owner_id,
+            prefix: k.prefix,
+            admin: k.is_admin,
+            created_at: rfc3339(k.created_at),
+            last_used_at: k.last_used_at.map(rfc3339),
+            expires_at: k.expires_at.map(rfc3339),
+            revoked_at: k.revoked_at.map(rfc3339),
+            replaced_by: k.replaced_by,
+        }
+    }
+}
+
+impl From<KeyError> for ApiError {
+    fn from(e: KeyError) -> Self {
+        match e {
+            KeyError::InvalidOwner => ApiError::InvalidRequest(format!("owner: {e}")),
+            KeyError::InvalidDuration(m) => ApiError::InvalidRequest(m),
+            KeyError::NotFound(_) => ApiError::NotFound("key"),
+            KeyError::NotLive(_) => ApiError::KeyNotLive(e.to_string()),
+            KeyError::Store(s) => s.into(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct OwnerQuery {
+    owner: Option<String>,
+}
+
+pub async fn list_keys(
+    State(state): State<AppState>,
+    Admin(_): Admin,
+    Query(q): Query<OwnerQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let now = state.clock.now_ms();
+    let keys: Vec<KeyView> = keys::list(state.store.as_ref(), q.owner.as_deref())
+        .await?
+        .into_iter()
+        .map(|k| KeyView::new(k, now))
+        .collect();
+    Ok(Json(json!({ "keys": keys })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateKey {
+    owner: String,
+    #[serde(default)]
+    admin: bool,
+    /// e.g. "30d"; never expires when absent.
+    #[serde(default)]
+    expires_in: Option<String>,
+}
+
+pub async fn create_key(
+    State(state): State<AppState>,
+    Admin(admin): Admin,
+    body: Bytes,
+) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
+    let req: CreateKey = super::body::parse(&body)?;
+    let expires_in = req
+        .expires_in
+        .as_deref()
+        .map(|t| keys::parse_duration("expires_in", t))
+        .transpose()?;
+    let created = keys::create(
+        state.store.as_ref(),
+        state.clock.as_ref(),
+        &req.owner,
+        req.admin,
+        expires_in,
+    )
+    .await?;
+    tracing::info!(key = %created.record.id, owner = %req.owner, actor = %admin.owner_id, "key created");
+    let view = KeyView::new(created.record, state.clock.now_ms());
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "key": view, "secret": created.secret })),
+    ))
+}
+
+pub async fn revoke_key(
+    State(state): State<AppState>,
+    Admin(admin): Admin,
+    Path(id): Path<String>,
+) -> Result<Json<KeyView>, ApiError> {
+    let actor = format!("admin:{}", admin.owner_id);
+    let record = keys::revoke(state.store.as_ref(), state.clock.as_ref(), &id, &actor).await?;
+    // This server refuses it at once; the others within a second.
+    state.tenants.watch_once().await?;
+    tracing::info!(key = %id, actor = %actor, "key revoked");
+    Ok(Json(KeyView::new(record, state.clock.now_ms())))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RotateKey {
+    /// How long the old secret keeps working, e.g. "1h" [default: 24h].
+    #[serde(default)]
+    grace: Option<String>,
+}
+
+pub const DEFAULT_GRACE: &str = "24h";
+
+pub async fn rotate_key(
+    State(state): State<AppState>,
+    Admin(admin): Admin,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let req: RotateKey = super::body::parse_or_default(&body)?;
+    let grace = keys::parse_duration("grace", req.grace.as_deref().unwrap_or(DEFAULT_GRACE))?;
+    let actor = format!("admin:{}", admin.owner_id);
+    let rotated = keys::rotate(
+        state.store.as_ref(),
+        state.clock.as_ref(),
+        &id,
+        grace,
+        &actor,
+    )
+    .await?;
+    state.tenants.watch_once().await?;
+    tracing::info!(key = %id, new_key = %rotated.created.record.id, actor = %actor, "key rotated");
+    let now = state.clock.now_ms();
+    Ok(Json(json!({
+        "key": KeyView::new(rotated.created.record, now),
+        "secret": rotated.created.secret,
+        "old": KeyView::new(rotated.old, now),
+    })))
+}
+
+#[derive(Debug, Serialize)]
+struct LimitsOverrideView {
+    owner: String,
+    limits: serde_json::Value,
+    changed_by: String,
+    reason: String,
+    changed_at: String,
+}
+
+pub async fn show_limits(
+    State(state): State<AppState>,
+    Admin(_): Admin,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let config = state.tenants.config();
+    let overrides: Vec<LimitsOverrideView> = state
+        .store
+        .owner_limits()
+        .await?
+        .into_iter()
+        .map(|r| LimitsOverrideView {
+            limits: serde_json::from_str(&r.limits).unwrap_or_default(),
+            owner: r.owner_id,
+            changed_by: r.changed_by,
+            reason: r.reason,
+            changed_at: rfc3339(r.changed_at),
+        })
+        .collect();
+    let mut effective = serde_json::Map::new();
+    let owners = config
+        .owners
+        .keys()
+        .cloned()
+        .chain(overrides.iter().map(|o| o.owner.clone()));
+    for owner in owners {
+        let limits = state.tenants.limits_for(&owner);
+        effective.insert(owner, json!(limits));
+    }
+    Ok(Json(json!({
+        "default": config.default,
+        "owners": config.owners,
+        "overrides": overrides,
+        "effective": effective,
+        "live_instances": state.tenants.live_instances(),
+    })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SetLimits {
+    limits: Limits,
+    reason: String,
+}
+
+/// Replace `owner`'s run-time limits (fields left out fall back to the
+/// config file's); audited; every server applies them within a second.
+pub async fn set_limits(
+    State(state): State<AppState>,
+    Admin(admin): Admin,
+    Path(owner): Path<String>,
+    body: Bytes,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let req: SetLimits = super::body::parse(&body)?;
+    let reason = super::body::reason(&req.reason)?;
+    req.limits
+        .check()
+        .map_err(|e| ApiError::InvalidRequest(format!("limits.{e}")))?;
+    if owner.is_empty() || owner.len() > 128 {
+        return Err(ApiError::InvalidRequest("owner: 1-128 characters".into()));
+    }
+    let row = OwnerLimitsRow {
+        owner_id: owner.clone(),
+        limits: serde_json::to_string(&req.limits).map_err(|e| ApiError::Internal(e.into()))?,
+        changed_by: format!("admin:{}", admin.owner_id),
+        reason: reason.to_string(),
+        changed_at: state.clock.now_ms(),
+    };
+    state.store.set_owner_limits(row).await?;
+    state.tenants.watch_once().await?;
+    tracing::info!(owner = %owner, actor = %admin.owner_id, reason, "limits changed");
+    Ok(Json(
+        json!({ "owner": owner, "limits": state.tenants.limits_for(&owner) }),
+    ))
+}
+
+#[derive(Debug, Serialize)]
+struct AuditView {
+    id: i64,
+    subject: String,
+    action: String,
+    actor: String,
+    detail: Option<serde_json::Value>,
+    at: String,
+}
+
+impl From<TenantAuditEntry> for AuditView {
+    fn from(e: TenantAuditEntry) -> Self {
+        AuditView {
+            id: e.id,
+            subject: e.subject,
+            action: e.action,
+            actor: e.actor,
+            detail: e.detail.and_then(|d| serde_json::from_str(&d).ok()),
+            at: rfc3339(e.at),
+        }
+    }
+}
+
+pub async fn audit(
+    State(state): State<AppState>,
+    Admin(_): Admin,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let entries: Vec<AuditView> = state
+        .store
+        .tenant_audit(1_000)
+        .await?
+        .into_iter()
+        .map(Into::into)
+        .collect();
+    Ok(Json(json!({ "entries": entries })))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct UsageQuery {
+    days: Option<String>,
+    owner: Option<String>,
+}
+
+fn days(q: &UsageQuery) -> Result<u32, ApiError> {
+    match &q.days {
+        None => Ok(7),
+        Some(d) => d
+            .parse::<u32>()
+            .ok()
+            .filter(|n| (1..=usage::MAX_DAYS).contains(n))
+            .ok_or_else(|| ApiError::InvalidRequest(format!("days: 1-{}", usage::MAX_DAYS))),
+    }
+}
+
+/// The caller's own usage; `owner` is ignored (a key sees its owner only).
+pub async fn own_usage(
+    State(state): State<AppState>,
+    caller: Caller,
+    Query(q): Query<UsageQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let report = usage::report(
+        state.store.as_ref(),
+        state.clock.as_ref(),
+        Some(&caller.owner_id),
+        days(&q)?,
+    )
+    .await?;
+    let limits = state.tenants.limits_for(&caller.owner_id);
+    Ok(Json(with_limits(report, &caller.owner_id, limits)))
+}
+
+fn with_limits(report: UsageReport, owner: &str, limits: Limits) -> serde_json::Value {
+    let used = report.today.get(owner).copied().unwrap_or(0);
+    let mut value = json!(report);
+    value["owner"] = json!(owner);
+    value["limits"] = json!(limits);
+    value["budget"] = json!({
+        "tokens_per_day": limits.tokens_per_day,
+        "used_today": used,
+        "remaining_today": limits.tokens_per_day.map(|l| (l as i64 - used).max(0)),
+    });
+    value
+}
+
+pub async fn admin_usage(
+    State(state): State<AppState>,
+    Admin(_): Admin,
+    Query(q): Query<UsageQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let report = usage::report(
+        state.store.as_ref(),
+        state.clock.as_ref(),
+        q.owner.as_deref(),
+        days(&q)?,
+    )
+    .await?;
+    Ok(Json(match q.owner.as_deref() {
+        Some(owner) => with_limits(report, owner, state.tenants.limits_for(owner)),
+        None => json!(report),
+    }))
+}

@@ -9,6 +9,12 @@
 //! The default database is a temporary SQLite file; a `postgres://` URL gets a
 //! fresh database created next to it (dropped at the end); any other value is
 //! a SQLite file path (e.g. on tmpfs: `/dev/shm/bench.db`, to take the disk out).
+//!
+//! `--limits-ab ROUNDS` runs only the comparison of the limits' cost: two
+//! owners on one server, one without limits and one with every limit set
+//! (high enough never to refuse, so every check runs: rate bucket,
+//! concurrent jobs and today's tokens read at admission), in alternating
+//! rounds of jobs to completion and of replays, CPU time per request each.
 
 use clap::Parser;
 use onejob::app::Application;
@@ -51,6 +57,10 @@ struct Args {
     /// Seconds of the replay phase.
     #[arg(long, default_value_t = 3)]
     replay_secs: u64,
+    /// Only compare an owner without limits and one with every limit set,
+    /// in this many alternating rounds of --jobs jobs and as many replays.
+    #[arg(long, default_value_t = 0)]
+    limits_ab: usize,
 }
 
 /// The part of a job answer the benchmark checks.
@@ -126,7 +136,9 @@ async fn main() -> anyhow::Result<()> {
     let config_path = dir.path().join("onejob.toml");
     std::fs::write(
         &config_path,
-        "[routes.default]\nprimary = \"primary\"\nfallbacks = []\n",
+        "[routes.default]\nprimary = \"primary\"\nfallbacks = []\n\n\
+         [limits.owners.limited]\nrequests_per_second = 1000000\nburst = 1000000\n\
+         concurrent_jobs = 1000000\ntokens_per_day = 1000000000000\n",
     )?;
     let fresh_pg = match args.database_url.as_deref().map(DatabaseUrl::parse) {
         Some(Ok(DatabaseUrl::Postgres(url))) => Some(FreshPostgres::create(&url).await?),
@@ -174,6 +186,67 @@ async fn main() -> anyhow::Result<()> {
         "onejob bench: {backend}, {cores} cores shared by simulator, server and client (one process)"
     );
     let mut rss = vec![("start", rss_kib())];
+
+    if args.limits_ab > 0 {
+        let limited_key =
+            onejob::keys::create_key(store.as_ref(), &SystemClock, "limited", false).await?;
+        let limited = Arc::new(Bench {
+            client: bench.client.clone(),
+            jobs_url: bench.jobs_url.clone(),
+            key: limited_key,
+            body: bench.body.clone(),
+        });
+        let sides = [
+            ("without limits", bench.clone()),
+            ("with every limit", limited),
+        ];
+        // [side][jobs, replays]: (cpu, requests, failed)
+        let mut totals = [[(Duration::ZERO, 0usize, 0usize); 2]; 2];
+        for round in 0..args.limits_ab {
+            // Alternate which side goes first, so drift on the machine falls on both.
+            let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+            for side in order {
+                let (_, b) = &sides[side];
+                for (phase, expect) in [(0, StatusCode::CREATED), (1, StatusCode::OK)] {
+                    let run = Arc::new(AtomicUsize::new(0));
+                    let n = args.jobs;
+                    let cpu = cpu_time();
+                    let samples = closed_loop(b, args.concurrency, move || {
+                        let i = run.fetch_add(1, Ordering::Relaxed);
+                        (i < n).then(|| (format!("ab-{side}-{round}-{i}"), expect))
+                    })
+                    .await;
+                    let t = &mut totals[side][phase];
+                    t.0 += cpu_time().saturating_sub(cpu);
+                    t.1 += samples.len();
+                    t.2 += samples.iter().filter(|s| !s.ok).count();
+                }
+            }
+        }
+        let _ = stop.send(());
+        server.await??;
+        if let Some(pg) = fresh_pg {
+            pg.drop_database().await;
+        }
+        println!(
+            "limits off vs on: {} rounds of {} jobs and {} replays per side, C={}",
+            args.limits_ab, args.jobs, args.jobs, args.concurrency
+        );
+        let per = |(cpu, n, _): (Duration, usize, usize)| cpu.as_secs_f64() * 1e6 / n.max(1) as f64;
+        for (phase, name) in [(0, "jobs to completion"), (1, "replays")] {
+            let off = per(totals[0][phase]);
+            let on = per(totals[1][phase]);
+            println!(
+                "  {name:<20} cpu µs/request: {} {off:>8.1}   {} {on:>8.1}   on/off {:.3}   failed {} / {}",
+                sides[0].0,
+                sides[1].0,
+                on / off,
+                totals[0][phase].2,
+                totals[1][phase].2
+            );
+        }
+        return Ok(());
+    }
 
     // 1. Jobs to completion, closed loop.
     let run = Arc::new(AtomicUsize::new(0));

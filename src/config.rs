@@ -420,6 +420,41 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_file_holds_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("onejob.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let file = Config::parse_file(&path, &text).unwrap();
+        let config =
+            Config::resolve(file, PathBuf::from("."), &path, &Overrides::default()).unwrap();
+        assert_eq!(
+            config.limits,
+            crate::tenants::limits::LimitsConfig::default()
+        );
+        assert_eq!(config.header_read_timeout.as_millis(), 10_000);
+        assert_eq!(config.body_read_timeout.as_millis(), 30_000);
+        assert_eq!(config.engine, EngineConfig::default());
+        // The commented [limits] example is valid once uncommented.
+        let uncommented: String = text
+            .lines()
+            .skip_while(|l| !l.starts_with("# [limits.default]"))
+            .map(|l| {
+                l.strip_prefix("# ")
+                    .unwrap_or(l)
+                    .split("  ")
+                    .next()
+                    .unwrap_or("")
+            })
+            .filter(|l| !l.starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let limits: crate::tenants::limits::LimitsConfig =
+            toml::from_str(&uncommented.replace("[limits.", "[")).unwrap();
+        assert_eq!(limits.default.tokens_per_day, Some(5_000_000));
+        assert_eq!(limits.for_owner("acme").tokens_per_day, Some(20_000_000));
+        limits.check().unwrap();
+    }
+
+    #[test]
     fn timeout_must_exceed_silence() {
         let file = Config::parse_file(
             Path::new("x.toml"),

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::world::{route, start_world, ProviderSpec, World};
+use common::world::{route, set_window, start_world, ProviderSpec, World};
 use common::Backend;
 use futures::StreamExt;
 use serde_json::{json, Value};
@@ -26,6 +26,9 @@ on_both_backends!(
     a_reset_before_headers_is_rescued_by_the_fallback_at_once,
     a_streamed_replay_on_another_instance_gets_the_final_completion,
     a_streamed_content_filter_fails_after_one_attempt_with_its_reason,
+    a_streamed_context_length_exceeded_moves_to_a_larger_window_never_back,
+    a_streamed_context_length_exceeded_with_no_larger_window_ends_with_that_code,
+    a_streamed_primary_down_for_a_while_is_routed_around_then_probed_back,
 );
 
 /// One SSE event as the client saw it.
@@ -629,5 +632,142 @@ async fn a_streamed_content_filter_fails_after_one_attempt_with_its_reason(backe
     );
     assert_eq!(world.job(&id).await["state"], "failed");
     assert_eq!(world.executions(&id, "backup"), 0);
+    world.stop().await;
+}
+
+async fn a_streamed_context_length_exceeded_moves_to_a_larger_window_never_back(backend: Backend) {
+    let providers = [
+        spec("primary", "context_length"),
+        spec("small", "healthy"),
+        spec("large", "healthy"),
+    ];
+    let world = start_world(
+        backend,
+        &providers,
+        route("primary", &["small", "large"]),
+        |c| {
+            set_window(c, "small", 8_192);
+            set_window(c, "large", 32_768);
+        },
+    )
+    .await;
+    let (status, headers, events) = stream(&world, "ctx-1", &body("Hello")).await;
+    assert_eq!(status, 200);
+    let id = job_id(&headers);
+    assert_eq!(headers["x-onejob-provider"], "large");
+    assert_eq!(content(&events), healthy_answer(&world, "Hello").await);
+    assert_eq!(finish_reasons(&events), vec!["stop".to_string()]);
+    assert!(ends_done(&events));
+    let attempts = world.attempts(&id).await;
+    assert_eq!(
+        states(&attempts),
+        vec![pair("primary", "failed"), pair("large", "succeeded")]
+    );
+    assert_eq!(attempts[0]["error_kind"], "context_length_exceeded");
+    assert_eq!(
+        world.deliveries(&id, "primary"),
+        1,
+        "never re-sent to the provider that refused it"
+    );
+    assert_eq!(
+        world.deliveries(&id, "small"),
+        0,
+        "a smaller window is skipped"
+    );
+    assert_eq!(world.executions(&id, "large"), 1);
+    world.stop().await;
+}
+
+async fn a_streamed_context_length_exceeded_with_no_larger_window_ends_with_that_code(
+    backend: Backend,
+) {
+    let providers = [spec("primary", "context_length"), spec("backup", "healthy")];
+    let world = start_world(backend, &providers, route("primary", &["backup"]), |c| {
+        set_window(c, "backup", 8_192)
+    })
+    .await;
+    let (_, headers, events) = stream(&world, "ctx-2", &body("Hello")).await;
+    let id = job_id(&headers);
+    let error = error_event(&events).expect("an error event");
+    assert_eq!(error["code"], "context_length_exceeded", "{error}");
+    assert!(content(&events).is_empty());
+    assert!(
+        finish_reasons(&events).is_empty(),
+        "never a finished answer"
+    );
+    assert!(!ends_done(&events));
+    let attempts = world.attempts(&id).await;
+    assert_eq!(states(&attempts), vec![pair("primary", "failed")]);
+    assert_eq!(world.job(&id).await["state"], "failed");
+    assert_eq!(world.deliveries(&id, "primary"), 1);
+    assert_eq!(world.deliveries(&id, "backup"), 0);
+    world.stop().await;
+}
+
+async fn a_streamed_primary_down_for_a_while_is_routed_around_then_probed_back(backend: Backend) {
+    let providers = [spec("primary", "primary-model"), spec("backup", "healthy")];
+    let mut r = route("primary", &["backup"]);
+    // Each 503 fails over at once, so three streams make three failures.
+    r.same_provider_retries = 0;
+    let world = start_world(backend, &providers, r, |c| {
+        c.engine.breaker_threshold = 3;
+        c.engine.breaker_open_ms = 300;
+        c.engine.breaker_probe_every = 2;
+    })
+    .await;
+    world.sim.models().set("primary-model", "fail:503").unwrap();
+    let expected = healthy_answer(&world, "Hello").await;
+    let run = |i: usize| {
+        let world = &world;
+        async move {
+            let (_, headers, events) = stream(world, &format!("brk-{i}"), &body("Hello")).await;
+            let id = job_id(&headers);
+            (headers, events, world.attempts(&id).await)
+        }
+    };
+    // Down: three streams are served by the backup after a 503 each; the breaker opens.
+    for i in 0..3 {
+        let (headers, events, attempts) = run(i).await;
+        assert_eq!(headers["x-onejob-provider"], "backup");
+        assert_eq!(content(&events), expected);
+        assert!(ends_done(&events));
+        assert_eq!(
+            states(&attempts),
+            vec![pair("primary", "failed"), pair("backup", "succeeded")]
+        );
+    }
+    // Open: the next stream starts on the backup without asking the primary.
+    let (headers, events, attempts) = run(3).await;
+    assert_eq!(headers["x-onejob-provider"], "backup");
+    assert_eq!(content(&events), expected);
+    assert_eq!(states(&attempts), vec![pair("backup", "succeeded")]);
+
+    // Healthy again: after the open period a probe reaches the primary and
+    // the streams return to it.
+    world.sim.models().set("primary-model", "healthy").unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut i = 4;
+    loop {
+        let (headers, events, attempts) = run(i).await;
+        i += 1;
+        assert_eq!(
+            content(&events),
+            expected,
+            "every stream is one whole answer"
+        );
+        assert!(ends_done(&events));
+        if headers["x-onejob-provider"] == "primary" {
+            assert_eq!(states(&attempts), vec![pair("primary", "succeeded")]);
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the primary was never probed back"
+        );
+    }
+    // Closed: the next stream goes to the primary first, with no fallback.
+    let (headers, _, attempts) = run(i).await;
+    assert_eq!(headers["x-onejob-provider"], "primary");
+    assert_eq!(states(&attempts), vec![pair("primary", "succeeded")]);
     world.stop().await;
 }

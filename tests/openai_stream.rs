@@ -378,6 +378,32 @@ async fn a_stalled_stream_is_bounded_by_stall_ms_and_continued(backend: Backend)
         "{attempts:?}"
     );
     assert_eq!(attempts[1]["state"], "succeeded");
+    // Time to first token is the first piece's arrival, not the attempt's
+    // end: the stalled primary answered its first piece at once, and its
+    // attempt never succeeded.
+    let metrics = world
+        .client
+        .get(format!("{}/metrics", world.address))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = |name: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}{{provider=\"primary\"}}")))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    assert_eq!(
+        line("onejob_time_to_first_token_seconds_count"),
+        Some(1.0),
+        "{metrics}"
+    );
+    let ttft = line("onejob_time_to_first_token_seconds_sum").unwrap();
+    assert!(ttft < 0.3, "first piece before stall_ms, got {ttft} s");
     world.stop().await;
 }
 

@@ -494,6 +494,17 @@ pub(super) enum Settled {
     Unknown,
 }
 
+/// An answer not streamed arrives whole: its first token is its end. (A
+/// streamed attempt's first token is observed when its first piece arrives.)
+fn observe_whole_answer(inner: &Inner, attempt: &Attempt, outcome: &CallOutcome) {
+    if let CallOutcome::Succeeded(_) = outcome {
+        inner.metrics.observe_time_to_first_token(
+            &attempt.provider,
+            inner.clock.now_ms() - attempt.started_at,
+        );
+    }
+}
+
 pub(super) async fn settle(
     inner: &Inner,
     plan: &JobPlan,
@@ -506,10 +517,6 @@ pub(super) async fn settle(
     inner.metrics.observe_provider_latency(provider, elapsed_ms);
     let (end, settled) = match outcome {
         CallOutcome::Succeeded(success) => {
-            // Not streamed: the whole answer is the first token.
-            inner
-                .metrics
-                .observe_time_to_first_token(provider, elapsed_ms);
             if let Some(u) = success.usage {
                 tokens = u64::from(u.prompt_tokens) + u64::from(u.completion_tokens);
             }
@@ -703,6 +710,7 @@ async fn run_round(
     while !flights.is_empty() {
         tokio::select! {
             Some((attempt, outcome)) = flights.next() => {
+                observe_whole_answer(inner, &attempt, &outcome);
                 let settled = settle(inner, plan, &attempt, outcome).await;
                 if matches!(settled, Settled::Won) {
                     inner.metrics.observe_job_latency(inner.clock.now_ms() - job.created_at);
@@ -766,7 +774,10 @@ async fn finish_losers(
     loop {
         tokio::select! {
             next = losers.next() => match next {
-                Some((attempt, outcome)) => { settle(&inner, &plan, &attempt, outcome).await; }
+                Some((attempt, outcome)) => {
+                    observe_whole_answer(&inner, &attempt, &outcome);
+                    settle(&inner, &plan, &attempt, outcome).await;
+                }
                 None => return,
             },
             _ = &mut grace => break,

@@ -259,6 +259,8 @@ struct Live<'a> {
     entry: &'a ProviderEntry,
     task: JoinHandle<()>,
     done: bool,
+    /// Whether its first piece arrived (time to first token is observed then).
+    answered: bool,
 }
 
 fn launch(
@@ -410,6 +412,7 @@ pub(super) async fn run_streamed_round(
         entry: first,
         task: launch(first, request, timeout, 0, tx.clone()),
         done: false,
+        answered: false,
     }];
     tried.push(first.name.clone());
     let mut hedges_left = route.max_hedges;
@@ -439,6 +442,7 @@ pub(super) async fn run_streamed_round(
                         entry: $entry,
                         task: launch($entry, $request, timeout, index, tx.clone()),
                         done: false,
+                        answered: false,
                     });
                     Some(index)
                 }
@@ -478,6 +482,13 @@ pub(super) async fn run_streamed_round(
         }
         match event {
             Event::Piece(delta) => {
+                if !live[index].answered {
+                    live[index].answered = true;
+                    inner.metrics.observe_time_to_first_token(
+                        &live[index].attempt.provider,
+                        inner.clock.now_ms() - live[index].attempt.started_at,
+                    );
+                }
                 if owner.is_none() {
                     owner = Some(index);
                     claim(inner, hub, &mut live, index).await;

@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 pub mod console;
 mod contract_runs;
+pub mod faulty;
 mod lifecycle;
 mod ops;
 pub mod postgres;
@@ -44,6 +45,53 @@ pub enum StoreError {
     Batch(String),
     #[error("the store is shutting down")]
     Closed,
+}
+
+impl StoreError {
+    /// Whether the same call may succeed if tried again soon: the database
+    /// was unreachable, busy, or gave up the transaction (a dropped
+    /// connection, a server restart, a lock timeout, a rolled-back batch).
+    /// A store error is transient until proven otherwise, so only errors
+    /// that say something is wrong with the data or the code — a corrupt
+    /// row, a refused transition, a constraint, a failed migration — and a
+    /// store closed on purpose are not.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Database(e) => sqlx_error_is_transient(e),
+            StoreError::Batch(_) => true,
+            StoreError::Migrate(_)
+            | StoreError::NotFound(_)
+            | StoreError::InvalidTransition { .. }
+            | StoreError::Corrupt(_)
+            | StoreError::Closed => false,
+        }
+    }
+}
+
+fn sqlx_error_is_transient(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => match db.code() {
+            // PostgreSQL SQLSTATE classes: 08 connection exception, 40
+            // transaction rollback (serialization, deadlock), 53
+            // insufficient resources, 57 operator intervention (admin
+            // shutdown, `pg_terminate_backend`), 58 system error.
+            Some(code) if code.len() == 5 => {
+                matches!(&code[..2], "08" | "40" | "53" | "57" | "58")
+            }
+            // SQLite result codes (the primary code is the low byte):
+            // BUSY, LOCKED, IOERR, FULL, CANTOPEN, PROTOCOL.
+            Some(code) => code
+                .parse::<i64>()
+                .is_ok_and(|c| matches!(c & 0xff, 5 | 6 | 10 | 13 | 14 | 15)),
+            None => false,
+        },
+        _ => false,
+    }
 }
 
 /// The answer to an idempotent create.

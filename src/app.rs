@@ -159,6 +159,13 @@ impl Application {
         self.state.switches.clone()
     }
 
+    /// The HTTP routes over this application's state, to call in-process
+    /// (tests drop a request's future at a chosen await, as a client
+    /// disconnect does).
+    pub fn router(&self) -> axum::Router {
+        http::router(self.state.clone())
+    }
+
     /// Serve until `shutdown` resolves; in-flight requests finish first, then
     /// every queued write is committed before this returns.
     pub async fn run_until_stopped(

@@ -12,6 +12,8 @@ use crate::keys::Caller;
 use crate::store::{event, CreateOutcome, NewEvent, Store, StoreError};
 use crate::tenants::{check_new_job, Admission, CheckError, LimitError};
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
 
 /// A job as the submitter sees it after `submit`.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,7 +58,7 @@ impl From<CheckError> for SubmitError {
     reason = "the handlers' state, spelled out so the logic layer needs no AppState"
 )]
 pub async fn submit(
-    store: &dyn Store,
+    store: &Arc<dyn Store>,
     clock: &dyn Clock,
     routes: &BTreeMap<String, RouteConfig>,
     caller: &Caller,
@@ -83,10 +85,10 @@ pub async fn submit(
         .find_job_by_key(&caller.owner_id, key.as_str())
         .await?
     {
-        return answer_existing(store, clock, caller, key, job, &fingerprint).await;
+        return answer_existing(store.as_ref(), clock, caller, key, job, &fingerprint).await;
     }
     let now = clock.now_ms();
-    check_new_job(store, now, admission, request.params.max_tokens).await?;
+    check_new_job(store.as_ref(), now, admission, request.params.max_tokens).await?;
     let new = NewJob {
         id: new_id(),
         owner_id: caller.owner_id.clone(),
@@ -98,19 +100,47 @@ pub async fn submit(
         // Created and claimed in one commit: this process drives it at once.
         lease: engine.map(|e| e.lease_for_new_job(route, now)),
     };
-    match store.create_job(new).await? {
-        CreateOutcome::Created(job) => {
-            if let Some(engine) = engine {
+    // The job is committed with this process's lease: whoever commits it
+    // must hand it to the engine, even if the client goes away meanwhile.
+    let created = run_to_completion({
+        let store = store.clone();
+        let engine = engine.cloned();
+        async move {
+            let outcome = store.create_job(new).await?;
+            if let (CreateOutcome::Created(job), Some(engine)) = (&outcome, engine) {
                 engine.adopt(job.clone());
             }
-            Ok(Submission {
-                job,
-                replayed: false,
-            })
+            Ok::<_, StoreError>(outcome)
         }
+    })
+    .await?;
+    match created {
+        CreateOutcome::Created(job) => Ok(Submission {
+            job,
+            replayed: false,
+        }),
         CreateOutcome::Existing(job) => {
-            answer_existing(store, clock, caller, key, job, &fingerprint).await
+            answer_existing(store.as_ref(), clock, caller, key, job, &fingerprint).await
         }
+    }
+}
+
+/// Run `work` — a commit and what must follow it — to its end even if the
+/// caller stops waiting. axum drops a handler's future when its client
+/// disconnects, and a dropped future stops at whatever `.await` it was at:
+/// a job committed with this process's lease but never handed to the
+/// engine would wait out its lease. The work runs as its own task; the
+/// caller only waits for its answer.
+pub async fn run_to_completion<T, F>(work: F) -> Result<T, StoreError>
+where
+    T: Send + 'static,
+    F: Future<Output = Result<T, StoreError>> + Send + 'static,
+{
+    match tokio::spawn(work).await {
+        Ok(result) => result,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Cancelled: only when the runtime shuts down.
+        Err(_) => Err(StoreError::Closed),
     }
 }
 

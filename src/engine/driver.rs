@@ -2,6 +2,7 @@
 //! the silence threshold) until one wins, the job must wait on an unknown
 //! outcome, fails for good, or goes to review.
 
+use super::durable::{self, retrying, Fence};
 use super::plan::JobPlan;
 use super::routing::{choose_hedge, choose_provider, Choice, Steer};
 use super::Inner;
@@ -77,11 +78,13 @@ async fn still_ours(inner: &Inner, job: &Job) -> bool {
     if job.lease_until.is_some_and(|until| until - now > lease / 2) {
         return true;
     }
-    match inner
-        .store
-        .renew_lease(&job.id, &inner.instance, now + lease)
-        .await
-    {
+    let renewed = retrying(inner, &job.id, Fence::Store, "renewing a lease", |_| {
+        inner
+            .store
+            .renew_lease(&job.id, &inner.instance, now + lease)
+    })
+    .await;
+    match renewed {
         Ok(true) => true,
         Ok(false) => {
             tracing::info!(job_id = %job.id, "lease lost while waiting for a slot; another process drives the job");
@@ -132,11 +135,15 @@ async fn drive(inner: &Arc<Inner>, mut job: Job, hub: Option<Arc<super::stream::
         let owner = owner.clone();
         async move {
             let now = inner.clock.now_ms();
-            match inner
-                .store
-                .transition_job(&job_id, Some(&owner), t, now)
-                .await
-            {
+            // Applied twice (its first commit's answer lost) is harmless:
+            // the second finds the lease released or the same step taken.
+            let applied = retrying(&inner, &job_id, Fence::Store, "a job transition", |_| {
+                inner
+                    .store
+                    .transition_job(&job_id, Some(&owner), t.clone(), now)
+            })
+            .await;
+            match applied {
                 Ok(applied) => applied,
                 Err(e) => {
                     tracing::error!(error = %e, "job transition failed");
@@ -333,7 +340,11 @@ async fn drive(inner: &Arc<Inner>, mut job: Job, hub: Option<Arc<super::stream::
                 )
             }
         };
-        history = match inner.store.list_attempts(&job.id).await {
+        let listed = retrying(inner, &job.id, Fence::Store, "listing attempts", |_| {
+            inner.store.list_attempts(&job.id)
+        })
+        .await;
+        history = match listed {
             Ok(a) => a,
             Err(e) => {
                 tracing::error!(error = %e, "cannot list a job's attempts; its lease will expire");
@@ -377,7 +388,11 @@ async fn drive(inner: &Arc<Inner>, mut job: Job, hub: Option<Arc<super::stream::
             return;
         }
         tokio::time::sleep(wait).await;
-        job = match inner.store.get_job(&job.id).await {
+        let reloaded = retrying(inner, &job.id, Fence::Store, "reloading a job", |_| {
+            inner.store.get_job(&job.id)
+        })
+        .await;
+        job = match reloaded {
             Ok(Some(j))
                 if !j.state.is_final() && j.lease_owner.as_deref() == Some(&inner.instance) =>
             {
@@ -397,7 +412,11 @@ async fn drive(inner: &Arc<Inner>, mut job: Job, hub: Option<Arc<super::stream::
 /// have reached the provider, so they become `unknown` (never failed). The
 /// job's attempts as they now stand, or `None` when they cannot be read.
 async fn recover_orphans(inner: &Arc<Inner>, job: &Job) -> Option<Vec<Attempt>> {
-    let mut attempts = match inner.store.list_attempts(&job.id).await {
+    let listed = retrying(inner, &job.id, Fence::Store, "listing attempts", |_| {
+        inner.store.list_attempts(&job.id)
+    })
+    .await;
+    let mut attempts = match listed {
         Ok(a) => a,
         Err(e) => {
             tracing::error!(error = %e, "cannot list attempts of a recovered job");
@@ -419,7 +438,7 @@ async fn recover_orphans(inner: &Arc<Inner>, job: &Job) -> Option<Vec<Attempt>> 
             at: inner.clock.now_ms(),
             actor: format!("engine:{}", inner.instance),
         };
-        if let Err(e) = inner.store.finish_attempt(finish).await {
+        if let Err(e) = durable::finish_attempt(inner, &job.id, finish).await {
             tracing::warn!(error = %e, attempt_id = %attempt.id, "cannot mark an orphaned attempt unknown");
             return None;
         }
@@ -476,8 +495,11 @@ pub(super) async fn start(
         reuses_key: entry.config.honours_idempotency_key,
         started_at: inner.clock.now_ms(),
     };
-    match inner.store.start_attempt(new).await {
+    match durable::start_attempt(inner, new).await {
         Ok(result) => result,
+        // Not transient, the lease lost meanwhile, or the store down for a
+        // whole lease: this process lets go of the job; the lease's next
+        // holder drives it.
         Err(e) => {
             tracing::error!(error = %e, "cannot start an attempt");
             Err(GuardRefusal::NoSuchJob)
@@ -592,7 +614,7 @@ pub(super) async fn settle(
         at: inner.clock.now_ms(),
         actor,
     };
-    match inner.store.finish_attempt(finish).await {
+    match durable::finish_attempt(inner, &attempt.job_id, finish).await {
         Ok(FinishOutcome::Won { .. }) => {
             inner.with_breaker(provider, |b| b.on_success());
             inner.metrics.attempt_finished(provider, "succeeded");
@@ -786,7 +808,11 @@ async fn finish_losers(
     // Dropping the futures drops their HTTP requests. Which attempts they were
     // is only known inside them, so ask the store for the job's live ones.
     drop(losers);
-    let Ok(attempts) = inner.store.list_attempts(&job_id).await else {
+    let listed = retrying(&inner, &job_id, Fence::Store, "listing attempts", |_| {
+        inner.store.list_attempts(&job_id)
+    })
+    .await;
+    let Ok(attempts) = listed else {
         return;
     };
     for attempt in attempts
@@ -801,7 +827,10 @@ async fn finish_losers(
             at: inner.clock.now_ms(),
             actor: format!("engine:{}", inner.instance),
         };
-        if inner.store.finish_attempt(finish).await.is_ok() {
+        if durable::finish_attempt(&inner, &job_id, finish)
+            .await
+            .is_ok()
+        {
             Metrics::inc(&inner.metrics.attempts_abandoned);
             inner
                 .metrics

@@ -9,6 +9,7 @@
 //! RNG) and providers (the `Provider` trait) are injected.
 
 mod driver;
+mod durable;
 pub mod gate;
 pub mod plan;
 mod reconciler;

@@ -315,7 +315,10 @@ async fn abandon(inner: &Inner, live: &mut Live<'_>, reason: &str) {
         at: inner.clock.now_ms(),
         actor: format!("engine:{}", inner.instance),
     };
-    if inner.store.finish_attempt(finish).await.is_ok() {
+    if super::durable::finish_attempt(inner, &live.attempt.job_id, finish)
+        .await
+        .is_ok()
+    {
         Metrics::inc(&inner.metrics.attempts_abandoned);
         inner
             .metrics

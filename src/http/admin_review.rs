@@ -113,13 +113,20 @@ pub async fn decide_job(
     reason: &str,
 ) -> Result<Job, ApiError> {
     let actor = format!("admin:{}", admin.owner_id);
-    let job = state
-        .store
-        .resolve_job(job_id, resolution, &actor, reason, state.clock.now_ms())
-        .await??;
-    if let Some(engine) = &state.engine {
-        engine.wake();
-    }
+    let (state, job_id, reason) = (state.clone(), job_id.to_string(), reason.to_string());
+    // The engine is told after the commit even if the client goes away.
+    let job = crate::jobs::run_to_completion(async move {
+        let now = state.clock.now_ms();
+        let job = state
+            .store
+            .resolve_job(&job_id, resolution, &actor, &reason, now)
+            .await?;
+        if let (Ok(_), Some(engine)) = (&job, &state.engine) {
+            engine.wake();
+        }
+        Ok(job)
+    })
+    .await??;
     Ok(job)
 }
 
@@ -180,16 +187,23 @@ pub async fn settle_attempt(
     reason: &str,
 ) -> Result<Job, ApiError> {
     let actor = format!("admin:{}", admin.owner_id);
-    let job = state
-        .store
-        .resolve_attempt(attempt_id, resolution, &actor, reason, state.clock.now_ms())
-        .await?
-        .map_err(|r| match r {
-            crate::store::Refusal::NotFound => ApiError::NotFound("attempt"),
-            other => other.into(),
-        })?;
-    if let Some(engine) = &state.engine {
-        engine.wake();
-    }
+    let (state, attempt_id, reason) = (state.clone(), attempt_id.to_string(), reason.to_string());
+    // The engine is told after the commit even if the client goes away.
+    let job = crate::jobs::run_to_completion(async move {
+        let now = state.clock.now_ms();
+        let job = state
+            .store
+            .resolve_attempt(&attempt_id, resolution, &actor, &reason, now)
+            .await?;
+        if let (Ok(_), Some(engine)) = (&job, &state.engine) {
+            engine.wake();
+        }
+        Ok(job)
+    })
+    .await?
+    .map_err(|r| match r {
+        crate::store::Refusal::NotFound => ApiError::NotFound("attempt"),
+        other => other.into(),
+    })?;
     Ok(job)
 }

@@ -44,9 +44,18 @@ pub enum ApiError {
     /// `Retry-After` (and `retry-after-ms`) and `x-should-retry`.
     #[error(transparent)]
     Limited(#[from] crate::tenants::LimitError),
+    /// The database could not be reached or gave up the transaction; the
+    /// same request may succeed shortly: 503 with `Retry-After` and
+    /// `x-should-retry: true`. Nothing was committed for the caller to
+    /// lose: a retry with the same Idempotency-Key finds what was.
+    #[error("the job store is unavailable for a moment; retry shortly")]
+    StoreUnavailable(#[source] StoreError),
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
 }
+
+/// What a client is told to wait before retrying a `503 store_unavailable`.
+pub const STORE_RETRY_AFTER_SECS: u32 = 1;
 
 impl ApiError {
     pub fn status_code(&self) -> StatusCode {
@@ -67,6 +76,7 @@ impl ApiError {
             ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::InvalidRequest(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -89,6 +99,7 @@ impl ApiError {
             ApiError::KeyNotLive(_) => "key_not_live",
             ApiError::RequestTimeout(_) => "request_timeout",
             ApiError::Limited(e) => e.code(),
+            ApiError::StoreUnavailable(_) => "store_unavailable",
             ApiError::Internal(_) => "internal",
         }
     }
@@ -97,8 +108,14 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status_code();
-        if let ApiError::Internal(cause) = &self {
-            tracing::error!(error = format!("{cause:#}"), "request failed");
+        match &self {
+            ApiError::Internal(cause) => {
+                tracing::error!(error = format!("{cause:#}"), "request failed")
+            }
+            ApiError::StoreUnavailable(cause) => {
+                tracing::warn!(error = %cause, "store unavailable; the client is told to retry")
+            }
+            _ => {}
         }
         let body =
             serde_json::json!({ "error": { "code": self.code(), "message": self.to_string() } });
@@ -117,6 +134,15 @@ impl IntoResponse for ApiError {
                 }),
             );
         }
+        if let ApiError::StoreUnavailable(_) = &self {
+            let headers = response.headers_mut();
+            headers.insert("retry-after", HeaderValue::from(STORE_RETRY_AFTER_SECS));
+            headers.insert(
+                "retry-after-ms",
+                HeaderValue::from(u64::from(STORE_RETRY_AFTER_SECS) * 1000),
+            );
+            headers.insert("x-should-retry", HeaderValue::from_static("true"));
+        }
         if status.is_client_error() && status != StatusCode::TOO_MANY_REQUESTS {
             // OpenAI/Anthropic SDKs retry 409 (and others) unless told not to;
             // a client error will not change by itself.
@@ -128,9 +154,16 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// A store error is transient until proven otherwise: only one that says
+/// the data or the code is wrong (a corrupt row, a refused transition) is an
+/// internal error.
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
-        ApiError::Internal(e.into())
+        if e.is_transient() {
+            ApiError::StoreUnavailable(e)
+        } else {
+            ApiError::Internal(e.into())
+        }
     }
 }
 
@@ -161,5 +194,26 @@ impl From<SubmitError> for ApiError {
             SubmitError::Store(e) => e.into(),
             SubmitError::Limited(e) => ApiError::Limited(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transient_store_error_is_503_and_a_corrupt_row_is_500() {
+        let blip = ApiError::from(crate::store::faulty::injected_error());
+        assert_eq!(blip.status_code(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(blip.code(), "store_unavailable");
+        let response = blip.into_response();
+        assert_eq!(response.headers()["x-should-retry"], "true");
+        assert_eq!(response.headers()["retry-after"], "1");
+
+        let bug = ApiError::from(StoreError::Corrupt("job state \"?\"".to_string()));
+        assert_eq!(bug.status_code(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(bug.code(), "internal");
+        let closing = ApiError::from(StoreError::Closed);
+        assert_eq!(closing.status_code(), StatusCode::INTERNAL_SERVER_ERROR);
     }
 }

@@ -22,13 +22,21 @@ pub async fn retry(
     jobs::find_for(state.store.as_ref(), &caller, &id)
         .await?
         .ok_or(ApiError::NotFound("job"))?;
-    let job = state
-        .store
-        .request_retry(&id, &caller.owner_id, state.clock.now_ms())
-        .await??;
-    if let Some(engine) = &state.engine {
-        engine.wake();
-    }
+    // The engine is told after the commit even if the client goes away.
+    let job = jobs::run_to_completion({
+        let state = state.clone();
+        async move {
+            let job = state
+                .store
+                .request_retry(&id, &caller.owner_id, state.clock.now_ms())
+                .await?;
+            if let (Ok(_), Some(engine)) = (&job, &state.engine) {
+                engine.wake();
+            }
+            Ok(job)
+        }
+    })
+    .await??;
     Ok(Json(JobView::new(job, None)))
 }
 

@@ -73,7 +73,7 @@ pub async fn create(
     let (key, made_here) = super::openai_compat::key_for(&state, &headers)?;
     let admission = state.tenants.admit(&caller)?;
     let submitted = jobs::submit(
-        state.store.as_ref(),
+        &state.store,
         state.clock.as_ref(),
         &state.config.routes,
         &caller,

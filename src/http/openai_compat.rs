@@ -130,14 +130,24 @@ impl From<ApiError> for CompatError {
             ApiError::Limited(l) => Some(l),
             _ => None,
         };
+        // The SDKs retry a 503 with backoff, honouring Retry-After.
+        let store_down = matches!(e, ApiError::StoreUnavailable(_));
+        if let ApiError::StoreUnavailable(cause) = &e {
+            tracing::warn!(error = %cause, "store unavailable; the client is told to retry");
+        }
         CompatError {
             status,
             kind: error_type(status),
             code: e.code().to_string(),
             param,
             message,
-            retry: limit.is_some_and(|l| l.should_retry()),
-            retry_after_ms: limit.map(|l| l.retry_after_ms()),
+            retry: store_down || limit.is_some_and(|l| l.should_retry()),
+            retry_after_ms: match limit {
+                Some(l) => Some(l.retry_after_ms()),
+                None => {
+                    store_down.then_some(u64::from(super::error::STORE_RETRY_AFTER_SECS) * 1000)
+                }
+            },
         }
     }
 }
@@ -430,7 +440,7 @@ pub async fn create(
     let admission = state.tenants.admit(&caller).map_err(ApiError::from)?;
     let body = job_body(&raw)?;
     let submitted = jobs::submit(
-        state.store.as_ref(),
+        &state.store,
         state.clock.as_ref(),
         &state.config.routes,
         &caller,

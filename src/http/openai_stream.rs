@@ -371,7 +371,7 @@ pub async fn create(
         .as_ref()
         .map(|e| e.stream_hub(&caller.owner_id, key.as_str()));
     let submitted = jobs::submit(
-        state.store.as_ref(),
+        &state.store,
         state.clock.as_ref(),
         &state.config.routes,
         &caller,

@@ -60,6 +60,7 @@ struct Faults {
     fail_after: HashMap<String, usize>,
     holds: HashMap<String, Arc<Hold>>,
     calls: HashMap<String, usize>,
+    failed: HashMap<String, usize>,
 }
 
 /// A [`Store`] that forwards to a real one and fails or holds chosen calls.
@@ -155,6 +156,11 @@ impl FaultyStore {
         self.faults().calls.get(method).copied().unwrap_or(0)
     }
 
+    /// How many calls of `method` got an injected error.
+    pub fn failures(&self, method: &str) -> usize {
+        self.faults().failed.get(method).copied().unwrap_or(0)
+    }
+
     fn faults(&self) -> MutexGuard<'_, Faults> {
         // A panic while holding this lock cannot leave the maps half-updated.
         self.faults.lock().unwrap_or_else(|e| e.into_inner())
@@ -165,13 +171,15 @@ impl FaultyStore {
         let hold = {
             let mut faults = self.faults();
             *faults.calls.entry(method.to_string()).or_default() += 1;
-            if let Some(left) = faults.fail_before.get_mut(method) {
-                if *left > 0 {
+            let fail = match faults.fail_before.get_mut(method) {
+                Some(left) if *left > 0 => {
                     *left -= 1;
-                    return Err(injected_error());
+                    true
                 }
-            }
-            if self.is_down() {
+                _ => self.is_down(),
+            };
+            if fail {
+                *faults.failed.entry(method.to_string()).or_default() += 1;
                 return Err(injected_error());
             }
             faults.holds.get(method).cloned()
@@ -196,6 +204,7 @@ impl FaultyStore {
         if let Some(left) = faults.fail_after.get_mut(method) {
             if *left > 0 {
                 *left -= 1;
+                *faults.failed.entry(method.to_string()).or_default() += 1;
                 return Err(injected_error());
             }
         }

@@ -330,6 +330,21 @@ macro_rules! store_ops {
                         .bind(at)
                         .execute(&mut *conn)
                         .await?;
+                    if wanted == AttemptState::Failed {
+                        // A job parked on its unknown attempts (no
+                        // `next_run_at`) whose last live one just failed may
+                        // run again: in the same commit, so no store error
+                        // between settling and waking can strand it.
+                        sqlx::query(
+                            "UPDATE jobs SET next_run_at = $2 WHERE id = $1 AND next_run_at IS NULL \
+                             AND state IN ('pending', 'running') AND NOT EXISTS (SELECT 1 FROM attempts \
+                             WHERE job_id = $1 AND state IN ('started', 'unknown'))",
+                        )
+                        .bind(&job_id)
+                        .bind(at)
+                        .execute(&mut *conn)
+                        .await?;
+                    }
                     let detail = serde_json::json!({ "error_kind": error_kind, "message": message }).to_string();
                     insert_event(conn, &event_for(kind, Some(detail))).await?;
                     Ok(FinishOutcome::Recorded)

@@ -7,6 +7,7 @@ use onejob::app::Application;
 use onejob::clock::SystemClock;
 use onejob::config::{Config, Overrides, RouteConfig};
 use onejob::sim::{SimHandle, SimServer};
+use onejob::store::faulty::FaultyStore;
 use onejob::store::Store;
 use serde_json::Value;
 use std::sync::Arc;
@@ -37,6 +38,8 @@ pub fn route(primary: &str, fallbacks: &[&str]) -> RouteConfig {
 
 pub struct World {
     pub address: String,
+    /// The server's routes, to call in-process.
+    pub router: axum::Router,
     config: Config,
     pub store: Arc<dyn Store>,
     pub client: reqwest::Client,
@@ -131,6 +134,34 @@ pub async fn start_world(
     route: RouteConfig,
     tune: impl FnOnce(&mut Config),
 ) -> World {
+    start_world_on(backend, providers, route, tune, |store| store).await
+}
+
+/// `start_world` with the server's store wrapped in a [`FaultyStore`]
+/// (returned too); `World::store` stays the real one, for the test's reads.
+pub async fn start_faulty_world(
+    backend: Backend,
+    providers: &[ProviderSpec],
+    route: RouteConfig,
+    tune: impl FnOnce(&mut Config),
+) -> (World, Arc<FaultyStore>) {
+    let mut faulty = None;
+    let world = start_world_on(backend, providers, route, tune, |store| {
+        let wrapped = Arc::new(FaultyStore::new(store));
+        faulty = Some(wrapped.clone());
+        wrapped
+    })
+    .await;
+    (world, faulty.unwrap())
+}
+
+async fn start_world_on(
+    backend: Backend,
+    providers: &[ProviderSpec],
+    route: RouteConfig,
+    tune: impl FnOnce(&mut Config),
+    wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store>,
+) -> World {
     let sim = SimServer::start("127.0.0.1:0").await.unwrap();
     let dir = provider_dir(providers, &sim.base_url());
     let db = TestDb::new(backend).await;
@@ -145,7 +176,7 @@ pub async fn start_world(
     fast_engine(&mut config);
     tune(&mut config);
     let store = db.store().await;
-    let (address, tx, server) = serve(config.clone(), store.clone()).await;
+    let (address, router, tx, server) = serve_routed(config.clone(), wrap(store.clone())).await;
     let key = onejob::keys::create_key(store.as_ref(), &SystemClock, "alice", false)
         .await
         .unwrap();
@@ -154,6 +185,7 @@ pub async fn start_world(
         .unwrap();
     World {
         address,
+        router,
         config,
         store,
         client: reqwest::Client::new(),
@@ -173,10 +205,25 @@ pub async fn serve(
     config: Config,
     store: Arc<dyn Store>,
 ) -> (String, oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let (address, _, tx, server) = serve_routed(config, store).await;
+    (address, tx, server)
+}
+
+/// [`serve`], and the server's routes to call in-process.
+pub async fn serve_routed(
+    config: Config,
+    store: Arc<dyn Store>,
+) -> (
+    String,
+    axum::Router,
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
     let app = Application::with_store(config, store, Arc::new(SystemClock))
         .await
         .unwrap();
     let address = format!("http://{}", app.local_addr());
+    let router = app.router();
     let (tx, rx) = oneshot::channel::<()>();
     let server = tokio::spawn(async move {
         app.run_until_stopped(async {
@@ -185,7 +232,7 @@ pub async fn serve(
         .await
         .unwrap();
     });
-    (address, tx, server)
+    (address, router, tx, server)
 }
 
 impl World {
@@ -210,8 +257,9 @@ impl World {
         }
         tune(&mut self.config);
         let store = self.db.store().await;
-        let (address, tx, server) = serve(self.config.clone(), store.clone()).await;
+        let (address, router, tx, server) = serve_routed(self.config.clone(), store.clone()).await;
         self.address = address;
+        self.router = router;
         self.store = store;
         self.shutdown = Some(tx);
         self.server = Some(server);

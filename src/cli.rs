@@ -89,12 +89,12 @@ async fn show_job_in(store: &dyn Store, id: &str, attempts: bool) -> anyhow::Res
         .get_job(id)
         .await?
         .ok_or_else(|| anyhow::anyhow!("job {id} not found"))?;
-    let list = store.list_attempts(id).await?;
     let text = if attempts {
+        let list = store.list_attempts(id).await?;
         let views: Vec<AttemptView> = list.into_iter().map(Into::into).collect();
         serde_json::to_string_pretty(&views)?
     } else {
-        serde_json::to_string_pretty(&JobView::new(job, Some(&list)))?
+        serde_json::to_string_pretty(&JobView::new(job))?
     };
     println!("{text}");
     Ok(())

@@ -44,13 +44,8 @@ impl JobState {
         })
     }
 
-    /// Succeeded, failed and cancelled jobs take no more attempts.
-    pub fn is_final(self) -> bool {
-        matches!(
-            self,
-            JobState::Succeeded | JobState::Failed | JobState::Cancelled
-        )
-    }
+    // The lifecycle predicates (`is_final`, `takes_attempts`, …) are in
+    // `domain::lifecycle`.
 }
 
 /// A job row as stored. `request` and `result` are JSON text, kept as text so

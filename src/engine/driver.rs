@@ -394,7 +394,8 @@ async fn drive(inner: &Arc<Inner>, mut job: Job, hub: Option<Arc<super::stream::
         .await;
         job = match reloaded {
             Ok(Some(j))
-                if !j.state.is_final() && j.lease_owner.as_deref() == Some(&inner.instance) =>
+                if j.state.takes_attempts()
+                    && j.lease_owner.as_deref() == Some(&inner.instance) =>
             {
                 j
             }

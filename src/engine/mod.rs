@@ -20,7 +20,7 @@ use crate::clock::Clock;
 use crate::config::{Config, RouteConfig};
 use crate::contracts::Contract;
 use crate::domain::breaker::{Breaker, BreakerPolicy, BreakerState};
-use crate::domain::{Job, JobState, Millis};
+use crate::domain::{Job, Millis};
 use crate::metrics::Metrics;
 use crate::providers::catalog::Catalog;
 use crate::store::Store;
@@ -239,11 +239,10 @@ impl Engine {
     }
 }
 
-/// A state a waiting client can act on.
+/// A state a waiting client can act on: final, waiting for a human, or
+/// blocked on an unknown attempt.
 fn settled(job: &Job) -> bool {
-    job.state.is_final()
-        || job.state == JobState::NeedsReview
-        || (job.state == JobState::Running && job.next_run_at.is_none())
+    job.state.is_final() || job.state.awaits_decision() || job.is_blocked_on_unknown()
 }
 
 impl Inner {

@@ -100,7 +100,7 @@ pub async fn resolve_job(
         (JobAction::Close, None) => JobResolution::Close,
     };
     let job = decide_job(&state, &admin, &id, resolution, reason).await?;
-    Ok(Json(JobView::new(job, None)))
+    Ok(Json(JobView::new(job)))
 }
 
 /// An admin's decision on a job, audited in its event log as `admin:OWNER`
@@ -174,7 +174,7 @@ pub async fn resolve_attempt(
         (AttemptOutcome::NotExecuted, None) => AttemptResolution::NotExecuted,
     };
     let job = settle_attempt(&state, &admin, &id, resolution, reason).await?;
-    Ok(Json(JobView::new(job, None)))
+    Ok(Json(JobView::new(job)))
 }
 
 /// An admin settles an `unknown` attempt, audited like [`decide_job`]; the

@@ -37,7 +37,7 @@ pub async fn retry(
         }
     })
     .await??;
-    Ok(Json(JobView::new(job, None)))
+    Ok(Json(JobView::new(job)))
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -66,5 +66,5 @@ pub async fn cancel(
         .store
         .cancel_job(&id, &caller.owner_id, &reason, state.clock.now_ms())
         .await??;
-    Ok(Json(JobView::new(job, None)))
+    Ok(Json(JobView::new(job)))
 }

@@ -110,12 +110,7 @@ pub async fn create(
             job = settled;
         }
     }
-    // A job that waited and is still running says what it waits on.
-    let attempts = match (wait.is_some(), job.state) {
-        (true, crate::domain::JobState::Running) => Some(state.store.list_attempts(&job.id).await?),
-        _ => None,
-    };
-    let mut response = (status, Json(JobView::new(job, attempts.as_deref()))).into_response();
+    let mut response = (status, Json(JobView::new(job))).into_response();
     if submission.replayed {
         response
             .headers_mut()
@@ -143,8 +138,7 @@ pub async fn show(
     let job = jobs::find_for(state.store.as_ref(), &caller, &id)
         .await?
         .ok_or(ApiError::NotFound("job"))?;
-    let attempts = state.store.list_attempts(&job.id).await?;
-    Ok(Json(JobView::new(job, Some(&attempts))))
+    Ok(Json(JobView::new(job)))
 }
 
 pub async fn attempts(

@@ -24,13 +24,8 @@ pub struct JobView {
 }
 
 impl JobView {
-    /// `attempts`, when known, lets the view say what a running job waits on.
-    pub fn new(job: Job, attempts: Option<&[Attempt]>) -> Self {
-        let blocked_on = attempts.and_then(|attempts| {
-            let unknown = attempts.iter().any(|a| a.state == AttemptState::Unknown);
-            let started = attempts.iter().any(|a| a.state == AttemptState::Started);
-            (job.state == JobState::Running && unknown && !started).then_some("unknown_attempt")
-        });
+    pub fn new(job: Job) -> Self {
+        let blocked_on = job.is_blocked_on_unknown().then_some("unknown_attempt");
         JobView {
             result: job.result.map(embed_json),
             id: job.id,

@@ -60,7 +60,10 @@ macro_rules! console_ops {
         use crate::store::console::{like_pattern, JobFilter, WindowStats};
 
         pub(crate) async fn review_queue_depth(conn: &mut $conn) -> Result<i64, StoreError> {
-            let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM jobs WHERE state = 'needs_review'")
+            let (n,): (i64,) = sqlx::query_as(concat!(
+                "SELECT COUNT(*) FROM jobs WHERE state = ",
+                crate::job_state_awaiting_decision!()
+            ))
                 .fetch_one(&mut *conn)
                 .await?;
             Ok(n)

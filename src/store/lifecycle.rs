@@ -20,7 +20,9 @@ macro_rules! lifecycle_ops {
             let rows: Vec<JobRow> = sqlx::query_as(concat!(
                 "UPDATE jobs SET lease_owner = $1, lease_until = $3 WHERE id IN (",
                 "SELECT id FROM jobs WHERE next_run_at IS NOT NULL AND next_run_at <= $2 ",
-                "AND (lease_until IS NULL OR lease_until < $2) AND state IN ('pending', 'running') ",
+                "AND (lease_until IS NULL OR lease_until < $2) AND state IN (",
+                job_states_taking_attempts!(),
+                ") ",
                 "ORDER BY next_run_at LIMIT $4",
                 $skip_locked,
                 ") RETURNING ",
@@ -58,15 +60,16 @@ macro_rules! lifecycle_ops {
             transition: JobTransition,
             at: Millis,
         ) -> Result<bool, StoreError> {
-            // One statement per transition; all share the guard "not final and,
-            // when fenced, still ours".
+            // One statement per transition; all share the guard "the job takes
+            // attempts and, when fenced, is still ours" (a job in review waits
+            // for a human: no engine step moves it).
             let (query, kind, detail) = match &transition {
                 JobTransition::Backoff { next_run_at, lease_until, reason } => (
-                    sqlx::query(
+                    sqlx::query(concat!(
                         "UPDATE jobs SET state = 'pending', next_run_at = $3, lease_until = $4, updated_at = $5 \
                          WHERE id = $1 AND ($2 IS NULL OR lease_owner = $2) \
-                         AND state NOT IN ('succeeded', 'failed', 'cancelled', 'needs_review')",
-                    )
+                         AND state IN (", job_states_taking_attempts!(), ")",
+                    ))
                     .bind(job_id)
                     .bind(lease_owner)
                     .bind(*next_run_at)
@@ -80,13 +83,13 @@ macro_rules! lifecycle_ops {
                     // driver recording it unknown and this step; its wake-up
                     // found the job still held and did nothing. Only a live
                     // attempt may park the job; without one it is runnable now.
-                    sqlx::query(
+                    sqlx::query(concat!(
                         "UPDATE jobs SET next_run_at = CASE WHEN EXISTS (SELECT 1 FROM attempts \
-                         WHERE job_id = $1 AND state IN ('started', 'unknown')) THEN NULL ELSE $3 END, \
+                         WHERE job_id = $1 AND state IN (", attempt_states_live!(), ")) THEN NULL ELSE $3 END, \
                          lease_owner = NULL, lease_until = NULL, updated_at = $3 \
                          WHERE id = $1 AND ($2 IS NULL OR lease_owner = $2) \
-                         AND state NOT IN ('succeeded', 'failed', 'cancelled', 'needs_review')",
-                    )
+                         AND state IN (", job_states_taking_attempts!(), ")",
+                    ))
                     .bind(job_id)
                     .bind(lease_owner)
                     .bind(at),
@@ -94,12 +97,12 @@ macro_rules! lifecycle_ops {
                     serde_json::json!({}),
                 ),
                 JobTransition::Fail { reason } => (
-                    sqlx::query(
+                    sqlx::query(concat!(
                         "UPDATE jobs SET state = 'failed', version = version + 1, last_error = $3, \
                          next_run_at = NULL, lease_owner = NULL, lease_until = NULL, updated_at = $4 \
                          WHERE id = $1 AND ($2 IS NULL OR lease_owner = $2) \
-                         AND state NOT IN ('succeeded', 'failed', 'cancelled')",
-                    )
+                         AND state IN (", job_states_taking_attempts!(), ")",
+                    ))
                     .bind(job_id)
                     .bind(lease_owner)
                     .bind(reason)
@@ -108,12 +111,12 @@ macro_rules! lifecycle_ops {
                     serde_json::json!({ "reason": reason }),
                 ),
                 JobTransition::Review { reason } => (
-                    sqlx::query(
+                    sqlx::query(concat!(
                         "UPDATE jobs SET state = 'needs_review', last_error = $3, \
                          next_run_at = NULL, lease_owner = NULL, lease_until = NULL, updated_at = $4 \
                          WHERE id = $1 AND ($2 IS NULL OR lease_owner = $2) \
-                         AND state NOT IN ('succeeded', 'failed', 'cancelled', 'needs_review')",
-                    )
+                         AND state IN (", job_states_taking_attempts!(), ")",
+                    ))
                     .bind(job_id)
                     .bind(lease_owner)
                     .bind(reason)
@@ -122,11 +125,11 @@ macro_rules! lifecycle_ops {
                     serde_json::json!({ "reason": reason }),
                 ),
                 JobTransition::Release { next_run_at } => (
-                    sqlx::query(
+                    sqlx::query(concat!(
                         "UPDATE jobs SET next_run_at = $3, lease_owner = NULL, lease_until = NULL \
                          WHERE id = $1 AND ($2 IS NULL OR lease_owner = $2) \
-                         AND state NOT IN ('succeeded', 'failed', 'cancelled', 'needs_review')",
-                    )
+                         AND state IN (", job_states_taking_attempts!(), ")",
+                    ))
                     .bind(job_id)
                     .bind(lease_owner)
                     .bind(*next_run_at),
@@ -159,10 +162,12 @@ macro_rules! lifecycle_ops {
         }
 
         pub(crate) async fn wake_job(conn: &mut $conn, job_id: &str, at: Millis) -> Result<(), StoreError> {
-            sqlx::query(
+            sqlx::query(concat!(
                 "UPDATE jobs SET next_run_at = $2, updated_at = $2 \
-                 WHERE id = $1 AND next_run_at IS NULL AND state IN ('pending', 'running')",
-            )
+                 WHERE id = $1 AND next_run_at IS NULL AND state IN (",
+                job_states_taking_attempts!(),
+                ")"
+            ))
             .bind(job_id)
             .bind(at)
             .execute(&mut *conn)
@@ -174,7 +179,9 @@ macro_rules! lifecycle_ops {
             let rows: Vec<AttemptRow> = sqlx::query_as(concat!(
                 "SELECT ",
                 attempt_columns!(),
-                " FROM attempts WHERE state = 'unknown' ORDER BY started_at LIMIT $1"
+                " FROM attempts WHERE state = ",
+                attempt_state_awaiting_settlement!(),
+                " ORDER BY started_at LIMIT $1"
             ))
             .bind(limit)
             .fetch_all(&mut *conn)
@@ -210,7 +217,11 @@ macro_rules! lifecycle_ops {
 
         async fn live_attempts(conn: &mut $conn, job_id: &str) -> Result<i64, StoreError> {
             let (n,): (i64,) =
-                sqlx::query_as("SELECT COUNT(*) FROM attempts WHERE job_id = $1 AND state IN ('started', 'unknown')")
+                sqlx::query_as(concat!(
+                    "SELECT COUNT(*) FROM attempts WHERE job_id = $1 AND state IN (",
+                    attempt_states_live!(),
+                    ")"
+                ))
                     .bind(job_id)
                     .fetch_one(&mut *conn)
                     .await?;
@@ -265,7 +276,7 @@ macro_rules! lifecycle_ops {
             at: Millis,
         ) -> Result<Result<Job, Refusal>, StoreError> {
             let Some(job) = locked_job(conn, job_id).await? else { return Ok(Err(Refusal::NotFound)) };
-            if job.state.is_final() {
+            if !job.state.accepts_cancel() {
                 return Ok(Err(Refusal::Finished(job.state.as_str())));
             }
             // The version bump makes every in-flight attempt's CAS fail.
@@ -289,7 +300,7 @@ macro_rules! lifecycle_ops {
             at: Millis,
         ) -> Result<Result<Job, Refusal>, StoreError> {
             let Some(job) = locked_job(conn, job_id).await? else { return Ok(Err(Refusal::NotFound)) };
-            if matches!(job.state, JobState::Succeeded | JobState::Cancelled) {
+            if !job.state.accepts_retry() {
                 return Ok(Err(Refusal::Finished(job.state.as_str())));
             }
             if live_attempts(conn, job_id).await? > 0 {
@@ -309,7 +320,7 @@ macro_rules! lifecycle_ops {
             at: Millis,
         ) -> Result<Result<Job, Refusal>, StoreError> {
             let Some(job) = locked_job(conn, job_id).await? else { return Ok(Err(Refusal::NotFound)) };
-            if matches!(job.state, JobState::Succeeded | JobState::Cancelled) {
+            if !job.state.accepts_retry() {
                 return Ok(Err(Refusal::Finished(job.state.as_str())));
             }
             let action = match &resolution {
@@ -394,8 +405,7 @@ macro_rules! lifecycle_ops {
             // A human said it never ran: once nothing else is live, the job may go again.
             if action == "not_executed" {
                 let job = reload(conn, &job_id).await?;
-                if matches!(job.state, JobState::Pending | JobState::Running | JobState::NeedsReview)
-                    && live_attempts(conn, &job_id).await? == 0
+                if !job.state.is_final() && live_attempts(conn, &job_id).await? == 0
                 {
                     restart(conn, &job_id, at).await?;
                 }
@@ -407,7 +417,9 @@ macro_rules! lifecycle_ops {
             let rows: Vec<JobRow> = sqlx::query_as(concat!(
                 "SELECT ",
                 job_columns!(),
-                " FROM jobs WHERE state = 'needs_review' ORDER BY updated_at LIMIT $1"
+                " FROM jobs WHERE state = ",
+                job_state_awaiting_decision!(),
+                " ORDER BY updated_at LIMIT $1"
             ))
             .bind(limit)
             .fetch_all(&mut *conn)

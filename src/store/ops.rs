@@ -13,7 +13,11 @@ macro_rules! store_ops {
     ($conn:ty, $for_update:literal) => {
         use crate::domain::attempt::{may_start, NewAttempt};
         use crate::domain::job::NewJob;
-        use crate::domain::{Attempt, AttemptState, GuardRefusal, Job, JobState, LiveAttempts};
+        use crate::domain::{Attempt, AttemptState, GuardRefusal, Job, LiveAttempts};
+        use crate::{
+            attempt_state_awaiting_settlement, attempt_states_live, job_state_awaiting_decision,
+            job_states_taking_attempts,
+        };
         use crate::store::rows::{attempt_columns, job_columns, ApiKeyRow, AttemptRow, EventRow, JobRow, LiveRow};
         use crate::store::{
             event, ApiKey, AttemptEnd, CreateOutcome, FinishAttempt, FinishOutcome, JobEvent, NewEvent, StoreError,
@@ -125,10 +129,9 @@ macro_rules! store_ops {
             .bind(&new.provider)
             .fetch_one(&mut *conn)
             .await?;
-            let takes_attempts = !state.is_final() && state != JobState::NeedsReview;
             if let Err(refusal) = may_start(
                 new.kind,
-                !takes_attempts,
+                !state.takes_attempts(),
                 LiveAttempts::from(live),
                 new.max_hedges,
                 new.reuses_key,
@@ -335,11 +338,13 @@ macro_rules! store_ops {
                         // `next_run_at`) whose last live one just failed may
                         // run again: in the same commit, so no store error
                         // between settling and waking can strand it.
-                        sqlx::query(
-                            "UPDATE jobs SET next_run_at = $2 WHERE id = $1 AND next_run_at IS NULL \
-                             AND state IN ('pending', 'running') AND NOT EXISTS (SELECT 1 FROM attempts \
-                             WHERE job_id = $1 AND state IN ('started', 'unknown'))",
-                        )
+                        sqlx::query(concat!(
+                            "UPDATE jobs SET next_run_at = $2 WHERE id = $1 AND next_run_at IS NULL AND state IN (",
+                            job_states_taking_attempts!(),
+                            ") AND NOT EXISTS (SELECT 1 FROM attempts WHERE job_id = $1 AND state IN (",
+                            attempt_states_live!(),
+                            "))"
+                        ))
                         .bind(&job_id)
                         .bind(at)
                         .execute(&mut *conn)

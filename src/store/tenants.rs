@@ -309,11 +309,12 @@ macro_rules! tenant_ops {
         }
 
         pub(crate) async fn owner_load(conn: &mut $conn, owner: &str, day: i64) -> Result<OwnerLoad, StoreError> {
-            let (active_jobs, tokens_today): (i64, Option<i64>) = sqlx::query_as(
-                "SELECT (SELECT COUNT(*) FROM jobs WHERE owner_id = $1 AND state IN ('pending', 'running')), \
-                 (SELECT CAST(SUM(prompt_tokens + completion_tokens) AS BIGINT) FROM usage_daily \
-                  WHERE owner_id = $1 AND day = $2)",
-            )
+            let (active_jobs, tokens_today): (i64, Option<i64>) = sqlx::query_as(concat!(
+                "SELECT (SELECT COUNT(*) FROM jobs WHERE owner_id = $1 AND state IN (",
+                crate::job_states_taking_attempts!(),
+                ")), (SELECT CAST(SUM(prompt_tokens + completion_tokens) AS BIGINT) FROM usage_daily \
+                  WHERE owner_id = $1 AND day = $2)"
+            ))
             .bind(owner)
             .bind(day)
             .fetch_one(&mut *conn)

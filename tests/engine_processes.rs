@@ -19,21 +19,33 @@ use std::time::{Duration, Instant};
 
 on_both_backends!(a_server_killed_mid_flight_loses_nothing_and_runs_nothing_twice);
 
-/// `POST /v1/jobs` to `address`; the status and the job id answered.
+/// `POST /v1/jobs` to `address`; the status and the job id answered. A
+/// `503 store_unavailable` (the shared database busy for a moment) is
+/// retried with the same key, as its `x-should-retry: true` tells a client.
 async fn submit(
     client: &reqwest::Client,
     address: &str,
     api_key: &str,
     idempotency_key: &str,
 ) -> (u16, String) {
-    let response = client
-        .post(format!("{address}/v1/jobs"))
-        .bearer_auth(api_key)
-        .header("Idempotency-Key", idempotency_key)
-        .json(&chat_body(idempotency_key))
-        .send()
-        .await
-        .unwrap();
+    let mut tries = 0;
+    let response = loop {
+        let response = client
+            .post(format!("{address}/v1/jobs"))
+            .bearer_auth(api_key)
+            .header("Idempotency-Key", idempotency_key)
+            .json(&chat_body(idempotency_key))
+            .send()
+            .await
+            .unwrap();
+        tries += 1;
+        if response.status() != 503 || tries == 10 {
+            break response;
+        }
+        assert_eq!(response.headers()["x-should-retry"], "true");
+        // A client's backoff, not a synchronisation.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let status = response.status().as_u16();
     let body: serde_json::Value = response.json().await.unwrap();
     let id = body["id"]

@@ -129,13 +129,15 @@ pub async fn submit(
 /// caller stops waiting. axum drops a handler's future when its client
 /// disconnects, and a dropped future stops at whatever `.await` it was at:
 /// a job committed with this process's lease but never handed to the
-/// engine would wait out its lease. The work runs as its own task; the
-/// caller only waits for its answer.
+/// engine would wait out its lease. The work runs as its own task, in the
+/// caller's span (so a job adopted there continues the request's trace);
+/// the caller only waits for its answer.
 pub async fn run_to_completion<T, F>(work: F) -> Result<T, StoreError>
 where
     T: Send + 'static,
     F: Future<Output = Result<T, StoreError>> + Send + 'static,
 {
+    let work = tracing::Instrument::instrument(work, tracing::Span::current());
     match tokio::spawn(work).await {
         Ok(result) => result,
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),

@@ -15,6 +15,13 @@
 //! (high enough never to refuse, so every check runs: rate bucket,
 //! concurrent jobs and today's tokens read at admission), in alternating
 //! rounds of jobs to completion and of replays, CPU time per request each.
+//!
+//! `--server-bin [LABEL=]PATH` (once or twice) runs the servers as their own
+//! processes instead, and reads each one's CPU time from /proc: see
+//! `processes.rs`. `--soak SECS --rate R` (with `--server-bin`) watches a
+//! server's resident set under a steady load.
+
+mod processes;
 
 use clap::Parser;
 use onejob::app::Application;
@@ -61,6 +68,33 @@ struct Args {
     /// in this many alternating rounds of --jobs jobs and as many replays.
     #[arg(long, default_value_t = 0)]
     limits_ab: usize,
+    /// Run `onejob serve` from this binary as a process of its own and
+    /// measure it from outside (`LABEL=PATH` or a bare path; give it twice,
+    /// old then new, to compare two builds in one run).
+    #[arg(long)]
+    server_bin: Vec<String>,
+    /// With --server-bin: alternating rounds of the phases per server.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// With --server-bin: instead of the phases, drive each server at --rate
+    /// jobs/s for this many seconds, printing its resident set.
+    #[arg(long, default_value_t = 0)]
+    soak: u64,
+    /// With --soak: seconds between rows.
+    #[arg(long, default_value_t = 30)]
+    soak_every: u64,
+}
+
+/// The prompt every benchmark job sends.
+const MESSAGE: &str = "Summarise order 42 in one line.";
+
+/// The body of every benchmark job.
+fn job_body() -> serde_json::Result<Vec<u8>> {
+    serde_json::to_vec(&json!({
+        "messages": [{ "role": "user", "content": MESSAGE }],
+        "params": { "temperature": 0, "max_tokens": 64 },
+        "route": "default",
+    }))
 }
 
 /// The part of a job answer the benchmark checks.
@@ -125,6 +159,9 @@ async fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    if !args.server_bin.is_empty() {
+        return processes::run(&args).await;
+    }
 
     let sim = SimServer::start("127.0.0.1:0").await?;
     let dir = tempfile::tempdir()?;
@@ -168,18 +205,14 @@ async fn main() -> anyhow::Result<()> {
     }));
     let key = onejob::keys::create_key(store.as_ref(), &SystemClock, "bench", false).await?;
 
-    let message = "Summarise order 42 in one line.";
+    let message = MESSAGE;
     let bench = Arc::new(Bench {
         client: reqwest::Client::builder()
             .pool_max_idle_per_host(4 * args.concurrency)
             .build()?,
         jobs_url: format!("{base}/v1/jobs"),
         key,
-        body: Arc::new(serde_json::to_vec(&json!({
-            "messages": [{ "role": "user", "content": message }],
-            "params": { "temperature": 0, "max_tokens": 64 },
-            "route": "default",
-        }))?),
+        body: Arc::new(job_body()?),
     });
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
@@ -586,10 +619,16 @@ fn ms(d: Duration) -> String {
     format!("{:.3}", d.as_secs_f64() * 1e3)
 }
 
-/// CPU time this process has used (user + system, all threads), from
-/// /proc/self/stat in clock ticks (assumed 100 per second, as on Linux).
+/// CPU time this process has used (user + system, all threads).
 fn cpu_time() -> Duration {
-    let ticks = std::fs::read_to_string("/proc/self/stat")
+    proc_cpu("self")
+}
+
+/// CPU time process `pid` ("self" for this one) has used (user + system,
+/// all threads), from /proc/PID/stat in clock ticks (assumed 100 per second,
+/// as on Linux).
+fn proc_cpu(pid: &str) -> Duration {
+    let ticks = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|stat| {
             // Fields after the command name, which is in parentheses.
@@ -605,7 +644,12 @@ fn cpu_time() -> Duration {
 
 /// This process's resident set, in KiB (0 where /proc is not there).
 fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+    proc_rss_kib("self")
+}
+
+/// Process `pid`'s resident set, in KiB (0 where /proc is not there).
+fn proc_rss_kib(pid: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|status| {
             status

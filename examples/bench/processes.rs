@@ -1,0 +1,597 @@
+//! Process mode (`--server-bin`): every server under test is an `onejob
+//! serve` process of its own — a binary given by path, so it can be a build
+//! of another commit — driven over HTTP from this process, which holds the
+//! simulator and the load. Each server's CPU time is read from
+//! `/proc/<pid>/stat` before and after each phase, and its resident set from
+//! `/proc/<pid>/status`, so those numbers are the server's alone, whatever
+//! else the machine runs.
+//!
+//! With two binaries (old and new) both servers run side by side and the
+//! phases alternate between them round by round (old first, then new first),
+//! so drift on a shared machine falls on both columns.
+//!
+//! `--soak SECS` instead drives each server in turn at `--rate` jobs/s for
+//! SECS seconds and prints the server's resident set every `--soak-every`
+//! seconds.
+
+use super::{closed_loop, ms, proc_cpu, proc_rss_kib, Args, Bench, FreshPostgres, Sample};
+use onejob::config::DatabaseUrl;
+use reqwest::StatusCode;
+use serde_json::json;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, ChildStdout, Command};
+
+/// One `onejob serve` process under test and what the load knows of it.
+struct Server {
+    label: String,
+    bin: PathBuf,
+    child: Child,
+    pid: String,
+    bench: Arc<Bench>,
+    database: String,
+    /// Kept open: the server may print more than its address.
+    _stdout: tokio::io::Lines<BufReader<ChildStdout>>,
+    _dir: tempfile::TempDir,
+    pg: Option<FreshPostgres>,
+}
+
+impl Server {
+    async fn start(
+        label: &str,
+        bin: PathBuf,
+        sim_toml: &str,
+        args: &Args,
+    ) -> anyhow::Result<Server> {
+        let dir = tempfile::tempdir()?;
+        std::fs::create_dir(dir.path().join("providers"))?;
+        std::fs::write(dir.path().join("providers/primary.toml"), sim_toml)?;
+        let config = dir.path().join("onejob.toml");
+        std::fs::write(
+            &config,
+            "[routes.default]\nprimary = \"primary\"\nfallbacks = []\n",
+        )?;
+        let pg = match args.database_url.as_deref().map(DatabaseUrl::parse) {
+            Some(Ok(DatabaseUrl::Postgres(url))) => Some(FreshPostgres::create(&url).await?),
+            _ => None,
+        };
+        let database = match (&pg, &args.database_url) {
+            (Some(pg), _) => pg.url.clone(),
+            // One file per server beside the one named, e.g. /dev/shm/bench-new.db.
+            (None, Some(path)) => {
+                let path = PathBuf::from(path);
+                let stem = path
+                    .file_stem()
+                    .map_or("bench".into(), |s| s.to_string_lossy());
+                let name = format!("{stem}-{label}.db");
+                path.with_file_name(name).display().to_string()
+            }
+            (None, None) => dir.path().join("onejob.db").display().to_string(),
+        };
+        let config = config.display().to_string();
+        let db_flags = ["--config", &config, "--database-url", &database];
+
+        let created = Command::new(&bin)
+            .args(["keys", "create", "--owner", "bench"])
+            .args(db_flags)
+            .stderr(Stdio::inherit())
+            .output()
+            .await?;
+        anyhow::ensure!(
+            created.status.success(),
+            "{} keys create failed",
+            bin.display()
+        );
+        let key = String::from_utf8(created.stdout)?
+            .lines()
+            .rfind(|l| !l.trim().is_empty())
+            .map(|l| l.trim().to_string())
+            .ok_or_else(|| anyhow::anyhow!("{} keys create printed no key", bin.display()))?;
+
+        let log = std::fs::File::create(dir.path().join("serve.log"))?;
+        let mut child = Command::new(&bin)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(db_flags)
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()?;
+        let pid = child
+            .id()
+            .ok_or_else(|| anyhow::anyhow!("the server exited at once"))?
+            .to_string();
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+        let mut lines = BufReader::new(stdout).lines();
+        let address = tokio::time::timeout(Duration::from_secs(60), async {
+            while let Some(line) = lines.next_line().await? {
+                if let Some(address) = line.strip_prefix("onejob listening on ") {
+                    return Ok(address.trim().to_string());
+                }
+            }
+            anyhow::bail!("the server ended before it listened")
+        })
+        .await
+        .map_err(|_| anyhow::anyhow!("the server did not listen within 60 s"))??;
+        let bench = Arc::new(Bench {
+            client: reqwest::Client::builder()
+                .pool_max_idle_per_host(4 * args.concurrency)
+                .build()?,
+            jobs_url: format!("{address}/v1/jobs"),
+            key,
+            body: Arc::new(super::job_body()?),
+        });
+        Ok(Server {
+            label: label.to_string(),
+            bin,
+            child,
+            pid,
+            bench,
+            database,
+            _stdout: lines,
+            _dir: dir,
+            pg,
+        })
+    }
+
+    fn cpu(&self) -> Duration {
+        proc_cpu(&self.pid)
+    }
+
+    fn rss_mib(&self) -> f64 {
+        proc_rss_kib(&self.pid) as f64 / 1024.0
+    }
+
+    /// SIGTERM (the server drains and closes its store), SIGKILL after 10 s.
+    async fn stop(mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.pid])
+            .status()
+            .await;
+        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+        if let Some(pg) = self.pg.take() {
+            pg.drop_database().await;
+        }
+    }
+}
+
+/// What a phase added up to over the rounds, for one server.
+#[derive(Default)]
+struct Tally {
+    server_cpu: Duration,
+    wall: f64,
+    latencies: Vec<Duration>,
+    failed: usize,
+}
+
+impl Tally {
+    fn add(&mut self, samples: &[Sample], started: Instant, server_cpu: Duration) {
+        self.server_cpu += server_cpu;
+        let last = samples.iter().map(|s| s.done).max().unwrap_or(started);
+        self.wall += last.saturating_duration_since(started).as_secs_f64();
+        self.latencies.extend(samples.iter().map(|s| s.latency));
+        self.failed += samples.iter().filter(|s| !s.ok).count();
+    }
+
+    fn count(&self) -> usize {
+        self.latencies.len()
+    }
+
+    fn rate(&self) -> f64 {
+        if self.wall > 0.0 {
+            self.count() as f64 / self.wall
+        } else {
+            0.0
+        }
+    }
+
+    fn cpu_us(&self) -> f64 {
+        self.server_cpu.as_secs_f64() * 1e6 / self.count().max(1) as f64
+    }
+
+    fn quantile(&mut self, q: f64) -> Duration {
+        self.latencies.sort_unstable();
+        let n = self.latencies.len();
+        if n == 0 {
+            return Duration::ZERO;
+        }
+        self.latencies[((q * n as f64).ceil() as usize).clamp(1, n) - 1]
+    }
+}
+
+#[derive(Default)]
+struct Tallies {
+    jobs: Tally,
+    lone: Tally,
+    replays: Tally,
+    rss_start: f64,
+    rss_end: f64,
+}
+
+/// `label=path` or a bare path (labelled by its position: old, new, or #n).
+fn parse_bins(specs: &[String]) -> Vec<(String, PathBuf)> {
+    let default_label = |i: usize| match (specs.len(), i) {
+        (2, 0) => "old".to_string(),
+        (2, 1) => "new".to_string(),
+        (1, _) => "server".to_string(),
+        _ => format!("#{}", i + 1),
+    };
+    specs
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| match spec.split_once('=') {
+            Some((label, path)) if !label.contains('/') => (label.to_string(), path.into()),
+            _ => (default_label(i), spec.into()),
+        })
+        .collect()
+}
+
+pub async fn run(args: &Args) -> anyhow::Result<()> {
+    let sim = onejob::sim::SimServer::start("127.0.0.1:0").await?;
+    let sim_toml = sim.provider_toml("healthy");
+    let mut servers = Vec::new();
+    for (label, bin) in parse_bins(&args.server_bin) {
+        servers.push(Server::start(&label, bin, &sim_toml, args).await?);
+    }
+    let backend = match args.database_url.as_deref().map(DatabaseUrl::parse) {
+        Some(Ok(DatabaseUrl::Postgres(_))) => "PostgreSQL",
+        _ => "SQLite (WAL, synchronous=FULL)",
+    };
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!(
+        "onejob bench, process mode: {backend}; each server its own process, the load and the \
+         simulator in this one; {cores} cores"
+    );
+    for s in &servers {
+        println!(
+            "  {:<8} {} (pid {}, database {})",
+            s.label,
+            s.bin.display(),
+            s.pid,
+            s.database
+        );
+    }
+    if args.soak > 0 {
+        for server in servers {
+            soak(&server, args).await;
+            server.stop().await;
+        }
+        return Ok(());
+    }
+
+    // Warm up each server (tokenizer built on first use, pools filled), then
+    // take its resident set as the start.
+    let mut tallies: Vec<Tallies> = servers.iter().map(|_| Tallies::default()).collect();
+    for (server, tally) in servers.iter().zip(&mut tallies) {
+        jobs_phase(&server.bench, "warm", 300, args.concurrency).await;
+        tally.rss_start = server.rss_mib();
+    }
+
+    let client = reqwest::Client::new();
+    let direct_body = serde_json::to_vec(&json!({
+        "model": "healthy",
+        "messages": [{ "role": "user", "content": super::MESSAGE }],
+        "temperature": 0,
+        "max_tokens": 64,
+    }))?;
+    let mut direct = Tally::default();
+    for round in 0..args.rounds.max(1) {
+        let mut order: Vec<usize> = (0..servers.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for &i in &order {
+            let (server, tally) = (&servers[i], &mut tallies[i]);
+            let prefix = format!("r{round}");
+
+            let (started, cpu) = (Instant::now(), server.cpu());
+            let samples = jobs_phase(&server.bench, &prefix, args.jobs, args.concurrency).await;
+            tally
+                .jobs
+                .add(&samples, started, server.cpu().saturating_sub(cpu));
+
+            let (started, cpu) = (Instant::now(), server.cpu());
+            let mut lone = Vec::with_capacity(args.lone);
+            for j in 0..args.lone {
+                let t = Instant::now();
+                let ok = server
+                    .bench
+                    .submit(&format!("{prefix}-lone-{j}"), StatusCode::CREATED)
+                    .await;
+                lone.push(Sample {
+                    done: Instant::now(),
+                    latency: t.elapsed(),
+                    ok,
+                });
+            }
+            tally
+                .lone
+                .add(&lone, started, server.cpu().saturating_sub(cpu));
+
+            let (started, cpu) = (Instant::now(), server.cpu());
+            let until = started + Duration::from_secs(args.replay_secs);
+            let run = Arc::new(AtomicUsize::new(0));
+            let (jobs, replay_prefix) = (args.jobs.max(1), prefix.clone());
+            let samples = closed_loop(&server.bench, args.concurrency, move || {
+                let j = run.fetch_add(1, Ordering::Relaxed);
+                (Instant::now() < until)
+                    .then(|| (format!("{replay_prefix}-{}", j % jobs), StatusCode::OK))
+            })
+            .await;
+            tally
+                .replays
+                .add(&samples, started, server.cpu().saturating_sub(cpu));
+        }
+        // The upstream alone, for the added latency.
+        let started = Instant::now();
+        let mut lone = Vec::with_capacity(args.lone);
+        for j in 0..args.lone {
+            let t = Instant::now();
+            let response = client
+                .post(format!("{}/v1/chat/completions", sim.base_url()))
+                .header("Idempotency-Key", format!("direct-{round}-{j}"))
+                .header("Content-Type", "application/json")
+                .body(direct_body.clone())
+                .send()
+                .await;
+            let ok = match response {
+                Ok(r) => r.status().is_success() && r.bytes().await.is_ok(),
+                Err(_) => false,
+            };
+            lone.push(Sample {
+                done: Instant::now(),
+                latency: t.elapsed(),
+                ok,
+            });
+        }
+        direct.add(&lone, started, Duration::ZERO);
+    }
+    for (server, tally) in servers.iter().zip(&mut tallies) {
+        tally.rss_end = server.rss_mib();
+    }
+    for server in servers.iter() {
+        println!(
+            "  {}: server log {}",
+            server.label,
+            server._dir.path().join("serve.log").display()
+        );
+    }
+    let labels: Vec<String> = servers.iter().map(|s| s.label.clone()).collect();
+    for server in servers {
+        server.stop().await;
+    }
+
+    let (d50, d99) = (direct.quantile(0.5), direct.quantile(0.99));
+    println!();
+    println!(
+        "{} round(s), alternating; per server and round: {} jobs to completion at C={}, {} lone \
+         jobs, {} s of replays at C={}",
+        args.rounds.max(1),
+        args.jobs,
+        args.concurrency,
+        args.lone,
+        args.replay_secs,
+        args.concurrency
+    );
+    print!("{:<44}", "measure");
+    for label in &labels {
+        print!(" {label:>16}");
+    }
+    println!("  target");
+    let row = |name: &str, cells: Vec<String>, target: &str| {
+        print!("{name:<44}");
+        for cell in cells {
+            print!(" {cell:>16}");
+        }
+        println!("  {target}");
+    };
+    let c = args.concurrency;
+    row(
+        &format!("server CPU per durable job (C={c})"),
+        tallies
+            .iter()
+            .map(|t| format!("{:.0} µs", t.jobs.cpu_us()))
+            .collect(),
+        "≤ 200 µs",
+    );
+    row(
+        &format!("durable jobs/s to completion (C={c})"),
+        tallies
+            .iter()
+            .map(|t| format!("{:.0}", t.jobs.rate()))
+            .collect(),
+        "≥ 6,000 (SQLite), ≥ 3,000 (PostgreSQL)",
+    );
+    row(
+        "  p50 / p99 ms",
+        tallies
+            .iter_mut()
+            .map(|t| {
+                format!(
+                    "{} / {}",
+                    ms(t.jobs.quantile(0.5)),
+                    ms(t.jobs.quantile(0.99))
+                )
+            })
+            .collect(),
+        "",
+    );
+    row(
+        "added latency at one client, p50 / p99 ms",
+        tallies
+            .iter_mut()
+            .map(|t| {
+                let (p50, p99) = (t.lone.quantile(0.5), t.lone.quantile(0.99));
+                format!(
+                    "{} / {}",
+                    ms(p50.saturating_sub(d50)),
+                    ms(p99.saturating_sub(d99))
+                )
+            })
+            .collect(),
+        "≤ 0.6 / ≤ 2.0",
+    );
+    row(
+        "  server CPU per lone job",
+        tallies
+            .iter()
+            .map(|t| format!("{:.0} µs", t.lone.cpu_us()))
+            .collect(),
+        "",
+    );
+    row(
+        &format!("idempotent replays/s (C={c})"),
+        tallies
+            .iter()
+            .map(|t| format!("{:.0}", t.replays.rate()))
+            .collect(),
+        "≥ 30,000",
+    );
+    row(
+        "  server CPU per replay",
+        tallies
+            .iter()
+            .map(|t| format!("{:.0} µs", t.replays.cpu_us()))
+            .collect(),
+        "≤ 40 µs",
+    );
+    row(
+        "server resident set, after warm-up → end",
+        tallies
+            .iter()
+            .map(|t| format!("{:.0} → {:.0} MiB", t.rss_start, t.rss_end))
+            .collect(),
+        "plateau (see --soak)",
+    );
+    row(
+        "failed (jobs, lone, replays)",
+        tallies
+            .iter()
+            .map(|t| format!("{}/{}/{}", t.jobs.failed, t.lone.failed, t.replays.failed))
+            .collect(),
+        "0",
+    );
+    println!(
+        "the simulator alone, one client: p50 {} / p99 {} ms ({} failed)",
+        ms(d50),
+        ms(d99),
+        direct.failed
+    );
+    Ok(())
+}
+
+/// `n` new jobs to completion at `concurrency`, keys `{prefix}-{i}`.
+async fn jobs_phase(bench: &Arc<Bench>, prefix: &str, n: usize, concurrency: usize) -> Vec<Sample> {
+    let run = Arc::new(AtomicUsize::new(0));
+    let prefix = prefix.to_string();
+    closed_loop(bench, concurrency, move || {
+        let i = run.fetch_add(1, Ordering::Relaxed);
+        (i < n).then(|| (format!("{prefix}-{i}"), StatusCode::CREATED))
+    })
+    .await
+}
+
+/// Fixed rate, open loop, for `--soak` seconds: a row every `--soak-every`
+/// seconds with the server's resident set and its CPU per job meanwhile.
+async fn soak(server: &Server, args: &Args) {
+    println!();
+    println!(
+        "soak: {} at {} jobs/s for {} s (a new job each, Prefer: wait=30)",
+        server.label, args.rate, args.soak
+    );
+    println!(
+        "{:>6} {:>9} {:>9} {:>10} {:>9} {:>9} {:>8}",
+        "t s", "jobs", "rate/s", "RSS MiB", "cpu µs", "p99 ms", "failed"
+    );
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Sample>();
+    let gap = Duration::from_secs_f64(1.0 / args.rate.max(1) as f64);
+    let every = Duration::from_secs(args.soak_every.max(1));
+    let started = Instant::now();
+    let end = started + Duration::from_secs(args.soak);
+    let (mut next_report, mut cpu, mut done, mut window_start) =
+        (started + every, server.cpu(), 0usize, started);
+    let mut rss = vec![(0.0, server.rss_mib())];
+    let mut report = |rx: &mut tokio::sync::mpsc::UnboundedReceiver<Sample>, now: Instant| {
+        let mut window = Vec::new();
+        while let Ok(sample) = rx.try_recv() {
+            window.push(sample);
+        }
+        let mut tally = Tally::default();
+        let now_cpu = server.cpu();
+        tally.add(&window, window_start, now_cpu.saturating_sub(cpu));
+        tally.wall = now.saturating_duration_since(window_start).as_secs_f64();
+        done += tally.count();
+        let t = now.saturating_duration_since(started).as_secs_f64();
+        let mib = server.rss_mib();
+        rss.push((t, mib));
+        println!(
+            "{:>6.0} {:>9} {:>9.0} {:>10.1} {:>9.0} {:>9} {:>8}",
+            t,
+            done,
+            tally.rate(),
+            mib,
+            tally.cpu_us(),
+            ms(tally.quantile(0.99)),
+            tally.failed
+        );
+        cpu = now_cpu;
+        window_start = now;
+    };
+    let answered = Arc::new(AtomicUsize::new(0));
+    let mut i = 0u64;
+    loop {
+        let due = started + gap.mul_f64(i as f64);
+        if due >= end {
+            break;
+        }
+        if due >= next_report {
+            report(&mut rx, Instant::now());
+            next_report += every;
+        }
+        tokio::time::sleep_until(due.into()).await;
+        let (bench, tx, answered) = (server.bench.clone(), tx.clone(), answered.clone());
+        tokio::spawn(async move {
+            let ok = bench
+                .submit(&format!("soak-{i}"), StatusCode::CREATED)
+                .await;
+            answered.fetch_add(1, Ordering::Relaxed);
+            let _ = tx.send(Sample {
+                done: Instant::now(),
+                latency: due.elapsed(),
+                ok,
+            });
+        });
+        i += 1;
+    }
+    drop(tx);
+    // The last answers, then the last row.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while answered.load(Ordering::Relaxed) < i as usize && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    report(&mut rx, Instant::now());
+    let half = args.soak as f64 / 2.0;
+    let second_half: Vec<f64> = rss
+        .iter()
+        .filter(|(t, _)| *t >= half)
+        .map(|(_, m)| *m)
+        .collect();
+    if let (Some(first), Some(last)) = (second_half.first(), second_half.last()) {
+        println!(
+            "{}: resident set over the second half: {first:.1} → {last:.1} MiB ({:+.1} MiB)",
+            server.label,
+            last - first
+        );
+    }
+}

@@ -136,6 +136,7 @@ impl Application {
             metrics,
             switches,
             gate,
+            replays: Arc::default(),
             ui_sessions: Arc::default(),
         };
         Ok(Application { listener, state })
@@ -181,6 +182,8 @@ impl Application {
         let eligibility_refresher = self.state.gate.clone().spawn_refresher(REFRESH_EVERY);
         let tenants = self.state.tenants.clone();
         let tenant_watcher = tenants.clone().spawn_watcher();
+        let replay_audit = self.state.replays.audit.clone();
+        let audit_flusher = replay_audit.clone().spawn_flusher(store.clone());
         let (stop, stopped) = watch::channel(false);
         let engine = self.state.engine.clone().map(|engine| {
             let stopped = stopped.clone();
@@ -204,6 +207,8 @@ impl Application {
         eligibility_refresher.abort();
         tenant_watcher.abort();
         tenants.stop().await;
+        audit_flusher.abort();
+        replay_audit.flush(store.as_ref()).await;
         served?;
         store.close().await;
         Ok(())

@@ -9,6 +9,7 @@ use crate::domain::request::IdempotencyKey;
 use crate::domain::{new_id, Job, JobRequest, RequestError};
 use crate::engine::Engine;
 use crate::keys::Caller;
+use crate::replays::{body_digest, Replays};
 use crate::store::{event, CreateOutcome, NewEvent, Store, StoreError};
 use crate::tenants::{check_new_job, Admission, CheckError, LimitError};
 use std::collections::BTreeMap;
@@ -21,6 +22,10 @@ pub struct Submission {
     pub job: Job,
     /// True when the job existed already (a replay of the same intent).
     pub replayed: bool,
+    /// SHA-256 of the request body, which matched the job's fingerprint.
+    pub body_digest: [u8; 32],
+    /// True when a replay was answered without reading the database.
+    pub from_memory: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -49,7 +54,8 @@ impl From<CheckError> for SubmitError {
 ///
 /// Invariants 1 and 2: the database's UNIQUE constraint decides who creates;
 /// the same key with another fingerprint is a conflict and changes nothing.
-/// A replay is answered whatever the limits; a new job must fit the owner's
+/// A replay of a job that can no longer change is answered from memory
+/// (`replays`), its audit event batched. A replay is answered whatever the limits; a new job must fit the owner's
 /// concurrent-jobs limit and token budget (`admission`), checked before
 /// anything is written or any provider called.
 #[tracing::instrument(skip_all, fields(owner = %caller.owner_id))]
@@ -66,7 +72,25 @@ pub async fn submit(
     body: &[u8],
     engine: Option<&Engine>,
     admission: &Admission,
+    replays: &Replays,
 ) -> Result<Submission, SubmitError> {
+    // A replay of a job that can no longer change, with the very bytes that
+    // matched it before: answered from memory, nothing parsed or read.
+    let digest = body_digest(body);
+    let remembered = replays.finished.get(&caller.owner_id, key.as_str());
+    if let Some(hit) = &remembered {
+        if hit.same_body(&digest) {
+            replays
+                .audit
+                .record(&hit.job.id, &caller.owner_id, clock.now_ms());
+            return Ok(Submission {
+                job: Job::clone(&hit.job),
+                replayed: true,
+                body_digest: digest,
+                from_memory: true,
+            });
+        }
+    }
     let request = JobRequest::parse(body)?;
     let Some(route) = routes.get(&request.route) else {
         let known: Vec<&str> = routes.keys().map(String::as_str).collect();
@@ -80,12 +104,29 @@ pub async fn submit(
     let normalised = request.to_value();
     let fingerprint = fingerprint(&normalised);
 
-    // The replay path: one indexed read, no write waited for.
-    if let Some(job) = store
-        .find_job_by_key(&caller.owner_id, key.as_str())
-        .await?
-    {
-        return answer_existing(store.as_ref(), clock, caller, key, job, &fingerprint).await;
+    // The replay path: from memory (another body, e.g. reordered keys, or
+    // another payload), else one indexed read; no write waited for.
+    let from_memory = remembered.is_some();
+    let existing = match remembered {
+        Some(hit) => Some(Job::clone(&hit.job)),
+        None => {
+            store
+                .find_job_by_key(&caller.owner_id, key.as_str())
+                .await?
+        }
+    };
+    let mut replay = Replay {
+        store: store.as_ref(),
+        clock,
+        caller,
+        key,
+        fingerprint: &fingerprint,
+        digest,
+        replays,
+        from_memory,
+    };
+    if let Some(job) = existing {
+        return replay.answer(job).await;
     }
     let now = clock.now_ms();
     check_new_job(store.as_ref(), now, admission, request.params.max_tokens).await?;
@@ -118,9 +159,12 @@ pub async fn submit(
         CreateOutcome::Created(job) => Ok(Submission {
             job,
             replayed: false,
+            body_digest: digest,
+            from_memory: false,
         }),
         CreateOutcome::Existing(job) => {
-            answer_existing(store.as_ref(), clock, caller, key, job, &fingerprint).await
+            replay.from_memory = false;
+            replay.answer(job).await
         }
     }
 }
@@ -146,37 +190,51 @@ where
     }
 }
 
-async fn answer_existing(
-    store: &dyn Store,
-    clock: &dyn Clock,
-    caller: &Caller,
-    key: &IdempotencyKey,
-    job: Job,
-    fingerprint: &str,
-) -> Result<Submission, SubmitError> {
-    let event = |kind, detail| NewEvent {
-        job_id: job.id.clone(),
-        attempt_id: None,
-        kind,
-        actor: caller.owner_id.clone(),
-        detail,
-        at: clock.now_ms(),
-    };
-    if job.fingerprint == fingerprint {
-        store.record_event_detached(event(event::REPLAYED, None));
-        return Ok(Submission {
-            job,
-            replayed: true,
-        });
+/// What answering an existing job needs.
+struct Replay<'a> {
+    store: &'a dyn Store,
+    clock: &'a dyn Clock,
+    caller: &'a Caller,
+    key: &'a IdempotencyKey,
+    fingerprint: &'a str,
+    digest: [u8; 32],
+    replays: &'a Replays,
+    from_memory: bool,
+}
+
+impl Replay<'_> {
+    /// The same fingerprint is a replay (counted for the audit trail, and
+    /// remembered with this body when the job can no longer change); another
+    /// is a conflict, recorded before the answer.
+    async fn answer(&self, job: Job) -> Result<Submission, SubmitError> {
+        if job.fingerprint == self.fingerprint {
+            self.replays
+                .audit
+                .record(&job.id, &self.caller.owner_id, self.clock.now_ms());
+            self.replays.finished.remember(&job, Some(self.digest));
+            return Ok(Submission {
+                job,
+                replayed: true,
+                body_digest: self.digest,
+                from_memory: self.from_memory,
+            });
+        }
+        let detail = serde_json::json!({ "fingerprint": self.fingerprint }).to_string();
+        self.store
+            .record_event(NewEvent {
+                job_id: job.id.clone(),
+                attempt_id: None,
+                kind: event::CONFLICT,
+                actor: self.caller.owner_id.clone(),
+                detail: Some(detail),
+                at: self.clock.now_ms(),
+            })
+            .await?;
+        Err(SubmitError::KeyReused {
+            key: self.key.as_str().to_string(),
+            job_id: job.id,
+        })
     }
-    let detail = serde_json::json!({ "fingerprint": fingerprint }).to_string();
-    store
-        .record_event(event(event::CONFLICT, Some(detail)))
-        .await?;
-    Err(SubmitError::KeyReused {
-        key: key.as_str().to_string(),
-        job_id: job.id,
-    })
 }
 
 /// The caller's job, or `None` when it does not exist or belongs to another

@@ -9,6 +9,7 @@
 //! - [`engine`]: runs jobs: hedging, timeouts as unknown, retries, reconciliation, review.
 //! - [`metrics`]: counters for `/metrics`.
 //! - [`jobs`]: accepting and reading jobs (idempotent create, replay, conflict).
+//! - [`replays`]: replays of finished jobs answered from memory; their audit, batched.
 //! - [`keys`]: API keys, stored hashed; who the caller is.
 //! - [`http`]: the axum API: handlers, auth extractor, the error shape.
 //! - [`providers`]: provider adapters, error classification, lookup by key.
@@ -33,6 +34,7 @@ pub mod jobs;
 pub mod keys;
 pub mod metrics;
 pub mod providers;
+pub mod replays;
 pub mod sim;
 pub mod store;
 pub mod telemetry;

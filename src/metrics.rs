@@ -29,6 +29,8 @@ fn latency_histogram() -> Histogram {
 pub struct Metrics {
     pub jobs_created: AtomicU64,
     pub jobs_replayed: AtomicU64,
+    /// Replays answered without reading the database (`crate::replays`).
+    pub replays_from_memory: AtomicU64,
     pub idempotency_conflicts: AtomicU64,
     pub jobs_succeeded: AtomicU64,
     pub jobs_failed: AtomicU64,
@@ -62,6 +64,7 @@ impl Default for Metrics {
         Metrics {
             jobs_created: AtomicU64::new(0),
             jobs_replayed: AtomicU64::new(0),
+            replays_from_memory: AtomicU64::new(0),
             idempotency_conflicts: AtomicU64::new(0),
             jobs_succeeded: AtomicU64::new(0),
             jobs_failed: AtomicU64::new(0),
@@ -177,6 +180,11 @@ impl Metrics {
                 "onejob_jobs_replayed",
                 "Idempotent replays answered",
                 read(&self.jobs_replayed),
+            ),
+            (
+                "onejob_replays_from_memory",
+                "Replays of finished jobs answered without reading the database",
+                read(&self.replays_from_memory),
             ),
             (
                 "onejob_idempotency_conflicts",

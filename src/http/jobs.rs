@@ -81,6 +81,7 @@ pub async fn create(
         &body,
         state.engine.as_ref(),
         &admission,
+        &state.replays,
     )
     .await;
     let submission = match submitted {
@@ -97,6 +98,9 @@ pub async fn create(
     } else {
         &state.metrics.jobs_created
     });
+    if submission.from_memory {
+        Metrics::inc(&state.metrics.replays_from_memory);
+    }
     let status = if submission.replayed {
         StatusCode::OK
     } else {
@@ -108,6 +112,11 @@ pub async fn create(
     if let (Some(secs), Some(engine), false) = (wait, &state.engine, job.state.is_final()) {
         if let Some(settled) = engine.wait_for(&job.id, Duration::from_secs(secs)).await {
             job = settled;
+            // Its next replay is answered from memory.
+            state
+                .replays
+                .finished
+                .remember(&job, Some(submission.body_digest));
         }
     }
     let mut response = (status, Json(JobView::new(job))).into_response();

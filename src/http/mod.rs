@@ -49,6 +49,8 @@ pub struct AppState {
     pub gate: Arc<crate::engine::gate::EligibilityGate>,
     /// Which providers are switched on (in memory, refreshed from the store).
     pub switches: Arc<ProviderSwitches>,
+    /// Replays of finished jobs answered from memory, and their audit.
+    pub replays: Arc<crate::replays::Replays>,
     /// Sessions of the ops console (`/ui`).
     pub ui_sessions: Arc<ui::session::Sessions>,
 }

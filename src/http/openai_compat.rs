@@ -448,6 +448,7 @@ pub async fn create(
         &body,
         state.engine.as_ref(),
         &admission,
+        &state.replays,
     )
     .await;
     let submission = submitted.map_err(|e| submit_error(&state, e))?;
@@ -456,6 +457,9 @@ pub async fn create(
     } else {
         &state.metrics.jobs_created
     });
+    if submission.from_memory {
+        Metrics::inc(&state.metrics.replays_from_memory);
+    }
     let wait = super::jobs::preferred_wait(&headers)
         .unwrap_or(DEFAULT_WAIT_SECS)
         .min(MAX_WAIT_SECS);
@@ -463,6 +467,10 @@ pub async fn create(
     if let (Some(engine), false) = (&state.engine, job.state.is_final()) {
         if let Some(settled) = engine.wait_for(&job.id, Duration::from_secs(wait)).await {
             job = settled;
+            state
+                .replays
+                .finished
+                .remember(&job, Some(submission.body_digest));
         }
     }
     let attempts = state

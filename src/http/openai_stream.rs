@@ -379,6 +379,7 @@ pub async fn create(
         &job_body,
         state.engine.as_ref(),
         &admission,
+        &state.replays,
     )
     .await;
     // A hub no driver here took (the job is finished, or driven unstreamed
@@ -399,6 +400,9 @@ pub async fn create(
     } else {
         &state.metrics.jobs_created
     });
+    if submission.from_memory {
+        Metrics::inc(&state.metrics.replays_from_memory);
+    }
     let job = submission.job;
     let mut renderer = Renderer {
         completion_id: format!("chatcmpl-{}", job.id),

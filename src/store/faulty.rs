@@ -293,6 +293,10 @@ impl Store for FaultyStore {
         forward!(self, "record_event", self.inner.record_event(event))
     }
 
+    async fn record_events(&self, events: Vec<NewEvent>) -> Result<(), StoreError> {
+        forward!(self, "record_events", self.inner.record_events(events))
+    }
+
     async fn list_events(&self, job_id: &str) -> Result<Vec<JobEvent>, StoreError> {
         forward!(self, "list_events", self.inner.list_events(job_id))
     }

@@ -305,6 +305,9 @@ pub trait Store: Send + Sync + 'static {
     /// state (replays), so they never slow the request that caused them.
     fn record_event_detached(&self, event: NewEvent);
 
+    /// Append many events in one commit (the replay audit's flush).
+    async fn record_events(&self, events: Vec<NewEvent>) -> Result<(), StoreError>;
+
     async fn list_events(&self, job_id: &str) -> Result<Vec<JobEvent>, StoreError>;
 
     async fn count_jobs(&self) -> Result<i64, StoreError>;

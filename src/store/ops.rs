@@ -327,7 +327,13 @@ macro_rules! store_ops {
                     .execute(&mut *conn)
                     .await?;
                     let last_error = format!("{error_kind}: {message}");
-                    sqlx::query("UPDATE jobs SET last_error = $2, updated_at = $3 WHERE id = $1")
+                    // A succeeded or cancelled job never changes again (a late
+                    // loser's error stays on the attempt): replays of it are
+                    // answered from memory (`crate::replays`).
+                    sqlx::query(
+                        "UPDATE jobs SET last_error = $2, updated_at = $3 \
+                         WHERE id = $1 AND state NOT IN ('succeeded', 'cancelled')",
+                    )
                         .bind(&job_id)
                         .bind(&last_error)
                         .bind(at)
@@ -370,6 +376,26 @@ macro_rules! store_ops {
             .bind(ev.at)
             .execute(&mut *conn)
             .await?;
+            Ok(())
+        }
+
+        /// Many events in one statement per chunk (the replay audit's flush).
+        pub(crate) async fn insert_events(conn: &mut $conn, events: &[NewEvent]) -> Result<(), StoreError> {
+            // 6 parameters a row: far below either backend's bind limit.
+            for chunk in events.chunks(256) {
+                let mut insert = sqlx::QueryBuilder::<<$conn as sqlx::Connection>::Database>::new(
+                    "INSERT INTO job_events (job_id, attempt_id, kind, actor, detail, at) ",
+                );
+                insert.push_values(chunk, |mut row, ev| {
+                    row.push_bind(&ev.job_id)
+                        .push_bind(&ev.attempt_id)
+                        .push_bind(ev.kind)
+                        .push_bind(&ev.actor)
+                        .push_bind(&ev.detail)
+                        .push_bind(ev.at);
+                });
+                insert.build().execute(&mut *conn).await?;
+            }
             Ok(())
         }
 

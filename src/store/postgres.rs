@@ -111,6 +111,10 @@ impl Store for PgStore {
         ops::insert_event(&mut *self.pool.acquire().await?, &event).await
     }
 
+    async fn record_events(&self, events: Vec<NewEvent>) -> Result<(), StoreError> {
+        in_tx!(self, |c| ops::insert_events(c, &events))
+    }
+
     fn record_event_detached(&self, event: NewEvent) {
         let pool = self.pool.clone();
         tokio::spawn(async move {

@@ -341,6 +341,11 @@ impl Store for SqliteStore {
         }
     }
 
+    async fn record_events(&self, events: Vec<NewEvent>) -> Result<(), StoreError> {
+        self.write(move |c| Box::pin(async move { ops::insert_events(c, &events).await }))
+            .await
+    }
+
     async fn list_events(&self, job_id: &str) -> Result<Vec<JobEvent>, StoreError> {
         ops::list_events(&mut *self.read.get().await?, job_id).await
     }

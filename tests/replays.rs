@@ -1,0 +1,200 @@
+//! Replays of finished jobs answered from memory: the same answer as the
+//! database gives, conflicts still refused and recorded, the audit trail
+//! kept (batched), and a succeeded job that nothing changes afterwards.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::world::{route, start_world, ProviderSpec, World};
+use common::{chat_body, Backend};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+on_both_backends!(
+    replays_of_a_finished_job_come_from_memory_and_are_audited,
+    a_late_losers_error_leaves_a_succeeded_job_unchanged,
+);
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A counter's value in `GET /metrics`.
+async fn counter(world: &World, name: &str) -> f64 {
+    let text = world
+        .client
+        .get(format!("{}/metrics", world.address))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("{name} not in /metrics:\n{text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+async fn post_raw(world: &World, key: &str, body: &[u8]) -> (u16, Option<String>, Value) {
+    let response = world
+        .client
+        .post(format!("{}/v1/jobs", world.address))
+        .bearer_auth(&world.key)
+        .header("Idempotency-Key", key)
+        .header("Content-Type", "application/json")
+        .body(body.to_vec())
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let replayed = response
+        .headers()
+        .get("idempotent-replayed")
+        .map(|v| v.to_str().unwrap().to_string());
+    (status, replayed, response.json().await.unwrap())
+}
+
+/// The `replayed` events of a job, once their counts add up to `expected`
+/// (they are written by a flush every second).
+async fn replay_events(world: &World, job_id: &str, expected: u64) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let events: Vec<Value> = world
+            .store
+            .list_events(job_id)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.kind == "replayed")
+            .map(|e| serde_json::from_str(e.detail.as_deref().unwrap_or("null")).unwrap())
+            .collect();
+        let counted: u64 = events.iter().map(|d| d["count"].as_u64().unwrap()).sum();
+        if counted >= expected {
+            assert_eq!(counted, expected, "replays counted once each: {events:?}");
+            return events;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{counted} of {expected} replays in the event log: {events:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn replays_of_a_finished_job_come_from_memory_and_are_audited(backend: Backend) {
+    let providers = [ProviderSpec {
+        name: "primary",
+        model: "healthy",
+    }];
+    let world = start_world(backend, &providers, route("primary", &[]), |_| {}).await;
+    let body = serde_json::to_vec(&chat_body("summarise order 42")).unwrap();
+    let created = world
+        .client
+        .post(format!("{}/v1/jobs", world.address))
+        .bearer_auth(&world.key)
+        .header("Idempotency-Key", "order-42")
+        .header("Prefer", "wait=10")
+        .header("Content-Type", "application/json")
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    let created: Value = created.json().await.unwrap();
+    assert_eq!(created["state"], "succeeded");
+    let id = created["id"].as_str().unwrap().to_string();
+    let stored = world.job(&id).await;
+    assert_eq!(
+        counter(&world, "onejob_replays_from_memory_total").await,
+        0.0
+    );
+
+    for _ in 0..10 {
+        let (status, replayed, job) = post_raw(&world, "order-42", &body).await;
+        assert_eq!((status, replayed.as_deref()), (200, Some("true")));
+        assert_eq!(job, stored, "memory answers what the database holds");
+    }
+    assert_eq!(
+        counter(&world, "onejob_replays_from_memory_total").await,
+        10.0,
+        "the job was remembered when it finished: no replay read the database"
+    );
+
+    // The same request in other bytes: parsed, fingerprinted, still from memory.
+    let reordered = json!({
+        "route": "default",
+        "params": { "temperature": 0.0 },
+        "messages": [{ "content": "summarise order 42", "role": "user" }],
+    });
+    let reordered = serde_json::to_vec_pretty(&reordered).unwrap();
+    let (status, replayed, job) = post_raw(&world, "order-42", &reordered).await;
+    assert_eq!((status, replayed.as_deref()), (200, Some("true")));
+    assert_eq!(job, stored);
+    assert_eq!(
+        counter(&world, "onejob_replays_from_memory_total").await,
+        11.0
+    );
+
+    // Another payload under the key is a conflict, recorded, changing nothing.
+    let other = serde_json::to_vec(&chat_body("summarise order 43")).unwrap();
+    let (status, _, error) = post_raw(&world, "order-42", &other).await;
+    assert_eq!(status, 409);
+    assert_eq!(error["error"]["code"], "idempotency_key_reused");
+    let events = world.store.list_events(&id).await.unwrap();
+    assert!(
+        events.iter().any(|e| e.kind == "conflict"),
+        "the conflict is in the event log: {events:?}"
+    );
+    assert_eq!(world.job(&id).await, stored);
+    assert_eq!(world.store.count_jobs().await.unwrap(), 1);
+    assert_eq!(world.executions(&id, "primary"), 1);
+
+    // Every replay is in the audit trail: one event per job per flush, with
+    // its count.
+    let audited = replay_events(&world, &id, 11).await;
+    assert!(
+        audited.len() <= 11 && !audited.is_empty(),
+        "batched: {audited:?}"
+    );
+    world.stop().await;
+}
+
+async fn a_late_losers_error_leaves_a_succeeded_job_unchanged(backend: Backend) {
+    let providers = [
+        ProviderSpec {
+            name: "primary",
+            model: "malformed_body:latency=900",
+        },
+        ProviderSpec {
+            name: "fallback",
+            model: "healthy:latency=50",
+        },
+    ];
+    let mut r = route("primary", &["fallback"]);
+    r.silence_ms = 200;
+    let world = start_world(backend, &providers, r, |c| c.engine.loser_grace_ms = 5_000).await;
+    let (status, job) = world
+        .submit("late-loser", &chat_body("who wins"), Some(10))
+        .await;
+    assert_eq!(status, 201);
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let id = job["id"].as_str().unwrap().to_string();
+    let won = world.store.get_job(&id).await.unwrap().unwrap();
+
+    // The primary's answer arrives broken after the hedge won: the outcome
+    // is unknown, then reconciled (it executed) and discarded. Its error is
+    // the attempt's, not the job's.
+    let (_, attempts) = world
+        .until(&id, WAIT, |_, a| {
+            a.iter()
+                .any(|a| a["kind"] == "primary" && a["state"] == "discarded")
+        })
+        .await;
+    let primary = attempts.iter().find(|a| a["kind"] == "primary").unwrap();
+    assert!(!primary["error_kind"].is_null(), "{primary}");
+    let after = world.store.get_job(&id).await.unwrap().unwrap();
+    assert_eq!(after, won, "the succeeded job's row did not change");
+    assert_eq!(after.last_error, None);
+    world.stop().await;
+}

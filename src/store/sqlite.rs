@@ -236,8 +236,37 @@ async fn commit_batch(conn: &mut SqliteConnection, batch: &mut Vec<WriteFn>) {
             delivers.push(deliver);
         }
     } else {
-        for op in batch.drain(..) {
-            delivers.push(run_in_savepoint(conn, op).await);
+        // One savepoint per write, so a failed write never undoes another.
+        // Releasing one and opening the next go to the connection's worker
+        // thread as one call: a round trip per write, not two.
+        let mut open = sqlx::query("SAVEPOINT op")
+            .execute(&mut *conn)
+            .await
+            .is_ok();
+        let last = batch.len() - 1;
+        for (i, op) in batch.drain(..).enumerate() {
+            if !open {
+                let (_, deliver) = op(Err("sqlite savepoint failed".to_string())).await;
+                delivers.push(deliver);
+                open = sqlx::query("SAVEPOINT op")
+                    .execute(&mut *conn)
+                    .await
+                    .is_ok();
+                continue;
+            }
+            let (ok, deliver) = op(Ok(&mut *conn)).await;
+            if !ok {
+                let _ = sqlx::query("ROLLBACK TO SAVEPOINT op")
+                    .execute(&mut *conn)
+                    .await;
+            }
+            delivers.push(deliver);
+            let next = if i == last {
+                "RELEASE SAVEPOINT op"
+            } else {
+                "RELEASE SAVEPOINT op; SAVEPOINT op"
+            };
+            open = sqlx::query(next).execute(&mut *conn).await.is_ok();
         }
     }
     let end = if lone_write_failed {
@@ -256,23 +285,6 @@ async fn commit_batch(conn: &mut SqliteConnection, batch: &mut Vec<WriteFn>) {
     for deliver in delivers {
         deliver(commit.clone());
     }
-}
-
-async fn run_in_savepoint(conn: &mut SqliteConnection, op: WriteFn) -> Deliver {
-    if let Err(e) = sqlx::query("SAVEPOINT op").execute(&mut *conn).await {
-        let message = e.to_string();
-        return Box::new(move |_| tracing::error!(error = %message, "sqlite savepoint failed"));
-    }
-    let (ok, deliver) = op(Ok(&mut *conn)).await;
-    if !ok {
-        let _ = sqlx::query("ROLLBACK TO SAVEPOINT op")
-            .execute(&mut *conn)
-            .await;
-    }
-    let _ = sqlx::query("RELEASE SAVEPOINT op")
-        .execute(&mut *conn)
-        .await;
-    deliver
 }
 
 #[async_trait]
@@ -628,5 +640,86 @@ impl Store for SqliteStore {
 
     async fn usage(&self, owner: Option<&str>, from_day: i64) -> Result<Vec<UsageRow>, StoreError> {
         ops::usage(&mut *self.read.get().await?, owner, from_day).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    /// Ten writes committed as one batch, every odd one failing after it
+    /// wrote: each failure undoes its own row only, and its caller hears so.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_write_in_a_batch_undoes_only_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(SqliteStore::open(&dir.path().join("t.db")).await.unwrap());
+        store
+            .write(|c| {
+                Box::pin(async move {
+                    sqlx::query("CREATE TABLE probe (n INTEGER NOT NULL)")
+                        .execute(&mut *c)
+                        .await?;
+                    Ok(())
+                })
+            })
+            .await
+            .unwrap();
+        // Hold the writer until the ten are queued behind it.
+        let (started, is_started) = oneshot::channel::<()>();
+        let (release, released) = oneshot::channel::<()>();
+        let holder = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .write(move |_| {
+                        Box::pin(async move {
+                            let _ = started.send(());
+                            let _ = released.await;
+                            Ok(())
+                        })
+                    })
+                    .await
+            })
+        };
+        is_started.await.unwrap();
+        let writes: Vec<_> = (0..10i64)
+            .map(|n| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    store
+                        .write(move |c| {
+                            Box::pin(async move {
+                                sqlx::query("INSERT INTO probe (n) VALUES ($1)")
+                                    .bind(n)
+                                    .execute(&mut *c)
+                                    .await?;
+                                if n % 2 == 1 {
+                                    return Err(StoreError::NotFound("odd"));
+                                }
+                                Ok(n)
+                            })
+                        })
+                        .await
+                })
+            })
+            .collect();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while store.writer.max_capacity() - store.writer.capacity() < 10 {
+            assert!(tokio::time::Instant::now() < deadline, "writes not queued");
+            tokio::task::yield_now().await;
+        }
+        release.send(()).unwrap();
+        holder.await.unwrap().unwrap();
+        for (n, write) in writes.into_iter().enumerate() {
+            let result = write.await.unwrap();
+            assert_eq!(result.is_ok(), n % 2 == 0, "write {n}: {result:?}");
+        }
+        let rows: Vec<(i64,)> = sqlx::query_as("SELECT n FROM probe ORDER BY n")
+            .fetch_all(&mut *store.read.get().await.unwrap())
+            .await
+            .unwrap();
+        let rows: Vec<i64> = rows.into_iter().map(|(n,)| n).collect();
+        assert_eq!(rows, vec![0, 2, 4, 6, 8]);
     }
 }

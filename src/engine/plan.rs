@@ -11,8 +11,8 @@ use crate::providers::catalog::ProviderEntry;
 use crate::providers::config::ProviderKind;
 use crate::providers::{stable_key, ChatOptions, ChatRequest, Success};
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 /// Tokens a request may ask for when neither the job nor its contract says.
 pub const DEFAULT_MAX_TOKENS: u32 = 1024;
@@ -23,10 +23,14 @@ pub struct JobPlan {
     request: JobRequest,
     /// The loaded contracts; `request.contract` is checked to be among them.
     contracts: Arc<BTreeMap<String, Contract>>,
+    /// [`JobPlan::request_for`] per provider name: the prompt is rendered and
+    /// counted once per (job, provider), however often routing and the
+    /// driver ask. Shared by the plan's clones.
+    requests: Arc<Mutex<HashMap<String, Result<ChatRequest, PlanError>>>>,
 }
 
 /// A prompt that cannot be sent anywhere: the job fails, it is not retried.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("{0}")]
 pub struct PlanError(pub String);
 
@@ -49,6 +53,7 @@ impl JobPlan {
             job_id: job_id.to_string(),
             request,
             contracts: contracts.clone(),
+            requests: Arc::default(),
         })
     }
 
@@ -109,6 +114,24 @@ impl JobPlan {
     /// does not render, or prompt + max_tokens exceed its context window
     /// (never send what must fail with `context_length_exceeded`).
     pub fn request_for(&self, provider: &ProviderEntry) -> Result<ChatRequest, PlanError> {
+        let known = self
+            .requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&provider.name)
+            .cloned();
+        if let Some(known) = known {
+            return known;
+        }
+        let made = self.make_request_for(provider);
+        self.requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(provider.name.clone(), made.clone());
+        made
+    }
+
+    fn make_request_for(&self, provider: &ProviderEntry) -> Result<ChatRequest, PlanError> {
         let prompt = self.prompt(Self::wire(provider))?;
         let tokenizer = provider.config.tokenizer.name();
         let prompt_tokens =

@@ -167,11 +167,15 @@ impl Engine {
             };
             if let Some(job) = &job {
                 if settled(job) {
+                    drop(rx);
+                    self.inner.forget_waiter(job_id);
                     return Some(job.clone());
                 }
             }
             let now = tokio::time::Instant::now();
             if now >= deadline && !driving {
+                drop(rx);
+                self.inner.forget_waiter(job_id);
                 return job;
             }
             let recheck = deadline
@@ -260,6 +264,20 @@ impl Inner {
             .map(|r| self.lease_ms(r))
             .max()
             .unwrap_or(60_000)
+    }
+
+    /// Drop the registrations of waiters that stopped waiting for `job_id`:
+    /// a job that settled before its driver noticed a waiter is never
+    /// notified, and its entry would stay for the life of the process.
+    pub(crate) fn forget_waiter(&self, job_id: &str) {
+        if let Ok(mut waiters) = self.waiters.lock() {
+            if let Some(list) = waiters.get_mut(job_id) {
+                list.retain(|tx| !tx.is_closed());
+                if list.is_empty() {
+                    waiters.remove(job_id);
+                }
+            }
+        }
     }
 
     pub(crate) fn notify(&self, job_id: &str) {

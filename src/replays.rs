@@ -27,7 +27,7 @@ use tokio::task::JoinHandle;
 pub const AUDIT_FLUSH_EVERY: Duration = Duration::from_secs(1);
 
 /// Bytes of job rows kept by default (request and result text included).
-pub const DEFAULT_CAPACITY_BYTES: usize = 64 << 20;
+pub const DEFAULT_CAPACITY_BYTES: usize = 32 << 20;
 
 /// The replay memory of one server: finished jobs, and the replays counted
 /// for the audit trail.

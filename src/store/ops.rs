@@ -394,7 +394,10 @@ macro_rules! store_ops {
                         .push_bind(&ev.detail)
                         .push_bind(ev.at);
                 });
-                insert.build().execute(&mut *conn).await?;
+                // Its text varies with the chunk's size: not kept among the
+                // connection's prepared statements, where it would push out
+                // the job path's own.
+                insert.build().persistent(false).execute(&mut *conn).await?;
             }
             Ok(())
         }

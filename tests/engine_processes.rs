@@ -17,7 +17,10 @@ use onejob::sim::{SimHandle, SimServer};
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
-on_both_backends!(a_server_killed_mid_flight_loses_nothing_and_runs_nothing_twice);
+on_both_backends!(
+    a_server_killed_mid_flight_loses_nothing_and_runs_nothing_twice,
+    every_201_survives_a_kill_the_moment_it_arrives,
+);
 
 /// `POST /v1/jobs` to `address`; the status and the job id answered. A
 /// `503 store_unavailable` (the shared database busy for a moment) is
@@ -327,4 +330,77 @@ async fn three_servers_on_one_postgres_share_the_work_and_make_one_job_per_key()
         "the work was shared between processes: {actors:?}"
     );
     drop(servers);
+}
+
+/// Invariant 8 under group commit: forty creates race, the server is killed
+/// (SIGKILL) the moment the first `201` reaches the client, and every job
+/// answered `201` — that one, and any other whose answer was already on its
+/// way — is in the database afterwards. (A process kill keeps what reached
+/// the operating system, so this shows that no `201` leaves before its
+/// commit; `synchronous=FULL` is what carries a commit through a power cut.)
+async fn every_201_survives_a_kill_the_moment_it_arrives(backend: Backend) {
+    let sim = SimServer::start("127.0.0.1:0").await.unwrap();
+    let providers = provider_dir(
+        &[ProviderSpec {
+            name: "primary",
+            model: "healthy:latency=2000",
+        }],
+        &sim.base_url(),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = ServeConfig {
+        providers_dir: providers.path(),
+        primary: "primary",
+        fallbacks: &[],
+        silence_ms: 5_000,
+        attempt_timeout_ms: 10_000,
+        max_attempts: 4,
+        max_concurrent_jobs: None,
+    }
+    .write(dir.path());
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let api_key = onejob::keys::create_key(store.as_ref(), &SystemClock, "alice", false)
+        .await
+        .unwrap();
+    let server = Process::serve(&db, Some(&config));
+    let client = reqwest::Client::new();
+    let address = server.address.clone();
+    let mut creates: futures::stream::FuturesUnordered<_> = (0..40)
+        .map(|i| {
+            let request = client
+                .post(format!("{address}/v1/jobs"))
+                .bearer_auth(&api_key)
+                .header("Idempotency-Key", format!("kill-{i}"))
+                .json(&chat_body(&format!("kill-{i}")));
+            async move {
+                let response = request.send().await.ok()?;
+                let status = response.status().as_u16();
+                let body: serde_json::Value = response.json().await.ok()?;
+                Some((status, body["id"].as_str()?.to_string()))
+            }
+        })
+        .collect();
+    let mut server = Some(server);
+    let mut acknowledged = Vec::new();
+    while let Some(answer) = creates.next().await {
+        if let Some((201, id)) = answer {
+            if let Some(server) = server.take() {
+                server.kill();
+            }
+            acknowledged.push(id);
+        }
+    }
+    assert!(server.is_none(), "no create was answered 201");
+    for id in &acknowledged {
+        let job = store.get_job(id).await.unwrap();
+        assert!(
+            job.is_some(),
+            "job {id} was answered 201 and is not in the database"
+        );
+    }
+    eprintln!(
+        "{backend:?}: {} of 40 creates answered 201 before the kill; all found",
+        acknowledged.len()
+    );
 }

@@ -502,6 +502,9 @@ async fn jobs_phase(bench: &Arc<Bench>, prefix: &str, n: usize, concurrency: usi
     .await
 }
 
+/// Most soak jobs in flight at once; past it the load generator skips jobs.
+const MAX_IN_FLIGHT: usize = 2_000;
+
 /// Fixed rate, open loop, for `--soak` seconds: a row every `--soak-every`
 /// seconds with the server's resident set and its CPU per job meanwhile.
 async fn soak(server: &Server, args: &Args) {
@@ -511,8 +514,8 @@ async fn soak(server: &Server, args: &Args) {
         server.label, args.rate, args.soak
     );
     println!(
-        "{:>6} {:>9} {:>9} {:>10} {:>9} {:>9} {:>8}",
-        "t s", "jobs", "rate/s", "RSS MiB", "cpu µs", "p99 ms", "failed"
+        "{:>6} {:>9} {:>9} {:>10} {:>9} {:>9} {:>8} {:>8}",
+        "t s", "jobs", "rate/s", "RSS MiB", "cpu µs", "p99 ms", "failed", "skipped"
     );
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Sample>();
     let gap = Duration::from_secs_f64(1.0 / args.rate.max(1) as f64);
@@ -522,6 +525,7 @@ async fn soak(server: &Server, args: &Args) {
     let (mut next_report, mut cpu, mut done, mut window_start) =
         (started + every, server.cpu(), 0usize, started);
     let mut rss = vec![(0.0, server.rss_mib())];
+    let skipped = Arc::new(AtomicUsize::new(0));
     let mut report = |rx: &mut tokio::sync::mpsc::UnboundedReceiver<Sample>, now: Instant| {
         let mut window = Vec::new();
         while let Ok(sample) = rx.try_recv() {
@@ -536,14 +540,15 @@ async fn soak(server: &Server, args: &Args) {
         let mib = server.rss_mib();
         rss.push((t, mib));
         println!(
-            "{:>6.0} {:>9} {:>9.0} {:>10.1} {:>9.0} {:>9} {:>8}",
+            "{:>6.0} {:>9} {:>9.0} {:>10.1} {:>9.0} {:>9} {:>8} {:>8}",
             t,
             done,
             tally.rate(),
             mib,
             tally.cpu_us(),
             ms(tally.quantile(0.99)),
-            tally.failed
+            tally.failed,
+            skipped.load(Ordering::Relaxed)
         );
         cpu = now_cpu;
         window_start = now;
@@ -560,6 +565,14 @@ async fn soak(server: &Server, args: &Args) {
             next_report += every;
         }
         tokio::time::sleep_until(due.into()).await;
+        i += 1;
+        // A server that falls behind must not make the load generator run
+        // out of sockets: past the bound a job is not sent, and counted.
+        if (i as usize - 1).saturating_sub(answered.load(Ordering::Relaxed)) >= MAX_IN_FLIGHT {
+            skipped.fetch_add(1, Ordering::Relaxed);
+            answered.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
         let (bench, tx, answered) = (server.bench.clone(), tx.clone(), answered.clone());
         tokio::spawn(async move {
             let ok = bench
@@ -572,7 +585,6 @@ async fn soak(server: &Server, args: &Args) {
                 ok,
             });
         });
-        i += 1;
     }
     drop(tx);
     // The last answers, then the last row.

@@ -15,7 +15,7 @@
 //! flush in one commit. A crash loses at most the replays counted since the
 //! last flush (they were never acknowledged as anything but replays).
 
-use crate::domain::{Job, JobState, Millis};
+use crate::domain::{Job, Millis};
 use crate::store::{event, NewEvent, Store};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -97,11 +97,6 @@ pub fn body_digest(body: &[u8]) -> [u8; 32] {
     Sha256::digest(body).into()
 }
 
-/// Whether a job in `state` can never change again (and so may be remembered).
-pub fn is_settled_for_good(state: JobState) -> bool {
-    matches!(state, JobState::Succeeded | JobState::Cancelled)
-}
-
 impl Default for FinishedJobs {
     fn default() -> Self {
         FinishedJobs::with_capacity(DEFAULT_CAPACITY_BYTES)
@@ -130,7 +125,7 @@ impl FinishedJobs {
     /// Keep `job` if it can never change; `body_digest` is the digest of a
     /// raw body whose fingerprint matched it, when known.
     pub fn remember(&self, job: &Job, body_digest: Option<[u8; 32]>) {
-        if !is_settled_for_good(job.state) {
+        if !job.state.is_settled_for_good() {
             return;
         }
         let size = size_of(job);
@@ -260,6 +255,7 @@ impl ReplayAudit {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::JobState;
 
     fn job(key: &str, state: JobState, result: &str) -> Job {
         Job {

@@ -49,6 +49,14 @@ impl JobState {
         !matches!(self, JobState::Succeeded | JobState::Cancelled)
     }
 
+    /// Nothing changes the job's row any more: no attempt starts, every
+    /// later finish loses the compare-and-swap, retry and resolution refuse
+    /// it, and a late loser's error stays on its attempt. So a replay of it
+    /// may be answered from memory, on any instance (`crate::replays`).
+    pub fn is_settled_for_good(self) -> bool {
+        matches!(self, JobState::Succeeded | JobState::Cancelled)
+    }
+
     /// Waits for a human decision (the review queue).
     pub fn awaits_decision(self) -> bool {
         self == JobState::NeedsReview
@@ -108,6 +116,14 @@ macro_rules! attempt_states_live {
     };
 }
 
+/// The SQL list of the job states settled for good (`is_settled_for_good`).
+#[macro_export]
+macro_rules! job_states_settled_for_good {
+    () => {
+        "'succeeded', 'cancelled'"
+    };
+}
+
 /// The SQL value of the job state that awaits a decision (`awaits_decision`).
 #[macro_export]
 macro_rules! job_state_awaiting_decision {
@@ -161,6 +177,10 @@ mod tests {
             job_state_awaiting_decision!(),
             jobs(JobState::awaits_decision)
         );
+        assert_eq!(
+            job_states_settled_for_good!(),
+            jobs(JobState::is_settled_for_good)
+        );
         assert_eq!(attempt_states_live!(), attempts(AttemptState::is_live));
         assert_eq!(
             attempt_state_awaiting_settlement!(),
@@ -190,6 +210,12 @@ mod tests {
             if !s.is_final() {
                 assert!(s.accepts_retry(), "{s:?}");
                 assert!(s.accepts_cancel(), "{s:?}");
+            }
+        }
+        for s in JobState::ALL {
+            // What nothing changes any more is final and takes no retry.
+            if s.is_settled_for_good() {
+                assert!(s.is_final() && !s.accepts_retry(), "{s:?}");
             }
         }
         assert!(JobState::Failed.accepts_retry());

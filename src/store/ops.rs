@@ -16,7 +16,7 @@ macro_rules! store_ops {
         use crate::domain::{Attempt, AttemptState, GuardRefusal, Job, LiveAttempts};
         use crate::{
             attempt_state_awaiting_settlement, attempt_states_live, job_state_awaiting_decision,
-            job_states_taking_attempts,
+            job_states_settled_for_good, job_states_taking_attempts,
         };
         use crate::store::rows::{attempt_columns, job_columns, ApiKeyRow, AttemptRow, EventRow, JobRow, LiveRow};
         use crate::store::{
@@ -330,10 +330,10 @@ macro_rules! store_ops {
                     // A succeeded or cancelled job never changes again (a late
                     // loser's error stays on the attempt): replays of it are
                     // answered from memory (`crate::replays`).
-                    sqlx::query(
+                    sqlx::query(concat!(
                         "UPDATE jobs SET last_error = $2, updated_at = $3 \
-                         WHERE id = $1 AND state NOT IN ('succeeded', 'cancelled')",
-                    )
+                         WHERE id = $1 AND state NOT IN (", job_states_settled_for_good!(), ")",
+                    ))
                         .bind(&job_id)
                         .bind(&last_error)
                         .bind(at)

@@ -26,28 +26,49 @@ on_both_backends!(
 
 const OWNER: &str = "walker";
 
-/// Run one statement with text parameters on the test database directly
-/// (test setup: put a row in a state the API would reach only by a story).
+/// A direct connection to the test database, for test setup: put a row in
+/// a state the API would reach only by a story.
+enum Raw {
+    Sqlite(sqlx::SqliteConnection),
+    Postgres(sqlx::PgConnection),
+}
+
+static RAW: tokio::sync::Mutex<Vec<(String, Raw)>> = tokio::sync::Mutex::const_new(Vec::new());
+
+/// Run one statement with text parameters on the test database directly,
+/// on a connection kept per database.
 async fn exec(db: &TestDb, sql: &str, binds: &[&str]) {
     use sqlx::Connection;
-    match &db.url {
-        DatabaseUrl::Sqlite(path) => {
-            let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
-                .await
-                .unwrap();
+    let name = db.url_string();
+    let mut raws = RAW.lock().await;
+    if !raws.iter().any(|(n, _)| *n == name) {
+        let raw = match &db.url {
+            DatabaseUrl::Sqlite(path) => Raw::Sqlite(
+                sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+                    .await
+                    .unwrap(),
+            ),
+            DatabaseUrl::Postgres(url) => {
+                Raw::Postgres(sqlx::PgConnection::connect(url).await.unwrap())
+            }
+        };
+        raws.push((name.clone(), raw));
+    }
+    let raw = &mut raws.iter_mut().find(|(n, _)| *n == name).unwrap().1;
+    match raw {
+        Raw::Sqlite(conn) => {
             let mut query = sqlx::query(sql);
             for b in binds {
                 query = query.bind(*b);
             }
-            query.execute(&mut conn).await.unwrap();
+            query.execute(conn).await.unwrap();
         }
-        DatabaseUrl::Postgres(url) => {
-            let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+        Raw::Postgres(conn) => {
             let mut query = sqlx::query(sql);
             for b in binds {
                 query = query.bind(*b);
             }
-            query.execute(&mut conn).await.unwrap();
+            query.execute(conn).await.unwrap();
         }
     }
 }

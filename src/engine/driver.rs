@@ -528,16 +528,34 @@ fn observe_whole_answer(inner: &Inner, attempt: &Attempt, outcome: &CallOutcome)
     }
 }
 
+/// Who reports an attempt's end to [`settle`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Source {
+    /// The driver, with the provider's own answer.
+    Live,
+    /// The reconciler, with what the provider recorded under the job's key:
+    /// it says nothing about the provider's latency or health now.
+    Reconciled,
+}
+
+/// An attempt's end, recorded: the one place where what a provider said
+/// becomes the attempt's state (through the CAS for an answer), its
+/// metrics and the provider's breaker; used by the driver, the streamed
+/// rounds and the reconciler.
 pub(super) async fn settle(
     inner: &Inner,
     plan: &JobPlan,
     attempt: &Attempt,
     outcome: CallOutcome,
+    source: Source,
 ) -> Settled {
     let provider = attempt.provider.as_str();
+    let live = source == Source::Live;
     let mut tokens = 0u64;
-    let elapsed_ms = inner.clock.now_ms() - attempt.started_at;
-    inner.metrics.observe_provider_latency(provider, elapsed_ms);
+    if live {
+        let elapsed_ms = inner.clock.now_ms() - attempt.started_at;
+        inner.metrics.observe_provider_latency(provider, elapsed_ms);
+    }
     let (end, settled) = match outcome {
         CallOutcome::Succeeded(success) => {
             if let Some(u) = success.usage {
@@ -579,7 +597,7 @@ pub(super) async fn settle(
             }
         }
         CallOutcome::Failed(f) => {
-            if f.retryable {
+            if f.retryable && live {
                 let now = inner.clock.now_ms();
                 inner.with_breaker(provider, |b| b.on_retryable_failure(now));
             }
@@ -608,7 +626,10 @@ pub(super) async fn settle(
             Settled::Unknown,
         ),
     };
-    let actor = format!("engine:{}", inner.instance);
+    let actor = match source {
+        Source::Live => format!("engine:{}", inner.instance),
+        Source::Reconciled => "reconciler".to_string(),
+    };
     let finish = FinishAttempt {
         attempt_id: attempt.id.clone(),
         end,
@@ -617,7 +638,9 @@ pub(super) async fn settle(
     };
     match durable::finish_attempt(inner, &attempt.job_id, finish).await {
         Ok(FinishOutcome::Won { .. }) => {
-            inner.with_breaker(provider, |b| b.on_success());
+            if live {
+                inner.with_breaker(provider, |b| b.on_success());
+            }
             inner.metrics.attempt_finished(provider, "succeeded");
             Metrics::inc(&inner.metrics.jobs_succeeded);
             if attempt.kind == AttemptKind::Hedge {
@@ -641,9 +664,14 @@ pub(super) async fn settle(
             inner.metrics.attempt_finished(provider, outcome);
             settled
         }
+        // The attempt's row did not move as asked: settled meanwhile (by an
+        // admin, another reconciler, or the new holder of a lost lease), or
+        // the store stayed down: do not guess; nothing may retry on this basis.
+        Err(e @ crate::store::StoreError::InvalidTransition { .. }) => {
+            tracing::info!(error = %e, attempt_id = %attempt.id, "the attempt was settled meanwhile");
+            Settled::Unknown
+        }
         Err(e) => {
-            // The attempt's row did not move as asked (e.g. settled meanwhile
-            // by an admin): do not guess; nothing may retry on this basis.
             tracing::error!(error = %e, attempt_id = %attempt.id, "cannot record an attempt's end");
             Settled::Unknown
         }
@@ -734,7 +762,7 @@ async fn run_round(
         tokio::select! {
             Some((attempt, outcome)) = flights.next() => {
                 observe_whole_answer(inner, &attempt, &outcome);
-                let settled = settle(inner, plan, &attempt, outcome).await;
+                let settled = settle(inner, plan, &attempt, outcome, Source::Live).await;
                 if matches!(settled, Settled::Won) {
                     inner.metrics.observe_job_latency(inner.clock.now_ms() - job.created_at);
                 }
@@ -799,7 +827,7 @@ async fn finish_losers(
             next = losers.next() => match next {
                 Some((attempt, outcome)) => {
                     observe_whole_answer(&inner, &attempt, &outcome);
-                    settle(&inner, &plan, &attempt, outcome).await;
+                    settle(&inner, &plan, &attempt, outcome, Source::Live).await;
                 }
                 None => return,
             },

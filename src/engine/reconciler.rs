@@ -4,12 +4,13 @@
 //! may retry. Cannot tell: it stays unknown; past the route's
 //! `unknown_deadline_ms` the job goes to review.
 
+use super::driver::{settle, Settled, Source};
 use super::plan::JobPlan;
 use super::Inner;
 use crate::domain::Attempt;
 use crate::metrics::Metrics;
-use crate::providers::{stable_key, Lookup};
-use crate::store::{AttemptEnd, FinishAttempt, FinishOutcome, JobTransition};
+use crate::providers::{stable_key, CallOutcome, Lookup};
+use crate::store::{AttemptEnd, FinishAttempt, JobTransition};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -115,42 +116,36 @@ async fn reconcile(inner: &Arc<Inner>, attempt: &Attempt) -> Result<(), crate::s
     match lookup {
         Lookup::Found(success) => {
             Metrics::inc(&inner.metrics.reconciled_found);
-            let end = match JobPlan::new(&job.id, &job.request, &inner.contracts)
-                .map(|p| p.result_from(&success))
-            {
-                Ok(Ok(result)) => AttemptEnd::Succeeded {
-                    output: result,
-                    usage: success.usage.and_then(|u| serde_json::to_string(&u).ok()),
-                    provider_request_id: success.provider_request_id,
-                },
-                Ok(Err((kind, message))) => AttemptEnd::Failed {
-                    error_kind: kind,
-                    message,
-                },
-                Err(e) => AttemptEnd::Failed {
-                    error_kind: "invalid_request".to_string(),
-                    message: e.0,
-                },
-            };
-            let failed = matches!(end, AttemptEnd::Failed { .. });
-            let finish = FinishAttempt {
-                attempt_id: attempt.id.clone(),
-                end,
-                at: now,
-                actor,
-            };
-            match inner.store.finish_attempt(finish).await {
-                Ok(FinishOutcome::Won { .. }) => {
-                    Metrics::inc(&inner.metrics.jobs_succeeded);
-                    tracing::info!("unknown attempt found executed; job succeeded");
+            // The provider's recorded answer settles the attempt as a live
+            // one would: the contract check, then the CAS. A failure (the
+            // answer breaks the contract) makes a parked job runnable in
+            // the same commit.
+            match JobPlan::new(&job.id, &job.request, &inner.contracts) {
+                Ok(plan) => {
+                    let outcome = CallOutcome::Succeeded(success);
+                    match settle(inner, &plan, attempt, outcome, Source::Reconciled).await {
+                        Settled::Won => {
+                            tracing::info!("unknown attempt found executed; job succeeded")
+                        }
+                        Settled::Failed(_) => inner.wake.notify_one(),
+                        Settled::Lost | Settled::Unknown => {}
+                    }
                 }
-                Ok(FinishOutcome::Lost) => Metrics::inc(&inner.metrics.cas_lost),
-                Ok(FinishOutcome::Recorded) => {}
-                // Another reconciler (or an admin) settled it first.
-                Err(e) => tracing::debug!(error = %e, "attempt already settled"),
-            }
-            if failed {
-                inner.store.wake_job(&job.id, now).await?;
+                Err(e) => {
+                    let finish = FinishAttempt {
+                        attempt_id: attempt.id.clone(),
+                        end: AttemptEnd::Failed {
+                            error_kind: "invalid_request".to_string(),
+                            message: e.0,
+                        },
+                        at: now,
+                        actor,
+                    };
+                    if let Err(e) = inner.store.finish_attempt(finish).await {
+                        tracing::debug!(error = %e, "attempt already settled");
+                    }
+                    inner.wake.notify_one();
+                }
             }
         }
         Lookup::NotFound => {
@@ -169,9 +164,10 @@ async fn reconcile(inner: &Arc<Inner>, attempt: &Attempt) -> Result<(), crate::s
                 })
                 .await
             {
+                // Recording the failure made a parked job runnable in the
+                // same commit; the dispatcher looks now.
                 Ok(_) => {
                     tracing::info!("unknown attempt found not executed; the job may retry");
-                    inner.store.wake_job(&job.id, now).await?;
                     inner.wake.notify_one();
                 }
                 Err(e) => tracing::debug!(error = %e, "attempt already settled"),

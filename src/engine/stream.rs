@@ -15,7 +15,7 @@
 //!   prefill, or ends with an error naming the original failure; a
 //!   truncated answer is never reported as finished.
 
-use super::driver::{settle, start, RoundEnd, RoundFailure, Settled};
+use super::driver::{settle, start, RoundEnd, RoundFailure, Settled, Source};
 use super::plan::JobPlan;
 use super::routing::choose_hedge;
 use super::Inner;
@@ -535,7 +535,7 @@ pub(super) async fn run_streamed_round(
                             }
                         }
                     }
-                    match settle(inner, plan, &live[index].attempt, outcome).await {
+                    match settle(inner, plan, &live[index].attempt, outcome, Source::Live).await {
                         Settled::Won | Settled::Lost => return RoundEnd::Done,
                         Settled::Unknown => unknown = Some(live[index].attempt.provider.clone()),
                         Settled::Failed(f) => {
@@ -554,7 +554,8 @@ pub(super) async fn run_streamed_round(
                         let output = format!("{earlier}{}", success.output);
                         let usage = success.usage;
                         let whole = CallOutcome::Succeeded(Success { output, ..success });
-                        let settled = settle(inner, plan, &live[index].attempt, whole).await;
+                        let settled =
+                            settle(inner, plan, &live[index].attempt, whole, Source::Live).await;
                         return match settled {
                             Settled::Won => {
                                 inner
@@ -587,7 +588,14 @@ pub(super) async fn run_streamed_round(
                         // A continuation refused before adding anything: the
                         // client hears of the original failure, not this.
                         let reason = format!("{}: {}: {}", entry.name, f.kind, f.message);
-                        settle(inner, plan, &live[index].attempt, CallOutcome::Failed(f)).await;
+                        settle(
+                            inner,
+                            plan,
+                            &live[index].attempt,
+                            CallOutcome::Failed(f),
+                            Source::Live,
+                        )
+                        .await;
                         let (code, message) = broken.take().unwrap_or_default();
                         hub.fail(&code, &message);
                         tracing::info!(%reason, "continuation refused; the stream ends with the original failure");
@@ -602,8 +610,14 @@ pub(super) async fn run_streamed_round(
                             f.message
                         );
                         let code = f.kind.clone();
-                        let settled =
-                            settle(inner, plan, &live[index].attempt, CallOutcome::Failed(f)).await;
+                        let settled = settle(
+                            inner,
+                            plan,
+                            &live[index].attempt,
+                            CallOutcome::Failed(f),
+                            Source::Live,
+                        )
+                        .await;
                         hub.fail(&code, &message);
                         return match settled {
                             Settled::Failed(f) => ended(unknown, Some(f)),
@@ -641,7 +655,14 @@ pub(super) async fn run_streamed_round(
                                 }
                             }
                         }
-                        settle(inner, plan, &live[index].attempt, CallOutcome::Unknown(a)).await;
+                        settle(
+                            inner,
+                            plan,
+                            &live[index].attempt,
+                            CallOutcome::Unknown(a),
+                            Source::Live,
+                        )
+                        .await;
                         unknown = Some(entry.name.clone());
                         match continued {
                             Some(next) => {

@@ -299,6 +299,9 @@ async fn a_settlement_whose_wake_up_fails_does_not_strand_the_job(backend: Backe
     })
     .await;
     world.sim.models().set("sim-model", "hang").unwrap();
+    // Waking a job fails (a blip between settling its attempt and waking
+    // it), from the start: whenever the reconciler settles, it meets it.
+    faulty.fail_next("wake_job", 5);
     let (status, job) = world.submit("parked", &chat_body("x"), None).await;
     assert_eq!(status, 201, "{job}");
     let id = job["id"].as_str().unwrap().to_string();
@@ -307,12 +310,11 @@ async fn a_settlement_whose_wake_up_fails_does_not_strand_the_job(backend: Backe
             job["blocked_on"] == "unknown_attempt"
         })
         .await;
-    // The reconciler learns the attempt never executed; waking the job
-    // fails (a blip between the two steps).
-    faulty.fail_next("wake_job", 5);
+    // The reconciler learns the attempt never executed.
     world.sim.models().set("sim-model", "healthy").unwrap();
     let (_, attempts) = succeeded(&world, &id).await;
-    assert_eq!(attempts.len(), 2, "{attempts:?}");
+    // More than two if the reconciler came before the provider recovered.
+    assert!(attempts.len() >= 2, "{attempts:?}");
     assert_eq!(attempts[0]["error_kind"], "not_executed");
     world.stop().await;
 }

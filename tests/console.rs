@@ -248,10 +248,22 @@ async fn an_admin_sees_a_hedged_job_switches_a_provider_and_resolves_a_review_it
 
     let session = log_in(&world, &world.admin_key).await.session.unwrap();
 
-    // The job list, filtered by key, finds the hedged job.
+    // The job list, filtered by the start of a key, finds the hedged job;
+    // the search is by prefix (an index range), so a middle part does not.
     let (status, list) = page(&world, &session, "/ui/jobs?key=hedged").await;
     assert_eq!(status, 200);
     assert!(list.contains(&format!("data-job=\"{hedged}\"")), "{list}");
+    assert!(
+        list.contains("Idempotency key starts with"),
+        "the form says so"
+    );
+    let (_, list) = page(&world, &session, "/ui/jobs?key=edged-1").await;
+    assert!(!list.contains(&format!("data-job=\"{hedged}\"")), "{list}");
+    let (_, list) = page(&world, &session, "/ui/jobs?key=hedged-1").await;
+    assert!(
+        list.contains(&format!("data-job=\"{hedged}\"")),
+        "a whole key"
+    );
     assert!(
         !list.contains(&format!("data-job=\"{stuck}\"")),
         "the filter filters"

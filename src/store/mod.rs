@@ -440,11 +440,13 @@ pub trait Store: Send + Sync + 'static {
         limit: i64,
     ) -> Result<Vec<Job>, StoreError>;
 
-    /// Aggregates of jobs created and attempts started in `[from, to)`.
+    /// Aggregates of jobs created and attempts started in `[from, to)`,
+    /// jobs counted in columns `column_ms` wide from `from`.
     async fn window_stats(
         &self,
         from: Millis,
         to: Millis,
+        column_ms: i64,
     ) -> Result<console::WindowStats, StoreError>;
 
     // Tenants: the key lifecycle, run-time limits, usage (`store/tenants.rs`).

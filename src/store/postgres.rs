@@ -26,7 +26,11 @@ mod ops {
         " FOR UPDATE SKIP LOCKED"
     );
     crate::store::contract_runs::contract_run_ops!(sqlx::PgConnection);
-    crate::store::console::console_ops!(sqlx::PgConnection);
+    crate::store::console::console_ops!(
+        sqlx::PgConnection,
+        "idempotency_key COLLATE \"C\"",
+        "idempotency_key COLLATE \"C\""
+    );
     crate::store::tenants::tenant_ops!(sqlx::PgConnection);
 }
 
@@ -301,8 +305,9 @@ impl Store for PgStore {
         &self,
         from: Millis,
         to: Millis,
+        column_ms: i64,
     ) -> Result<super::console::WindowStats, StoreError> {
-        ops::window_stats(&mut *self.pool.acquire().await?, from, to).await
+        ops::window_stats(&mut *self.pool.acquire().await?, from, to, column_ms).await
     }
 
     async fn list_api_keys(&self, owner: Option<&str>) -> Result<Vec<KeyRecord>, StoreError> {

@@ -31,7 +31,11 @@ mod ops {
     crate::store::ops::store_ops!(sqlx::SqliteConnection, "");
     crate::store::lifecycle::lifecycle_ops!(sqlx::SqliteConnection, "", "");
     crate::store::contract_runs::contract_run_ops!(sqlx::SqliteConnection);
-    crate::store::console::console_ops!(sqlx::SqliteConnection);
+    crate::store::console::console_ops!(
+        sqlx::SqliteConnection,
+        "idempotency_key",
+        "+idempotency_key"
+    );
     crate::store::tenants::tenant_ops!(sqlx::SqliteConnection);
 }
 
@@ -571,8 +575,9 @@ impl Store for SqliteStore {
         &self,
         from: Millis,
         to: Millis,
+        column_ms: i64,
     ) -> Result<super::console::WindowStats, StoreError> {
-        ops::window_stats(&mut *self.read.get().await?, from, to).await
+        ops::window_stats(&mut *self.read.get().await?, from, to, column_ms).await
     }
 
     async fn list_api_keys(&self, owner: Option<&str>) -> Result<Vec<KeyRecord>, StoreError> {

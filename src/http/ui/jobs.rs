@@ -90,7 +90,7 @@ impl ListQuery {
             owner: some(&self.owner),
             created_from: parse_time("from", &self.from)?,
             created_to: parse_time("to", &self.to)?,
-            key_contains: some(&self.key),
+            key_prefix: some(&self.key),
             before,
         })
     }

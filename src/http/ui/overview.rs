@@ -9,7 +9,7 @@ use super::svg::{format_number, stacked_columns, stacked_rows, Series};
 use super::{error_page, layout, render_page};
 use crate::domain::Millis;
 use crate::http::AppState;
-use crate::store::console::WindowStats;
+use crate::store::console::{histogram_percentile, WindowStats};
 use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -54,14 +54,6 @@ fn series<'a>(table: &'a [(&'a str, &'a str)]) -> Vec<Series<'a>> {
         .collect()
 }
 
-fn percentile(sorted: &[i64], p: f64) -> i64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
 #[derive(Serialize)]
 struct LatencyRow {
     provider: String,
@@ -82,21 +74,28 @@ pub struct Drawn {
     pub discarded_tokens: u64,
 }
 
-pub fn draw(stats: &WindowStats, from: Millis, to: Millis) -> Drawn {
-    // Jobs per minute by outcome, in at most 60 columns.
+/// Jobs per minute by outcome are drawn in at most 60 columns: how many
+/// columns `[from, to)` gets and how wide each is.
+pub fn columns_of(from: Millis, to: Millis) -> (usize, i64) {
     let minutes = ((to - from) / 60_000).max(1);
     let per_column = (minutes / 60).max(1);
-    let first_minute = from / 60_000;
-    let columns_n = (minutes / per_column).max(1) as usize;
+    (
+        ((minutes / per_column).max(1)) as usize,
+        per_column * 60_000,
+    )
+}
+
+pub fn draw(stats: &WindowStats, from: Millis, to: Millis) -> Drawn {
+    let (columns_n, column_ms) = columns_of(from, to);
     let mut columns: Vec<(String, Vec<f64>)> = (0..columns_n)
         .map(|i| {
-            let at = (first_minute + i as i64 * per_column) * 60_000;
+            let at = from + i as i64 * column_ms;
             let label = super::when(at).get(11..16).unwrap_or("").to_string();
             (label, vec![0.0; JOB_OUTCOMES.len()])
         })
         .collect();
-    for (minute, state, n) in &stats.jobs_by_minute {
-        let i = (((minute - first_minute) / per_column).max(0) as usize).min(columns_n - 1);
+    for (column, state, n) in &stats.jobs_by_column {
+        let i = (*column.max(&0) as usize).min(columns_n - 1);
         let j = JOB_OUTCOMES
             .iter()
             .position(|(name, _)| name == state)
@@ -106,12 +105,15 @@ pub fn draw(stats: &WindowStats, from: Millis, to: Millis) -> Drawn {
     let jobs_chart = stacked_columns("chart-jobs", &columns, &series(&JOB_OUTCOMES));
 
     let mut by_provider: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
-    for (provider, state, n) in &stats.attempts_by_provider {
+    for t in &stats.attempts {
         let row = by_provider
-            .entry(provider)
+            .entry(&t.provider)
             .or_insert_with(|| vec![0.0; ATTEMPT_OUTCOMES.len()]);
-        if let Some(j) = ATTEMPT_OUTCOMES.iter().position(|(name, _)| name == state) {
-            row[j] += *n as f64;
+        if let Some(j) = ATTEMPT_OUTCOMES
+            .iter()
+            .position(|(name, _)| *name == t.state)
+        {
+            row[j] += t.attempts as f64;
         }
     }
     let rows: Vec<(String, Vec<f64>)> = by_provider
@@ -120,20 +122,21 @@ pub fn draw(stats: &WindowStats, from: Millis, to: Millis) -> Drawn {
         .collect();
     let attempts_chart = stacked_rows("chart-attempts", &rows, &series(&ATTEMPT_OUTCOMES), "");
 
-    let mut samples: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
-    for (provider, ms) in &stats.latencies {
-        samples.entry(provider).or_default().push(*ms);
+    // Succeeded attempts' latency histograms, by provider.
+    let mut histograms: BTreeMap<&str, Vec<(i64, i64)>> = BTreeMap::new();
+    for t in stats.attempts.iter().filter(|t| t.state == "succeeded") {
+        histograms
+            .entry(&t.provider)
+            .or_default()
+            .push((t.latency_le, t.attempts));
     }
-    let latencies: Vec<LatencyRow> = samples
+    let latencies: Vec<LatencyRow> = histograms
         .into_iter()
-        .map(|(provider, mut v)| {
-            v.sort_unstable();
-            LatencyRow {
-                provider: provider.to_string(),
-                n: v.len(),
-                p50: percentile(&v, 50.0),
-                p99: percentile(&v, 99.0),
-            }
+        .map(|(provider, histogram)| LatencyRow {
+            provider: provider.to_string(),
+            n: histogram.iter().map(|(_, n)| *n as usize).sum(),
+            p50: histogram_percentile(&histogram, 50.0),
+            p99: histogram_percentile(&histogram, 99.0),
         })
         .collect();
     let latency_rows: Vec<(String, Vec<f64>)> = latencies
@@ -162,11 +165,8 @@ pub fn draw(stats: &WindowStats, from: Millis, to: Millis) -> Drawn {
     );
 
     let mut discarded: BTreeMap<&str, f64> = BTreeMap::new();
-    for (provider, usage) in &stats.discarded_usage {
-        if let Ok(u) = serde_json::from_str::<crate::providers::Usage>(usage) {
-            *discarded.entry(provider).or_default() +=
-                f64::from(u.prompt_tokens) + f64::from(u.completion_tokens);
-        }
+    for t in stats.attempts.iter().filter(|t| t.state == "discarded") {
+        *discarded.entry(&t.provider).or_default() += t.discarded_tokens as f64;
     }
     let discarded_tokens = discarded.values().sum::<f64>() as u64;
     let discarded_rows: Vec<(String, Vec<f64>)> = discarded
@@ -195,8 +195,8 @@ pub fn draw(stats: &WindowStats, from: Millis, to: Millis) -> Drawn {
         latency_chart,
         discarded_chart,
         latencies,
-        hedge_rate: ratio(stats.hedges, stats.jobs),
-        hedge_win_rate: ratio(stats.hedge_wins, stats.hedges),
+        hedge_rate: ratio(stats.hedges(), stats.jobs),
+        hedge_win_rate: ratio(stats.hedge_wins(), stats.hedges()),
         discarded_tokens,
     }
 }
@@ -216,7 +216,8 @@ pub async fn page(
     // Whole minutes, so the columns line up with the clock.
     let to = (to / 60_000 + 1) * 60_000;
     let from = to - minutes * 60_000;
-    let stats = match state.store.window_stats(from, to).await {
+    let (_, column_ms) = columns_of(from, to);
+    let stats = match state.store.window_stats(from, to, column_ms).await {
         Ok(s) => s,
         Err(e) => return error_page(e.into()),
     };
@@ -228,8 +229,8 @@ pub async fn page(
             window => window,
             windows => WINDOWS.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
             jobs => stats.jobs,
-            hedges => stats.hedges,
-            hedge_wins => stats.hedge_wins,
+            hedges => stats.hedges(),
+            hedge_wins => stats.hedge_wins(),
             hedge_rate => d.hedge_rate,
             hedge_win_rate => d.hedge_win_rate,
             review_depth => stats.review_depth,
@@ -248,29 +249,36 @@ pub async fn page(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::console::AttemptTally;
 
-    #[test]
-    fn percentiles_are_nearest_rank() {
-        let v: Vec<i64> = (1..=100).collect();
-        assert_eq!(percentile(&v, 50.0), 50);
-        assert_eq!(percentile(&v, 99.0), 99);
-        assert_eq!(percentile(&[7], 99.0), 7);
-        assert_eq!(percentile(&[], 50.0), 0);
+    fn tally(
+        provider: &str,
+        kind: &str,
+        state: &str,
+        le: i64,
+        n: i64,
+        tokens: i64,
+    ) -> AttemptTally {
+        AttemptTally {
+            provider: provider.into(),
+            kind: kind.into(),
+            state: state.into(),
+            latency_le: le,
+            attempts: n,
+            discarded_tokens: tokens,
+        }
     }
 
     #[test]
     fn hedge_rates_and_discarded_tokens_come_from_the_window() {
         let stats = WindowStats {
-            jobs_by_minute: vec![(1, "succeeded".into(), 4)],
-            attempts_by_provider: vec![("a".into(), "discarded".into(), 1)],
-            latencies: vec![("b".into(), 100)],
+            jobs_by_column: vec![(1, "succeeded".into(), 4)],
+            attempts: vec![
+                tally("a", "primary", "discarded", 0, 1, 15),
+                tally("b", "hedge", "succeeded", 100, 1, 0),
+                tally("b", "hedge", "failed", 0, 1, 0),
+            ],
             jobs: 4,
-            hedges: 2,
-            hedge_wins: 1,
-            discarded_usage: vec![(
-                "a".into(),
-                r#"{"prompt_tokens":10,"completion_tokens":5}"#.into(),
-            )],
             review_depth: 0,
         };
         let d = draw(&stats, 0, 3_600_000);
@@ -280,5 +288,12 @@ mod tests {
         );
         assert_eq!(d.discarded_tokens, 15);
         assert!(d.jobs_chart.contains("4 succeeded"), "{}", d.jobs_chart);
+        assert_eq!((d.latencies[0].n, d.latencies[0].p99), (1, 100));
+    }
+
+    #[test]
+    fn a_week_is_sixty_columns_of_168_minutes() {
+        assert_eq!(columns_of(0, 7 * 24 * 3_600_000), (60, 168 * 60_000));
+        assert_eq!(columns_of(0, 15 * 60_000), (15, 60_000));
     }
 }

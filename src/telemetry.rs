@@ -4,7 +4,11 @@
 //! demo`'s story, a new key), as text or as JSON lines. A job's work runs
 //! inside a `job` span (`job_id`) and each attempt inside an `attempt` span
 //! (`job_id`, `attempt_id`, `provider`, `kind`), so every line of a job's work
-//! carries those fields (in JSON, under `span` and `spans`).
+//! carries those fields. In JSON they are top-level fields of the line, as a
+//! log pipeline expects (`{"timestamp", "level", "target", "message",
+//! "job_id", "attempt_id", "provider", …, "spans": ["job", "attempt"]}`):
+//! the fields of every span the event is in, the innermost winning, then the
+//! event's own fields.
 //!
 //! With `otlp_endpoint` set, the same spans are exported as OpenTelemetry
 //! traces over OTLP/HTTP (JSON encoding, batched on a thread of its own): one
@@ -124,9 +128,8 @@ pub fn init(config: &TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> 
             .with_writer(std::io::stderr)
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
-            .json()
-            .with_current_span(true)
-            .with_span_list(true)
+            .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+            .event_format(FlatJson)
             .with_writer(std::io::stderr)
             .boxed(),
     };
@@ -146,6 +149,82 @@ pub fn init(config: &TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> 
         .try_init()
         .map_err(|_| TelemetryError::AlreadyInitialised)?;
     Ok(TelemetryGuard { provider })
+}
+
+/// One JSON object per event with its spans' fields at the top level
+/// (tracing-subscriber's JSON format nests them under `span`/`spans`).
+struct FlatJson;
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for FlatJson
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        use serde_json::{Map, Value};
+        let meta = event.metadata();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let mut line = Map::new();
+        line.insert("timestamp".into(), crate::clock::rfc3339(now).into());
+        line.insert("level".into(), meta.level().as_str().into());
+        line.insert("target".into(), meta.target().into());
+        let mut spans = Vec::new();
+        if let Some(scope) = ctx.event_scope() {
+            for span in scope.from_root() {
+                spans.push(Value::from(span.name()));
+                let extensions = span.extensions();
+                // JsonFields wrote the span's fields as a JSON object.
+                let fields = extensions
+                    .get::<tracing_subscriber::fmt::FormattedFields<N>>()
+                    .and_then(|f| serde_json::from_str::<Map<String, Value>>(&f.fields).ok());
+                line.extend(fields.unwrap_or_default());
+            }
+        }
+        event.record(&mut FieldsInto(&mut line));
+        if !spans.is_empty() {
+            line.insert("spans".into(), Value::Array(spans));
+        }
+        writeln!(writer, "{}", Value::Object(line))
+    }
+}
+
+/// Records an event's fields into a JSON object.
+struct FieldsInto<'a>(&'a mut serde_json::Map<String, serde_json::Value>);
+
+impl tracing::field::Visit for FieldsInto<'_> {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_i64(&mut self, field: &tracing::field::Field, value: i64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_bool(&mut self, field: &tracing::field::Field, value: bool) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_f64(&mut self, field: &tracing::field::Field, value: f64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_error(
+        &mut self,
+        field: &tracing::field::Field,
+        value: &(dyn std::error::Error + 'static),
+    ) {
+        self.0.insert(field.name().into(), value.to_string().into());
+    }
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0
+            .insert(field.name().into(), format!("{value:?}").into());
+    }
 }
 
 struct HeaderExtractor<'a>(&'a axum::http::HeaderMap);

@@ -183,5 +183,42 @@ async fn a_job_is_one_trace_with_a_span_per_attempt_continuing_the_clients_trace
         .collect();
     expected.sort();
     assert_eq!(seen, expected, "one span per attempt, each its own");
+
+    // The simulator (a real server) received each attempt's call with a
+    // traceparent in the job's trace whose parent is a span under that
+    // attempt's span: a provider that traces joins the same trace there.
+    for attempt in &attempts {
+        let provider = attempt["provider"].as_str().unwrap();
+        let key = onejob::providers::stable_key(&id, provider);
+        let received = world.sim.ledger().traceparents(&key);
+        assert!(
+            !received.is_empty(),
+            "{provider}: no traceparent reached the simulator"
+        );
+        for header in received {
+            let parts: Vec<&str> = header.split('-').collect();
+            assert_eq!(parts.len(), 4, "{header}");
+            assert_eq!(
+                parts[1], TRACE_ID,
+                "{provider}: {header} is in another trace"
+            );
+            let mut at = Value::String(parts[2].to_string());
+            let attempt_span = loop {
+                let span = all
+                    .iter()
+                    .find(|s| s["spanId"] == at)
+                    .unwrap_or_else(|| panic!("{header}: span {at} is not in the trace"));
+                if span["name"] == "attempt" {
+                    break span;
+                }
+                at = span["parentSpanId"].clone();
+            };
+            assert_eq!(
+                attribute(attempt_span, "attempt_id"),
+                attempt["id"].as_str(),
+                "{provider}: the call continues its own attempt's span"
+            );
+        }
+    }
     world.stop().await;
 }

@@ -45,6 +45,9 @@ pub struct Ledger {
     /// Keyed requests received, executed or replayed: how often a caller
     /// sent the same work, which `executions` (capped at one) cannot show.
     deliveries: Mutex<HashMap<String, u64>>,
+    /// The W3C `traceparent` header of each keyed request that carried one,
+    /// in arrival order: a caller's trace can be checked to reach here.
+    traceparents: Mutex<HashMap<String, Vec<String>>>,
 }
 
 impl Ledger {
@@ -98,6 +101,20 @@ impl Ledger {
     pub fn note_delivery(&self, key: &str) {
         let mut deliveries = self.deliveries.lock().unwrap_or_else(|e| e.into_inner());
         *deliveries.entry(key.to_string()).or_default() += 1;
+    }
+
+    /// Keep the `traceparent` a keyed request arrived with.
+    pub fn note_traceparent(&self, key: &str, traceparent: &str) {
+        let mut seen = self.traceparents.lock().unwrap_or_else(|e| e.into_inner());
+        seen.entry(key.to_string())
+            .or_default()
+            .push(traceparent.to_string());
+    }
+
+    /// The `traceparent` headers requests under `key` carried, oldest first.
+    pub fn traceparents(&self, key: &str) -> Vec<String> {
+        let seen = self.traceparents.lock().unwrap_or_else(|e| e.into_inner());
+        seen.get(key).cloned().unwrap_or_default()
     }
 
     /// How many requests arrived under `key` (a replay counts too).

@@ -518,6 +518,9 @@ async fn chat(
         .map(str::to_string);
     if let Some(k) = key.as_deref() {
         state.ledger.note_delivery(k);
+        if let Some(traceparent) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
+            state.ledger.note_traceparent(k, traceparent);
+        }
     }
     let reused = || invalid("Idempotency-Key was already used with another request body");
     // A recorded key is answered from the ledger whatever the behaviour now.
@@ -710,7 +713,8 @@ pub(crate) async fn ledger(
     };
     Json(
         json!({"key": key, "executions": state.ledger.executions(key),
-                "answer": state.ledger.answer(key)}),
+                "answer": state.ledger.answer(key),
+                "traceparents": state.ledger.traceparents(key)}),
     )
     .into_response()
 }

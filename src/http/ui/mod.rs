@@ -225,6 +225,19 @@ pub fn layout(admin: &UiAdmin, title: &str, nav: &str) -> minijinja::Value {
     }
 }
 
+/// `YYYY-MM-DD HH:MM:SS UTC (5 min ago)`: when, and how long before `now`.
+pub fn when_ago(ms: crate::domain::Millis, now: crate::domain::Millis) -> String {
+    let ago = (now - ms).max(0) / 1000;
+    let ago = match ago {
+        0..=4 => "just now".to_string(),
+        5..=59 => format!("{ago} s ago"),
+        60..=3_599 => format!("{} min ago", ago / 60),
+        3_600..=86_399 => format!("{} h ago", ago / 3_600),
+        _ => format!("{} days ago", ago / 86_400),
+    };
+    format!("{} UTC ({ago})", when(ms))
+}
+
 /// Milliseconds since the epoch as `YYYY-MM-DD HH:MM:SS` UTC.
 pub fn when(ms: crate::domain::Millis) -> String {
     let text = crate::clock::rfc3339(ms);

@@ -98,7 +98,12 @@ pub async fn page(State(state): State<AppState>, admin: UiAdmin) -> Response {
             enabled: v.enabled,
             changed_by: v.changed_by,
             reason: v.reason,
-            changed_at: v.changed_at,
+            changed_at: v
+                .changed_at
+                .as_deref()
+                .and_then(|t| humantime::parse_rfc3339_weak(t).ok())
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| super::when_ago(d.as_millis() as i64, now)),
             breaker,
             breaker_class,
             eligibility: v

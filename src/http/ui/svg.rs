@@ -93,22 +93,53 @@ pub struct Series<'a> {
     pub colour: &'a str,
 }
 
-fn legend(svg: &mut Svg, series: &[Series], y: f64) {
-    let mut x = 40.0;
+/// Width of `text` at font size 10 in a sans-serif face, erring wide (a
+/// DejaVu Sans lower-case letter is about 6.1 px; `_` and `m`, `w` wider).
+fn text_width(text: &str) -> f64 {
+    text.chars()
+        .map(|c| match c {
+            'm' | 'w' | 'M' | 'W' | '_' => 9.0,
+            'i' | 'l' | 'j' | 't' | 'f' | 'r' | ' ' | '.' => 4.0,
+            _ => 6.5,
+        })
+        .sum()
+}
+
+const LEGEND_ROW: f64 = 14.0;
+
+/// Draws the legend from `y` down, wrapping onto another row before an entry
+/// would pass the right edge; how many rows it took.
+fn legend(svg: &mut Svg, series: &[Series], y: f64, width: f64) -> usize {
+    let (left, right) = (40.0, width - 6.0);
+    let (mut x, mut row) = (left, 0);
     for s in series {
+        let w = 13.0 + text_width(s.name);
+        if x > left && x + w > right {
+            row += 1;
+            x = left;
+        }
+        let y = y + row as f64 * LEGEND_ROW;
         svg.rect(x, y - 9.0, 10.0, 10.0, s.colour, s.name);
         svg.text(x + 13.0, y, s.name, "start", 10.0, "#475467");
-        x += 18.0 + s.name.len() as f64 * 5.5;
+        x += w + 10.0;
     }
+    row + 1
+}
+
+/// How many rows `legend` takes (drawn into a scratch image).
+fn legend_rows(series: &[Series], width: f64) -> usize {
+    legend(&mut Svg::new(width, 0.0, ""), series, 0.0, width)
 }
 
 /// Columns over time, each stacked by series: `columns[i].1[j]` is series
 /// `j`'s value in column `i`; `columns[i].0` labels the column (every few
 /// columns get their label drawn).
 pub fn stacked_columns(id: &str, columns: &[(String, Vec<f64>)], series: &[Series]) -> String {
-    let (width, height, left, bottom, top) = (420.0, 210.0, 40.0, 36.0, 22.0);
+    let (width, left, bottom) = (420.0, 40.0, 36.0);
+    let extra = (legend_rows(series, width) - 1) as f64 * LEGEND_ROW;
+    let (height, top) = (210.0 + extra, 22.0 + extra);
     let mut svg = Svg::new(width, height, id);
-    legend(&mut svg, series, 12.0);
+    legend(&mut svg, series, 12.0, width);
     let max = columns
         .iter()
         .map(|(_, v)| v.iter().sum::<f64>())
@@ -177,10 +208,11 @@ pub fn stacked_rows(
     unit: &str,
 ) -> String {
     let row_h = 24.0;
-    let (width, left, top) = (420.0, 110.0, 26.0);
+    let (width, left) = (420.0, 110.0);
+    let top = 26.0 + (legend_rows(series, width) - 1) as f64 * LEGEND_ROW;
     let height = top + rows.len().max(1) as f64 * row_h + 10.0;
     let mut svg = Svg::new(width, height, id);
-    legend(&mut svg, series, 12.0);
+    legend(&mut svg, series, 12.0, width);
     if rows.is_empty() {
         svg.text(
             left,
@@ -243,6 +275,35 @@ pub fn format_number(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_legend_wraps_before_its_last_entry_would_pass_the_edge() {
+        let names = [
+            "succeeded",
+            "failed",
+            "needs_review",
+            "cancelled",
+            "in flight",
+            "discarded",
+        ];
+        let series: Vec<Series> = names
+            .iter()
+            .map(|n| Series {
+                name: n,
+                colour: "#000",
+            })
+            .collect();
+        let mut svg = Svg::new(420.0, 100.0, "t");
+        let rows = legend(&mut svg, &series, 12.0, 420.0);
+        assert_eq!(rows, 2);
+        let out = svg.finish();
+        // Every label starts inside and, at its estimated width, ends inside.
+        for part in out.split("<text x=\"").skip(1) {
+            let x: f64 = part.split('"').next().unwrap().parse().unwrap();
+            let name = part.split('>').nth(1).unwrap().split('<').next().unwrap();
+            assert!(x + text_width(name) <= 414.0, "{name} at {x}");
+        }
+    }
 
     #[test]
     fn text_is_escaped() {

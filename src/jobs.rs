@@ -140,6 +140,7 @@ pub async fn submit(
         created_at: now,
         // Created and claimed in one commit: this process drives it at once.
         lease: engine.map(|e| e.lease_for_new_job(route, now)),
+        key_id: Some(caller.key_family.clone()),
     };
     // The job is committed with this process's lease: whoever commits it
     // must hand it to the engine, even if the client goes away meanwhile.

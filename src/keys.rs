@@ -11,6 +11,7 @@ use crate::clock::Clock;
 use crate::domain::{new_id, Millis};
 use crate::store::tenants::{KeyRecord, Rotation};
 use crate::store::{ApiKey, Store, StoreError};
+use crate::tenants::limits::Limits;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use std::time::Duration;
@@ -23,12 +24,39 @@ const SHOWN_CHARS: usize = 11;
 const MAX_LIFETIME: Duration = Duration::from_secs(10 * 366 * 86_400);
 
 /// Who is calling: the owner (tenant) of the key, never a header the client chooses.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Caller {
     pub owner_id: String,
     pub is_admin: bool,
     /// The key used, for `last used` and the audit trail.
     pub key_id: String,
+    /// The key whose limits and counts this one shares (the first of its
+    /// rotations; usually `key_id`): what a job records as its key.
+    pub key_family: String,
+    /// The key's own limits, in addition to its owner's.
+    pub key_limits: Limits,
+}
+
+impl Caller {
+    /// The caller a live key row stands for; unreadable stored limits are
+    /// logged and read as none.
+    pub fn of(key: &ApiKey) -> Caller {
+        let key_limits = match key.limits.as_deref().map(serde_json::from_str::<Limits>) {
+            None => Limits::default(),
+            Some(Ok(l)) => l,
+            Some(Err(e)) => {
+                tracing::error!(key = %key.id, error = %e, "unreadable stored key limits; ignored");
+                Limits::default()
+            }
+        };
+        Caller {
+            owner_id: key.owner_id.clone(),
+            is_admin: key.is_admin,
+            key_id: key.id.clone(),
+            key_family: key.family().to_string(),
+            key_limits,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +69,8 @@ pub enum KeyError {
     NotFound(String),
     #[error("key {0} is revoked, expired or already rotated")]
     NotLive(String),
+    #[error("{0}")]
+    InvalidLimits(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -93,7 +123,22 @@ fn new_row(
         created_at: now,
         expires_at: expires_in.map(|d| now + d.as_millis() as Millis),
         revoked_at: None,
+        limits: None,
+        family_id: None,
     }
+}
+
+/// Limits as stored on a key: `None` when no field is set.
+fn stored_limits(limits: &Limits) -> Result<Option<String>, KeyError> {
+    limits
+        .check()
+        .map_err(|e| KeyError::InvalidLimits(format!("limits.{e}")))?;
+    if *limits == Limits::default() {
+        return Ok(None);
+    }
+    serde_json::to_string(limits)
+        .map(Some)
+        .map_err(|e| KeyError::InvalidLimits(e.to_string()))
 }
 
 /// A new key and its record; the key is in no log and nowhere else.
@@ -109,22 +154,28 @@ pub async fn create_key(
     owner: &str,
     admin: bool,
 ) -> Result<String, KeyError> {
-    Ok(create(store, clock, owner, admin, None).await?.secret)
+    Ok(create(store, clock, owner, admin, None, Limits::default())
+        .await?
+        .secret)
 }
 
-/// Create a key, expiring `expires_in` from now when given.
+/// Create a key, expiring `expires_in` from now when given, with limits of
+/// its own (in addition to its owner's) when any field is set.
 pub async fn create(
     store: &dyn Store,
     clock: &dyn Clock,
     owner: &str,
     admin: bool,
     expires_in: Option<Duration>,
+    limits: Limits,
 ) -> Result<CreatedKey, KeyError> {
     if !valid_owner(owner) {
         return Err(KeyError::InvalidOwner);
     }
+    let limits = stored_limits(&limits)?;
     let secret = new_secret();
-    let row = new_row(owner, admin, &secret, clock.now_ms(), expires_in);
+    let mut row = new_row(owner, admin, &secret, clock.now_ms(), expires_in);
+    row.limits = limits;
     let record = KeyRecord::from(&row);
     store.insert_api_key(row).await?;
     Ok(CreatedKey { secret, record })
@@ -145,6 +196,39 @@ pub async fn revoke(
         return Err(KeyError::NotFound(id.to_string()));
     };
     if !store.revoke_api_key(id, actor, clock.now_ms()).await? {
+        return Err(KeyError::NotLive(id.to_string()));
+    }
+    store
+        .get_api_key(id)
+        .await?
+        .ok_or_else(|| KeyError::NotFound(id.to_string()))
+}
+
+/// Replace the own limits of key `id` (and of the keys it rotated from or
+/// to, which share them), audited; every server applies them within a
+/// second. No field set: the key has none of its own.
+pub async fn set_limits(
+    store: &dyn Store,
+    clock: &dyn Clock,
+    id: &str,
+    limits: Limits,
+    actor: &str,
+    reason: &str,
+) -> Result<KeyRecord, KeyError> {
+    let stored = stored_limits(&limits)?;
+    let reason = reason.trim();
+    if reason.is_empty() || reason.chars().count() > 500 {
+        return Err(KeyError::InvalidLimits(
+            "reason: required, 1-500 characters".into(),
+        ));
+    }
+    let Some(_) = store.get_api_key(id).await? else {
+        return Err(KeyError::NotFound(id.to_string()));
+    };
+    if !store
+        .set_key_limits(id, stored, actor, reason, clock.now_ms())
+        .await?
+    {
         return Err(KeyError::NotLive(id.to_string()));
     }
     store
@@ -175,6 +259,9 @@ pub async fn rotate(
     let secret = new_secret();
     let mut row = new_row(&old.owner_id, old.is_admin, &secret, now, None);
     row.expires_at = old.expires_at;
+    // The successor is the same key to its limits and counts.
+    row.limits = old.limits.clone();
+    row.family_id = Some(old.family.clone());
     let record = KeyRecord::from(&row);
     let rotation = Rotation {
         old_id: id.to_string(),
@@ -208,11 +295,7 @@ pub async fn authenticate(
         .find_api_key(&hash_key(presented))
         .await?
         .filter(|k| k.is_live_at(now))
-        .map(|k| Caller {
-            owner_id: k.owner_id,
-            is_admin: k.is_admin,
-            key_id: k.id,
-        }))
+        .map(|k| Caller::of(&k)))
 }
 
 /// What a listed key is now.
@@ -237,6 +320,8 @@ impl From<&ApiKey> for KeyRecord {
             revoked_at: k.revoked_at,
             last_used_at: None,
             replaced_by: None,
+            limits: k.limits.clone(),
+            family: k.family().to_string(),
         }
     }
 }

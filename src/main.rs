@@ -174,6 +174,34 @@ enum ProvidersCommand {
     },
 }
 
+/// A key's own limits, in addition to its owner's (both must pass).
+#[derive(clap::Args)]
+struct KeyLimitFlags {
+    /// Sustained job requests per second with this key
+    #[arg(long, alias = "rps")]
+    requests_per_second: Option<f64>,
+    /// Requests at once above the rate [default: the rate]
+    #[arg(long)]
+    burst: Option<u32>,
+    /// Jobs pending or running at once, made with this key
+    #[arg(long)]
+    concurrent_jobs: Option<u32>,
+    /// Prompt + completion tokens per UTC day of this key's jobs
+    #[arg(long)]
+    tokens_per_day: Option<u64>,
+}
+
+impl KeyLimitFlags {
+    fn limits(&self) -> onejob::tenants::limits::Limits {
+        onejob::tenants::limits::Limits {
+            requests_per_second: self.requests_per_second,
+            burst: self.burst,
+            concurrent_jobs: self.concurrent_jobs,
+            tokens_per_day: self.tokens_per_day,
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum KeysCommand {
     /// Create a key; it is printed once, alone on the last line.
@@ -187,6 +215,20 @@ enum KeysCommand {
         /// Refuse the key after this long, e.g. 90d [default: never]
         #[arg(long)]
         expires_in: Option<String>,
+        #[command(flatten)]
+        limits: KeyLimitFlags,
+    },
+    /// Replace a key's own limits (none given: it has none of its own but
+    /// its owner's still apply); audited, kept across rotations.
+    Limits {
+        #[command(flatten)]
+        db: DbArgs,
+        id: String,
+        #[command(flatten)]
+        limits: KeyLimitFlags,
+        /// Why (1-500 characters); kept in the audit trail.
+        #[arg(long)]
+        reason: String,
     },
     /// Keys with owner, id, prefix, state, created, last used, expiry, revocation.
     List {
@@ -328,7 +370,17 @@ fn main() -> ExitCode {
                     owner,
                     admin,
                     expires_in,
-                } => cli::tenants::create(&db, &owner, admin, expires_in.as_deref()).await,
+                    limits,
+                } => {
+                    cli::tenants::create(&db, &owner, admin, expires_in.as_deref(), limits.limits())
+                        .await
+                }
+                KeysCommand::Limits {
+                    db,
+                    id,
+                    limits,
+                    reason,
+                } => cli::tenants::set_key_limits(&db, &id, limits.limits(), &reason).await,
                 KeysCommand::List { db, owner } => cli::tenants::list(&db, owner.as_deref()).await,
                 KeysCommand::Revoke { db, id } => cli::tenants::revoke(&db, &id).await,
                 KeysCommand::Rotate { db, id, grace } => {

@@ -656,6 +656,7 @@ async fn orphaned_attempt(
         created_at: now - 10_000,
         // Held by a process that is gone; it runs out soon after the setup.
         lease: Some(("dead-process".into(), now + 1_500)),
+        key_id: None,
     };
     let job_id = job.id.clone();
     world.store.create_job(job).await.unwrap();

@@ -36,6 +36,7 @@ async fn job_in_review(store: &dyn Store) -> (String, String) {
         route: "default".into(),
         created_at: 1,
         lease: None,
+        key_id: None,
     };
     let job_id = job.id.clone();
     store.create_job(job).await.unwrap();

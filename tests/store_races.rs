@@ -32,6 +32,7 @@ async fn new_job(store: &dyn Store) -> String {
         route: "default".into(),
         created_at: 1,
         lease: None,
+        key_id: None,
     };
     match store.create_job(job).await.unwrap() {
         CreateOutcome::Created(job) => job.id,
@@ -319,6 +320,7 @@ async fn an_unknown_settled_before_its_driver_blocks_leaves_the_job_runnable(bac
         route: "default".into(),
         created_at: 1,
         lease: Some(("driver".into(), 1_000)),
+        key_id: None,
     };
     let CreateOutcome::Created(job) = store.create_job(job).await.unwrap() else {
         panic!("expected a new job");

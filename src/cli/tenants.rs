@@ -18,30 +18,53 @@ fn actor() -> String {
     }
 }
 
-/// `onejob keys create --owner NAME [--admin] [--expires-in 30d]`; the key
-/// alone on the last line.
+/// A key's limits as `keys list` and the messages show them.
+fn limits_text(limits: Option<&str>) -> String {
+    limits.map_or_else(|| "-".to_string(), str::to_string)
+}
+
+/// `onejob keys create --owner NAME [--admin] [--expires-in 30d]
+/// [--requests-per-second N] …`; the key alone on the last line.
 pub async fn create(
     db: &DbArgs,
     owner: &str,
     admin: bool,
     expires_in: Option<&str>,
+    limits: Limits,
 ) -> anyhow::Result<()> {
     let expires_in = expires_in
         .map(|t| keys::parse_duration("--expires-in", t))
         .transpose()?;
+    limits
+        .check()
+        .map_err(|e| anyhow::anyhow!("--{}", e.replace('_', "-")))?;
     let config = db.load(None)?;
     let store = open_store(&config).await?;
-    let created = keys::create(store.as_ref(), &SystemClock, owner, admin, expires_in).await;
+    let created = keys::create(
+        store.as_ref(),
+        &SystemClock,
+        owner,
+        admin,
+        expires_in,
+        limits,
+    )
+    .await;
     store.close().await;
     let created = created?;
     println!(
-        "created {} key {} for owner {owner}{}; it is shown once, store it now:",
+        "created {} key {} for owner {owner}{}{}; it is shown once, store it now:",
         if admin { "an admin" } else { "a" },
         created.record.id,
         created
             .record
             .expires_at
             .map(|e| format!(", expiring {}", rfc3339(e)))
+            .unwrap_or_default(),
+        created
+            .record
+            .limits
+            .as_deref()
+            .map(|l| format!(", with its own limits {l} (its owner's apply too)"))
             .unwrap_or_default()
     );
     println!("{}", created.secret);
@@ -65,6 +88,7 @@ pub async fn list(db: &DbArgs, owner: Option<&str>) -> anyhow::Result<()> {
         "LAST USED",
         "EXPIRES",
         "REVOKED",
+        "LIMITS",
     ]
     .map(String::from)];
     let time = |t: Option<i64>| t.map(rfc3339).unwrap_or_else(|| "-".into());
@@ -79,6 +103,7 @@ pub async fn list(db: &DbArgs, owner: Option<&str>) -> anyhow::Result<()> {
             time(k.last_used_at),
             time(k.expires_at),
             time(k.revoked_at),
+            limits_text(k.limits.as_deref()),
         ]);
     }
     print!("{}", table(&rows));
@@ -118,6 +143,30 @@ pub async fn rotate(db: &DbArgs, id: &str, grace: &str) -> anyhow::Result<()> {
         rotated.created.record.id
     );
     println!("{}", rotated.created.secret);
+    Ok(())
+}
+
+/// `onejob keys limits ID --reason TEXT [--requests-per-second N] …`.
+pub async fn set_key_limits(
+    db: &DbArgs,
+    id: &str,
+    limits: Limits,
+    reason: &str,
+) -> anyhow::Result<()> {
+    limits
+        .check()
+        .map_err(|e| anyhow::anyhow!("--{}", e.replace('_', "-")))?;
+    let config = db.load(None)?;
+    let store = open_store(&config).await?;
+    let result = keys::set_limits(store.as_ref(), &SystemClock, id, limits, &actor(), reason).await;
+    store.close().await;
+    let record = result?;
+    println!(
+        "limits of key {} (owner {}) set to {}; its owner's apply too; running servers apply them within a second",
+        record.id,
+        record.owner_id,
+        limits_text(record.limits.as_deref())
+    );
     Ok(())
 }
 

@@ -96,6 +96,9 @@ pub struct NewJob {
     /// An engine instance that takes the job at once (create and claim in one
     /// commit), with its lease end; `None` leaves it to any dispatcher.
     pub lease: Option<(String, Millis)>,
+    /// The key (family, see `ApiKey::family`) that created it; `None` for
+    /// jobs made without a key.
+    pub key_id: Option<String>,
 }
 
 impl NewJob {

@@ -99,6 +99,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/admin/keys/{id}/revoke", post(tenants::revoke_key))
         .route("/v1/admin/keys/{id}/rotate", post(tenants::rotate_key))
+        .route("/v1/admin/keys/{id}/limits", post(tenants::set_key_limits))
         .route("/v1/admin/limits", get(tenants::show_limits))
         .route("/v1/admin/limits/{owner}", post(tenants::set_limits))
         .route("/v1/admin/tenants/audit", get(tenants::audit))

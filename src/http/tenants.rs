@@ -32,6 +32,8 @@ pub struct KeyView {
     pub expires_at: Option<String>,
     pub revoked_at: Option<String>,
     pub replaced_by: Option<String>,
+    /// The key's own limits, in addition to its owner's; `{}` when none.
+    pub limits: serde_json::Value,
 }
 
 impl KeyView {
@@ -47,6 +49,11 @@ impl KeyView {
             expires_at: k.expires_at.map(rfc3339),
             revoked_at: k.revoked_at.map(rfc3339),
             replaced_by: k.replaced_by,
+            limits: k
+                .limits
+                .as_deref()
+                .and_then(|l| serde_json::from_str(l).ok())
+                .unwrap_or_else(|| json!({})),
         }
     }
 }
@@ -58,6 +65,7 @@ impl From<KeyError> for ApiError {
             KeyError::InvalidDuration(m) => ApiError::InvalidRequest(m),
             KeyError::NotFound(_) => ApiError::NotFound("key"),
             KeyError::NotLive(_) => ApiError::KeyNotLive(e.to_string()),
+            KeyError::InvalidLimits(m) => ApiError::InvalidRequest(m),
             KeyError::Store(s) => s.into(),
         }
     }
@@ -91,6 +99,9 @@ struct CreateKey {
     /// e.g. "30d"; never expires when absent.
     #[serde(default)]
     expires_in: Option<String>,
+    /// The key's own limits, in addition to its owner's.
+    #[serde(default)]
+    limits: Limits,
 }
 
 pub async fn create_key(
@@ -110,6 +121,7 @@ pub async fn create_key(
         &req.owner,
         req.admin,
         expires_in,
+        req.limits,
     )
     .await?;
     tracing::info!(key = %created.record.id, owner = %req.owner, actor = %admin.owner_id, "key created");
@@ -130,6 +142,32 @@ pub async fn revoke_key(
     // This server refuses it at once; the others within a second.
     state.tenants.watch_once().await?;
     tracing::info!(key = %id, actor = %actor, "key revoked");
+    Ok(Json(KeyView::new(record, state.clock.now_ms())))
+}
+
+/// Replace key `id`'s own limits (those of its rotations too): audited;
+/// every server applies them within a second. `{"limits": {}, …}` leaves
+/// the key with none of its own.
+pub async fn set_key_limits(
+    State(state): State<AppState>,
+    Admin(admin): Admin,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<KeyView>, ApiError> {
+    let req: SetLimits = super::body::parse(&body)?;
+    let reason = super::body::reason(&req.reason)?;
+    let actor = format!("admin:{}", admin.owner_id);
+    let record = keys::set_limits(
+        state.store.as_ref(),
+        state.clock.as_ref(),
+        &id,
+        req.limits,
+        &actor,
+        reason,
+    )
+    .await?;
+    state.tenants.watch_once().await?;
+    tracing::info!(key = %id, actor = %actor, reason, "key limits changed");
     Ok(Json(KeyView::new(record, state.clock.now_ms())))
 }
 

@@ -257,9 +257,19 @@ pub struct ApiKey {
     pub created_at: Millis,
     pub expires_at: Option<Millis>,
     pub revoked_at: Option<Millis>,
+    /// The key's own limits (JSON of the fields set), over the owner's.
+    pub limits: Option<String>,
+    /// The key its chain of rotations began with; `None`: this key.
+    pub family_id: Option<String>,
 }
 
 impl ApiKey {
+    /// The key whose limits, live jobs and tokens this key shares: the
+    /// first of its rotations.
+    pub fn family(&self) -> &str {
+        self.family_id.as_deref().unwrap_or(&self.id)
+    }
+
     /// Neither revoked nor expired at `now`.
     pub fn is_live_at(&self, now: Millis) -> bool {
         self.revoked_at.is_none() && self.expires_at.is_none_or(|e| e > now)
@@ -482,7 +492,24 @@ pub trait Store: Send + Sync + 'static {
     async fn leave_instances(&self, instance: &str) -> Result<(), StoreError>;
 
     /// The owner's live jobs and today's tokens, in one read.
-    async fn owner_load(&self, owner: &str, day: i64) -> Result<OwnerLoad, StoreError>;
+    /// An owner's (and, given its family id, a key's) live jobs and tokens on `day`.
+    async fn owner_load(
+        &self,
+        owner: &str,
+        key: Option<&str>,
+        day: i64,
+    ) -> Result<OwnerLoad, StoreError>;
+
+    /// Set (or with `None` clear) the limits of key `id` and of every key
+    /// of its family, audited; false when no live key has that id.
+    async fn set_key_limits(
+        &self,
+        id: &str,
+        limits: Option<String>,
+        actor: &str,
+        reason: &str,
+        at: Millis,
+    ) -> Result<bool, StoreError>;
 
     /// Usage rows from `from_day` on, of `owner` or of everyone.
     async fn usage(&self, owner: Option<&str>, from_day: i64) -> Result<Vec<UsageRow>, StoreError>;

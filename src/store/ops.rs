@@ -26,8 +26,8 @@ macro_rules! store_ops {
         pub(crate) async fn create_job(conn: &mut $conn, job: NewJob) -> Result<CreateOutcome, StoreError> {
             let inserted = sqlx::query(
                 "INSERT INTO jobs (id, owner_id, idempotency_key, fingerprint, request, route, state, \
-                 version, attempt_count, created_at, updated_at, next_run_at, lease_owner, lease_until) \
-                 VALUES ($1, $2, $3, $4, $5, $6, 'pending', 0, 0, $7, $7, $7, $8, $9) \
+                 version, attempt_count, created_at, updated_at, next_run_at, lease_owner, lease_until, key_id) \
+                 VALUES ($1, $2, $3, $4, $5, $6, 'pending', 0, 0, $7, $7, $7, $8, $9, $10) \
                  ON CONFLICT (owner_id, idempotency_key) DO NOTHING",
             )
             .bind(&job.id)
@@ -39,6 +39,7 @@ macro_rules! store_ops {
             .bind(job.created_at)
             .bind(job.lease.as_ref().map(|(owner, _)| owner.as_str()))
             .bind(job.lease.as_ref().map(|(_, until)| *until))
+            .bind(job.key_id.as_deref())
             .execute(&mut *conn)
             .await?
             .rows_affected();
@@ -420,8 +421,8 @@ macro_rules! store_ops {
 
         pub(crate) async fn insert_api_key(conn: &mut $conn, key: &ApiKey) -> Result<(), StoreError> {
             sqlx::query(
-                "INSERT INTO api_keys (id, owner_id, key_hash, prefix, is_admin, created_at, expires_at, revoked_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                "INSERT INTO api_keys (id, owner_id, key_hash, prefix, is_admin, created_at, expires_at, revoked_at, \
+                 limits, family_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
             )
             .bind(&key.id)
             .bind(&key.owner_id)
@@ -431,6 +432,8 @@ macro_rules! store_ops {
             .bind(key.created_at)
             .bind(key.expires_at)
             .bind(key.revoked_at)
+            .bind(&key.limits)
+            .bind(&key.family_id)
             .execute(&mut *conn)
             .await?;
             Ok(())
@@ -438,8 +441,8 @@ macro_rules! store_ops {
 
         pub(crate) async fn find_api_key(conn: &mut $conn, key_hash: &str) -> Result<Option<ApiKey>, StoreError> {
             let row: Option<ApiKeyRow> = sqlx::query_as(
-                "SELECT id, owner_id, key_hash, prefix, is_admin, created_at, expires_at, revoked_at \
-                 FROM api_keys WHERE key_hash = $1",
+                "SELECT id, owner_id, key_hash, prefix, is_admin, created_at, expires_at, revoked_at, \
+                 limits, family_id FROM api_keys WHERE key_hash = $1",
             )
             .bind(key_hash)
             .fetch_optional(&mut *conn)

@@ -359,8 +359,31 @@ impl Store for PgStore {
         ops::leave(&mut *self.pool.acquire().await?, instance).await
     }
 
-    async fn owner_load(&self, owner: &str, day: i64) -> Result<OwnerLoad, StoreError> {
-        ops::owner_load(&mut *self.pool.acquire().await?, owner, day).await
+    async fn owner_load(
+        &self,
+        owner: &str,
+        key: Option<&str>,
+        day: i64,
+    ) -> Result<OwnerLoad, StoreError> {
+        ops::owner_load(&mut *self.pool.acquire().await?, owner, key, day).await
+    }
+
+    async fn set_key_limits(
+        &self,
+        id: &str,
+        limits: Option<String>,
+        actor: &str,
+        reason: &str,
+        at: Millis,
+    ) -> Result<bool, StoreError> {
+        in_tx!(self, |c| ops::set_key_limits(
+            c,
+            id,
+            limits.as_deref(),
+            actor,
+            reason,
+            at
+        ))
     }
 
     async fn usage(&self, owner: Option<&str>, from_day: i64) -> Result<Vec<UsageRow>, StoreError> {

@@ -147,6 +147,8 @@ pub(crate) struct ApiKeyRow {
     created_at: i64,
     expires_at: Option<i64>,
     revoked_at: Option<i64>,
+    limits: Option<String>,
+    family_id: Option<String>,
 }
 
 impl From<ApiKeyRow> for ApiKey {
@@ -160,6 +162,8 @@ impl From<ApiKeyRow> for ApiKey {
             created_at: r.created_at,
             expires_at: r.expires_at,
             revoked_at: r.revoked_at,
+            limits: r.limits,
+            family_id: r.family_id,
         }
     }
 }

@@ -639,8 +639,30 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn owner_load(&self, owner: &str, day: i64) -> Result<OwnerLoad, StoreError> {
-        ops::owner_load(&mut *self.read.get().await?, owner, day).await
+    async fn owner_load(
+        &self,
+        owner: &str,
+        key: Option<&str>,
+        day: i64,
+    ) -> Result<OwnerLoad, StoreError> {
+        ops::owner_load(&mut *self.read.get().await?, owner, key, day).await
+    }
+
+    async fn set_key_limits(
+        &self,
+        id: &str,
+        limits: Option<String>,
+        actor: &str,
+        reason: &str,
+        at: Millis,
+    ) -> Result<bool, StoreError> {
+        let (id, actor, reason) = (id.to_string(), actor.to_string(), reason.to_string());
+        self.write(move |c| {
+            Box::pin(async move {
+                ops::set_key_limits(c, &id, limits.as_deref(), &actor, &reason, at).await
+            })
+        })
+        .await
     }
 
     async fn usage(&self, owner: Option<&str>, from_day: i64) -> Result<Vec<UsageRow>, StoreError> {

@@ -20,6 +20,10 @@ pub struct KeyRecord {
     pub last_used_at: Option<Millis>,
     /// The key a rotation made to replace this one.
     pub replaced_by: Option<String>,
+    /// The key's own limits (JSON of the fields set), over its owner's.
+    pub limits: Option<String>,
+    /// The key its rotations began with (itself when never rotated).
+    pub family: String,
 }
 
 /// A rotation: the new key's row, and when the old one stops working.
@@ -77,6 +81,9 @@ pub struct UsageRow {
 pub struct OwnerLoad {
     pub active_jobs: i64,
     pub tokens_today: i64,
+    /// The key's (family's), when one was asked for.
+    pub key_active_jobs: i64,
+    pub key_tokens_today: i64,
 }
 
 pub const MS_PER_DAY: Millis = 86_400_000;
@@ -143,7 +150,7 @@ macro_rules! tenant_ops {
         ) -> Result<Vec<KeyRecord>, StoreError> {
             Ok(sqlx::query_as(
                 "SELECT id, owner_id, prefix, is_admin, created_at, expires_at, revoked_at, \
-                 last_used_at, replaced_by FROM api_keys \
+                 last_used_at, replaced_by, limits, COALESCE(family_id, id) AS family FROM api_keys \
                  WHERE ($1 IS NULL OR owner_id = $1) ORDER BY owner_id, created_at, id",
             )
             .bind(owner)
@@ -154,7 +161,7 @@ macro_rules! tenant_ops {
         pub(crate) async fn get_key(conn: &mut $conn, id: &str) -> Result<Option<KeyRecord>, StoreError> {
             Ok(sqlx::query_as(
                 "SELECT id, owner_id, prefix, is_admin, created_at, expires_at, revoked_at, \
-                 last_used_at, replaced_by FROM api_keys WHERE id = $1",
+                 last_used_at, replaced_by, limits, COALESCE(family_id, id) AS family FROM api_keys WHERE id = $1",
             )
             .bind(id)
             .fetch_optional(&mut *conn)
@@ -308,18 +315,64 @@ macro_rules! tenant_ops {
             Ok(())
         }
 
-        pub(crate) async fn owner_load(conn: &mut $conn, owner: &str, day: i64) -> Result<OwnerLoad, StoreError> {
-            let (active_jobs, tokens_today): (i64, Option<i64>) = sqlx::query_as(concat!(
-                "SELECT (SELECT COUNT(*) FROM jobs WHERE owner_id = $1 AND state IN (",
-                crate::job_states_taking_attempts!(),
-                ")), (SELECT CAST(SUM(prompt_tokens + completion_tokens) AS BIGINT) FROM usage_daily \
-                  WHERE owner_id = $1 AND day = $2)"
-            ))
-            .bind(owner)
-            .bind(day)
-            .fetch_one(&mut *conn)
-            .await?;
-            Ok(OwnerLoad { active_jobs, tokens_today: tokens_today.unwrap_or(0) })
+        /// One query; each count is served by an index (`jobs_active_by_owner`,
+        /// `jobs_active_by_key`, `usage_daily`'s primary key).
+        pub(crate) async fn owner_load(
+            conn: &mut $conn,
+            owner: &str,
+            key: Option<&str>,
+            day: i64,
+        ) -> Result<OwnerLoad, StoreError> {
+            let (active_jobs, tokens_today, key_active_jobs, key_tokens_today): (i64, Option<i64>, i64, Option<i64>) =
+                sqlx::query_as(concat!(
+                    "SELECT (SELECT COUNT(*) FROM jobs WHERE owner_id = $1 AND state IN (",
+                    crate::job_states_taking_attempts!(),
+                    ")), (SELECT CAST(SUM(prompt_tokens + completion_tokens) AS BIGINT) FROM usage_daily \
+                      WHERE owner_id = $1 AND day = $2), \
+                     (SELECT COUNT(*) FROM jobs WHERE key_id = $3 AND state IN (",
+                    crate::job_states_taking_attempts!(),
+                    ")), (SELECT CAST(SUM(prompt_tokens + completion_tokens) AS BIGINT) FROM usage_daily \
+                      WHERE owner_id = $1 AND day = $2 AND key_id = $3)"
+                ))
+                .bind(owner)
+                .bind(day)
+                .bind(key)
+                .fetch_one(&mut *conn)
+                .await?;
+            Ok(OwnerLoad {
+                active_jobs,
+                tokens_today: tokens_today.unwrap_or(0),
+                key_active_jobs,
+                key_tokens_today: key_tokens_today.unwrap_or(0),
+            })
+        }
+
+        pub(crate) async fn set_key_limits(
+            conn: &mut $conn,
+            id: &str,
+            limits: Option<&str>,
+            actor: &str,
+            reason: &str,
+            at: Millis,
+        ) -> Result<bool, StoreError> {
+            let n = sqlx::query(
+                "UPDATE api_keys SET limits = $2 WHERE COALESCE(family_id, id) = \
+                 (SELECT COALESCE(family_id, id) FROM api_keys WHERE id = $1 AND revoked_at IS NULL \
+                  AND (expires_at IS NULL OR expires_at > $3))",
+            )
+            .bind(id)
+            .bind(limits)
+            .bind(at)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+            if n == 0 {
+                return Ok(false);
+            }
+            bump_tenant_changes(conn).await?;
+            let detail = serde_json::json!({ "limits": limits, "reason": reason }).to_string();
+            insert_tenant_audit(conn, &format!("key:{id}"), "set_limits", actor, Some(&detail), at).await?;
+            Ok(true)
         }
 
         pub(crate) async fn usage(
@@ -328,9 +381,12 @@ macro_rules! tenant_ops {
             from_day: i64,
         ) -> Result<Vec<UsageRow>, StoreError> {
             Ok(sqlx::query_as(
-                "SELECT owner_id, day, route, provider, kind, attempts, won, prompt_tokens, \
-                 completion_tokens, discarded_tokens FROM usage_daily \
+                "SELECT owner_id, day, route, provider, kind, CAST(SUM(attempts) AS BIGINT) AS attempts, \
+                 CAST(SUM(won) AS BIGINT) AS won, CAST(SUM(prompt_tokens) AS BIGINT) AS prompt_tokens, \
+                 CAST(SUM(completion_tokens) AS BIGINT) AS completion_tokens, \
+                 CAST(SUM(discarded_tokens) AS BIGINT) AS discarded_tokens FROM usage_daily \
                  WHERE ($1 IS NULL OR owner_id = $1) AND day >= $2 \
+                 GROUP BY owner_id, day, route, provider, kind \
                  ORDER BY owner_id, day, route, provider, kind",
             )
             .bind(owner)
@@ -354,11 +410,11 @@ macro_rules! tenant_ops {
             let completion = parsed["completion_tokens"].as_i64().unwrap_or(0);
             let discarded = if won { 0 } else { prompt + completion };
             sqlx::query(
-                "INSERT INTO usage_daily (owner_id, day, route, provider, kind, attempts, won, \
+                "INSERT INTO usage_daily (owner_id, day, key_id, route, provider, kind, attempts, won, \
                  prompt_tokens, completion_tokens, discarded_tokens) \
-                 SELECT j.owner_id, $2, j.route, a.provider, a.kind, 1, $3, $4, $5, $6 \
+                 SELECT j.owner_id, $2, COALESCE(j.key_id, ''), j.route, a.provider, a.kind, 1, $3, $4, $5, $6 \
                  FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.id = $1 \
-                 ON CONFLICT (owner_id, day, route, provider, kind) DO UPDATE SET \
+                 ON CONFLICT (owner_id, day, key_id, route, provider, kind) DO UPDATE SET \
                  attempts = usage_daily.attempts + 1, won = usage_daily.won + excluded.won, \
                  prompt_tokens = usage_daily.prompt_tokens + excluded.prompt_tokens, \
                  completion_tokens = usage_daily.completion_tokens + excluded.completion_tokens, \

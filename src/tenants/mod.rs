@@ -45,24 +45,27 @@ pub const FLUSH_EVERY: Duration = Duration::from_millis(1_000);
 const INSTANCE_TTL_MS: Millis = 5_000;
 const CACHE_MAX: usize = 100_000;
 
-/// Why a request or a new job is refused by a limit.
+/// Why a request or a new job is refused by a limit. `who` says whose
+/// limit: `owner acme`, or `key 0193… of owner acme` for a key's own.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum LimitError {
-    #[error("owner {owner} is over its request rate ({rate}/s); retry after {retry_after_ms} ms")]
+    #[error("{who} is over its request rate ({rate}/s); retry after {retry_after_ms} ms")]
     RateLimited {
-        owner: String,
+        who: String,
         rate: f64,
         retry_after_ms: u64,
     },
-    #[error("owner {owner} has {active} jobs pending or running, its limit is {limit}; retry when one finishes")]
+    #[error(
+        "{who} has {active} jobs pending or running, its limit is {limit}; retry when one finishes"
+    )]
     ConcurrencyLimited {
-        owner: String,
+        who: String,
         active: i64,
         limit: u32,
     },
-    #[error("owner {owner} has used {used} of its {limit} tokens today (UTC){detail}; the budget renews at 00:00 UTC")]
+    #[error("{who} has used {used} of its {limit} tokens today (UTC){detail}; the budget renews at 00:00 UTC")]
     BudgetExhausted {
-        owner: String,
+        who: String,
         used: i64,
         limit: u64,
         detail: String,
@@ -97,12 +100,14 @@ impl LimitError {
     }
 }
 
-/// A request let through the rate limit, with the owner's limits for the
-/// checks a new job needs.
+/// A request let through the rate limit, with the owner's limits (and the
+/// key's own) for the checks a new job needs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Admission {
     pub owner: String,
     pub limits: Limits,
+    /// The key (family) the job is made with, and its own limits.
+    pub key: Option<(String, Limits)>,
 }
 
 impl Admission {
@@ -111,7 +116,12 @@ impl Admission {
         Admission {
             owner: owner.to_string(),
             limits: Limits::default(),
+            key: None,
         }
+    }
+
+    fn key_who(&self, key: &str) -> String {
+        format!("key {key} of owner {}", self.owner)
     }
 }
 
@@ -141,6 +151,8 @@ pub struct Tenants {
     any_limits: std::sync::atomic::AtomicBool,
     live_instances: AtomicU64,
     buckets: RateBuckets,
+    /// Request-rate buckets of keys with a rate of their own, by key family.
+    key_buckets: RateBuckets,
     /// Key id → last use not yet written.
     used: Mutex<HashMap<String, Millis>>,
 }
@@ -166,6 +178,7 @@ impl Tenants {
             overrides: RwLock::default(),
             live_instances: AtomicU64::new(1),
             buckets: RateBuckets::default(),
+            key_buckets: RateBuckets::default(),
             used: Mutex::default(),
         });
         tenants.watch_once().await?;
@@ -216,11 +229,7 @@ impl Tenants {
         if !key.is_live_at(now) {
             return Ok(None);
         }
-        let caller = Caller {
-            owner_id: key.owner_id.clone(),
-            is_admin: key.is_admin,
-            key_id: key.id.clone(),
-        };
+        let caller = Caller::of(&key);
         {
             let mut cache = self.cache.write().unwrap_or_else(|e| e.into_inner());
             if self.generation.load(Ordering::Acquire) == generation {
@@ -273,30 +282,49 @@ impl Tenants {
         self.live_instances.load(Ordering::Acquire).max(1)
     }
 
-    /// The request-rate check, made for every job request (replays too).
+    /// The request-rate check, made for every job request (replays too):
+    /// the key's own rate, if it has one, then its owner's; both must pass.
+    /// (A request the owner's bucket refuses has still taken its key's token.)
     pub fn admit(&self, caller: &Caller) -> Result<Admission, LimitError> {
-        if !self.any_limits.load(Ordering::Acquire) {
-            return Ok(Admission::unlimited(&caller.owner_id));
+        let key_limits = caller.key_limits;
+        if !self.any_limits.load(Ordering::Acquire) && key_limits.is_unlimited() {
+            let mut admission = Admission::unlimited(&caller.owner_id);
+            admission.key = Some((caller.key_family.clone(), key_limits));
+            return Ok(admission);
         }
-        let limits = self.limits_for(&caller.owner_id);
-        if let Some(rate) = limits.requests_per_second {
-            let n = self.live_instances() as f64;
+        let admission = Admission {
+            owner: caller.owner_id.clone(),
+            limits: self.limits_for(&caller.owner_id),
+            key: Some((caller.key_family.clone(), key_limits)),
+        };
+        let n = self.live_instances() as f64;
+        let now = Instant::now();
+        let take = |buckets: &RateBuckets, name: &str, limits: &Limits, who: String| {
+            let Some(rate) = limits.requests_per_second else {
+                return Ok(());
+            };
             let capacity = (limits.burst_or_default() / n).max(1.0);
-            if let Err(wait) =
-                self.buckets
-                    .take(&caller.owner_id, rate / n, capacity, Instant::now())
-            {
-                return Err(LimitError::RateLimited {
-                    owner: caller.owner_id.clone(),
+            buckets
+                .take(name, rate / n, capacity, now)
+                .map_err(|wait| LimitError::RateLimited {
+                    who,
                     rate,
                     retry_after_ms: (wait.as_millis() as u64).max(1),
-                });
-            }
-        }
-        Ok(Admission {
-            owner: caller.owner_id.clone(),
-            limits,
-        })
+                })
+        };
+        take(
+            &self.key_buckets,
+            &caller.key_family,
+            &key_limits,
+            admission.key_who(&caller.key_family),
+        )?;
+        take(
+            &self.buckets,
+            &caller.owner_id,
+            &admission.limits,
+            format!("owner {}", caller.owner_id),
+        )?;
+        Ok(admission)
     }
 
     /// Read the change counter; on a move, empty the key cache and reload
@@ -404,18 +432,55 @@ pub async fn check_new_job(
     admission: &Admission,
     max_tokens: Option<u32>,
 ) -> Result<(), CheckError> {
-    let limits = &admission.limits;
-    if !limits.needs_load() {
+    let key = admission
+        .key
+        .as_ref()
+        .filter(|(_, limits)| limits.needs_load());
+    if !admission.limits.needs_load() && key.is_none() {
         return Ok(());
     }
-    let OwnerLoad {
-        active_jobs,
-        tokens_today,
-    } = store.owner_load(&admission.owner, day_of(now)).await?;
+    let load: OwnerLoad = store
+        .owner_load(
+            &admission.owner,
+            key.map(|(id, _)| id.as_str()),
+            day_of(now),
+        )
+        .await?;
+    // The key's own limits first: the narrower refusal says more.
+    if let Some((id, limits)) = key {
+        within(
+            limits,
+            load.key_active_jobs,
+            load.key_tokens_today,
+            admission.key_who(id),
+            now,
+            max_tokens,
+        )?;
+    }
+    within(
+        &admission.limits,
+        load.active_jobs,
+        load.tokens_today,
+        format!("owner {}", admission.owner),
+        now,
+        max_tokens,
+    )
+}
+
+/// Whether one more job fits `limits`, given the live jobs and today's
+/// tokens of whoever they belong to (`who`).
+fn within(
+    limits: &Limits,
+    active_jobs: i64,
+    tokens_today: i64,
+    who: String,
+    now: Millis,
+    max_tokens: Option<u32>,
+) -> Result<(), CheckError> {
     if let Some(limit) = limits.concurrent_jobs {
         if active_jobs >= i64::from(limit) {
             return Err(CheckError::Limited(LimitError::ConcurrencyLimited {
-                owner: admission.owner.clone(),
+                who,
                 active: active_jobs,
                 limit,
             }));
@@ -432,7 +497,7 @@ pub async fn check_new_job(
                 String::new()
             };
             return Err(CheckError::Limited(LimitError::BudgetExhausted {
-                owner: admission.owner.clone(),
+                who,
                 used: tokens_today,
                 limit,
                 detail,

@@ -161,12 +161,16 @@ pub async fn set_key_limits(
     let result = keys::set_limits(store.as_ref(), &SystemClock, id, limits, &actor(), reason).await;
     store.close().await;
     let record = result?;
-    println!(
-        "limits of key {} (owner {}) set to {}; its owner's apply too; running servers apply them within a second",
-        record.id,
-        record.owner_id,
-        limits_text(record.limits.as_deref())
-    );
+    match record.limits.as_deref() {
+        Some(l) => println!(
+            "limits of key {} (owner {}) set to {l}; its owner's apply too; running servers apply them within a second",
+            record.id, record.owner_id
+        ),
+        None => println!(
+            "key {} (owner {}) has no limits of its own now; its owner's apply; running servers apply this within a second",
+            record.id, record.owner_id
+        ),
+    }
     Ok(())
 }
 

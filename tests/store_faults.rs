@@ -31,6 +31,7 @@ fn new_job(key: &str) -> NewJob {
         route: "default".into(),
         created_at: 1,
         lease: None,
+        key_id: None,
     }
 }
 

@@ -510,8 +510,13 @@ impl Store for FaultyStore {
         &self,
         from: Millis,
         to: Millis,
+        column_ms: i64,
     ) -> Result<console::WindowStats, StoreError> {
-        forward!(self, "window_stats", self.inner.window_stats(from, to))
+        forward!(
+            self,
+            "window_stats",
+            self.inner.window_stats(from, to, column_ms)
+        )
     }
 
     async fn list_api_keys(&self, owner: Option<&str>) -> Result<Vec<KeyRecord>, StoreError> {
@@ -575,8 +580,28 @@ impl Store for FaultyStore {
         )
     }
 
-    async fn owner_load(&self, owner: &str, day: i64) -> Result<OwnerLoad, StoreError> {
-        forward!(self, "owner_load", self.inner.owner_load(owner, day))
+    async fn owner_load(
+        &self,
+        owner: &str,
+        key: Option<&str>,
+        day: i64,
+    ) -> Result<OwnerLoad, StoreError> {
+        forward!(self, "owner_load", self.inner.owner_load(owner, key, day))
+    }
+
+    async fn set_key_limits(
+        &self,
+        id: &str,
+        limits: Option<String>,
+        actor: &str,
+        reason: &str,
+        at: Millis,
+    ) -> Result<bool, StoreError> {
+        forward!(
+            self,
+            "set_key_limits",
+            self.inner.set_key_limits(id, limits, actor, reason, at)
+        )
     }
 
     async fn usage(&self, owner: Option<&str>, from_day: i64) -> Result<Vec<UsageRow>, StoreError> {

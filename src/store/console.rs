@@ -149,12 +149,6 @@ pub(crate) fn tally_rows(
     }
 }
 
-/// Every job state, for the per-column counts.
-pub(crate) const JOB_STATES: [crate::domain::JobState; 6] = {
-    use crate::domain::JobState::*;
-    [Pending, Running, Succeeded, Failed, NeedsReview, Cancelled]
-};
-
 /// The range `[low, high)` of keys that start with `prefix`, in byte order
 /// (UTF-8): no key that starts with it sorts at or past `prefix` + U+10FFFF.
 pub(crate) fn key_prefix_bounds(prefix: &str) -> (String, String) {
@@ -166,7 +160,7 @@ macro_rules! console_ops {
     // in byte order; `$key_unindexed`: the same comparison kept off that index.
     ($conn:ty, $key_indexed:literal, $key_unindexed:literal) => {
         use crate::store::console::{
-            key_prefix_bounds, tally_rows, whole_hours, AttemptTally, JobFilter, WindowStats, JOB_STATES,
+            key_prefix_bounds, tally_rows, whole_hours, AttemptTally, JobFilter, WindowStats,
         };
 
         pub(crate) async fn review_queue_depth(conn: &mut $conn) -> Result<i64, StoreError> {
@@ -262,7 +256,7 @@ macro_rules! console_ops {
             let column_ms = column_ms.max(1);
             let columns = ((to - from) + column_ms - 1) / column_ms;
             let mut jobs_by_column = Vec::new();
-            for state in JOB_STATES {
+            for state in crate::domain::JobState::ALL {
                 let cells: Vec<(i64, i64)> = sqlx::query_as(
                     "WITH RECURSIVE c(i) AS (SELECT CAST(0 AS BIGINT) UNION ALL SELECT i + 1 FROM c WHERE i + 1 < $3) \
                      SELECT c.i, (SELECT COUNT(*) FROM jobs WHERE state = $4 \
@@ -406,6 +400,23 @@ mod tests {
         }
         assert_eq!(histogram_percentile(&[(7, 1)], 99.0), 7);
         assert_eq!(histogram_percentile(&[], 50.0), 0);
+    }
+
+    #[test]
+    fn the_rollup_counts_an_attempt_when_it_reaches_a_state_it_never_leaves() {
+        use crate::domain::AttemptState;
+        let last: Vec<String> = AttemptState::ALL
+            .iter()
+            .filter(|s| !AttemptState::ALL.iter().any(|t| s.may_become(*t)))
+            .map(|s| format!("'{}'", s.as_str()))
+            .collect();
+        let list = format!("({})", last.join(", "));
+        for migration in [
+            include_str!("../../migrations/sqlite/0007_console_rollup.sql"),
+            include_str!("../../migrations/postgres/0007_console_rollup.sql"),
+        ] {
+            assert!(migration.matches(&list).count() >= 3, "{list}");
+        }
     }
 
     #[test]

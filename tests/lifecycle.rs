@@ -88,6 +88,7 @@ async fn job_of(db: &TestDb, store: &dyn Store, state: JobState, owner: &str) ->
         route: "default".into(),
         created_at: 1,
         lease: None,
+        key_id: Some(format!("key-of-{owner}")),
     };
     let CreateOutcome::Created(job) = store.create_job(job).await.unwrap() else {
         panic!("a new key creates")
@@ -168,10 +169,14 @@ async fn every_job_state_is_accepted_exactly_where_the_predicates_say(backend: B
         let id = job_of(&db, s, state, &owner).await;
         let claimed = store.claim_jobs("engine-a", 10, 100, 1_000).await.unwrap();
         assert_eq!(claimed.iter().any(|j| j.id == id), takes, "claim {state:?}");
+        let load = store
+            .owner_load(&owner, Some(&format!("key-of-{owner}")), 0)
+            .await
+            .unwrap();
         assert_eq!(
-            store.owner_load(&owner, 0).await.unwrap().active_jobs,
-            i64::from(takes),
-            "live jobs counted for limits {state:?}"
+            (load.active_jobs, load.key_active_jobs),
+            (i64::from(takes), i64::from(takes)),
+            "live jobs counted for the owner's and the key's limits {state:?}"
         );
         let awaits = state.awaits_decision();
         assert_eq!(

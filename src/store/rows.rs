@@ -46,6 +46,14 @@ pub(crate) struct JobRow {
     budget_start: i64,
 }
 
+/// A job in the review queue with its last attempt's start, in one row.
+#[derive(sqlx::FromRow)]
+pub(crate) struct ReviewRow {
+    #[sqlx(flatten)]
+    pub job: JobRow,
+    pub last_attempt_at: Option<i64>,
+}
+
 impl TryFrom<JobRow> for Job {
     type Error = StoreError;
     fn try_from(r: JobRow) -> Result<Self, StoreError> {

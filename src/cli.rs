@@ -21,7 +21,7 @@ pub struct DbArgs {
     /// Config file [default: ./onejob.toml]
     #[arg(long, env = "ONEJOB_CONFIG")]
     pub config: Option<PathBuf>,
-    /// postgres://… or a SQLite file path [default: onejob.db beside the config]
+    /// postgres://… or a SQLite file path, relative to the working directory [default: onejob.db beside the config]
     #[arg(long, env = "ONEJOB_DATABASE_URL")]
     pub database_url: Option<String>,
 }

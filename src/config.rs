@@ -307,12 +307,16 @@ impl Config {
                 "server.listen: {listen_text:?} is not an address like 127.0.0.1:8080"
             ))
         })?;
-        let database = match overrides.database_url.clone().or(file.server.database_url) {
-            Some(url) => match DatabaseUrl::parse(&url)? {
+        // A path written in the file is relative to the file's folder; one
+        // given on the command line (or in the environment) is relative to
+        // the working directory, as every other path a shell user types.
+        let database = match (&overrides.database_url, file.server.database_url) {
+            (Some(url), _) => DatabaseUrl::parse(url)?,
+            (None, Some(url)) => match DatabaseUrl::parse(&url)? {
                 DatabaseUrl::Sqlite(p) if p.is_relative() => DatabaseUrl::Sqlite(base_dir.join(p)),
                 other => other,
             },
-            None => DatabaseUrl::Sqlite(base_dir.join("onejob.db")),
+            (None, None) => DatabaseUrl::Sqlite(base_dir.join("onejob.db")),
         };
         let mut routes = file.routes;
         for (name, route) in &routes {
@@ -405,6 +409,49 @@ mod tests {
                 .unwrap()
                 .to_string(),
             "postgres://***@h/db"
+        );
+    }
+
+    #[test]
+    fn a_relative_database_path_is_relative_to_where_it_was_written() {
+        let file = |db: Option<&str>| {
+            let text = match db {
+                Some(db) => format!("[server]\ndatabase_url = {db:?}\n"),
+                None => String::new(),
+            };
+            Config::parse_file(Path::new("cfg/onejob.toml"), &text).unwrap()
+        };
+        let resolve = |db: Option<&str>, flag: Option<&str>| {
+            let overrides = Overrides {
+                database_url: flag.map(str::to_string),
+                ..Overrides::default()
+            };
+            Config::resolve(
+                file(db),
+                PathBuf::from("cfg"),
+                Path::new("cfg/onejob.toml"),
+                &overrides,
+            )
+            .unwrap()
+            .database
+        };
+        // In the file: next to the file.
+        assert_eq!(
+            resolve(Some("jobs.db"), None),
+            DatabaseUrl::Sqlite("cfg/jobs.db".into())
+        );
+        // On the command line: where the user stands, not cfg/cfg/….
+        assert_eq!(
+            resolve(Some("jobs.db"), Some("cfg/u.db")),
+            DatabaseUrl::Sqlite("cfg/u.db".into())
+        );
+        assert_eq!(
+            resolve(None, Some("u.db")),
+            DatabaseUrl::Sqlite("u.db".into())
+        );
+        assert_eq!(
+            resolve(None, None),
+            DatabaseUrl::Sqlite("cfg/onejob.db".into())
         );
     }
 

@@ -17,6 +17,36 @@ pub use request::{JobRequest, RequestError};
 pub type Millis = i64;
 
 /// A new random, time-ordered identifier (UUID v7), used for jobs and attempts.
+/// On a thread inside [`ids_from_counter`] it is the next of a counter's ids.
 pub fn new_id() -> String {
-    uuid::Uuid::now_v7().to_string()
+    IDS.with(|ids| {
+        ids.borrow_mut().as_mut().map(|next| {
+            *next += 1;
+            uuid::Uuid::from_u128(*next).to_string()
+        })
+    })
+    .unwrap_or_else(|| uuid::Uuid::now_v7().to_string())
+}
+
+thread_local! {
+    /// The last id [`new_id`] gave on this thread under [`ids_from_counter`].
+    static IDS: std::cell::RefCell<Option<u128>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Until the guard is dropped, [`new_id`] on this thread gives ids counted
+/// up from `start` (still UUID-shaped and increasing) instead of wall-clock
+/// and random ones: a deterministic simulation, run on one thread, then
+/// makes the same ids from the same seed.
+pub fn ids_from_counter(start: u128) -> CountedIds {
+    IDS.with(|ids| *ids.borrow_mut() = Some(start));
+    CountedIds(std::marker::PhantomData)
+}
+
+/// Restores random ids on its thread when dropped.
+pub struct CountedIds(std::marker::PhantomData<*const ()>);
+
+impl Drop for CountedIds {
+    fn drop(&mut self) {
+        IDS.with(|ids| *ids.borrow_mut() = None);
+    }
 }

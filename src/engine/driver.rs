@@ -30,6 +30,7 @@ pub(crate) fn spawn(inner: Arc<Inner>, job: Job) {
     // Taken now, before the submitter answers: a streaming client then
     // knows this driver streams to it.
     let hub = inner.claim_hub(&job);
+    let inner_for_spawn = inner.clone();
     let task = async move {
         let _driving = Driving {
             inner: inner.clone(),
@@ -49,7 +50,7 @@ pub(crate) fn spawn(inner: Arc<Inner>, job: Job) {
             super::stream::close_after_drive(&inner, &id, &owner, &key, hub).await;
         }
     };
-    tokio::spawn(tracing::Instrument::instrument(task, span));
+    inner_for_spawn.spawn(tracing::Instrument::instrument(task, span));
 }
 
 /// Marks the end of driving a job however the task ends (even by a panic),
@@ -760,6 +761,7 @@ async fn run_round(
     let (mut unknown, mut failure) = (None::<String>, None::<RoundFailure>);
     while !flights.is_empty() {
         tokio::select! {
+            biased;
             Some((attempt, outcome)) = flights.next() => {
                 observe_whole_answer(inner, &attempt, &outcome);
                 let settled = settle(inner, plan, &attempt, outcome, Source::Live).await;
@@ -771,7 +773,7 @@ async fn run_round(
                         let losers = std::mem::take(&mut flights);
                         if !losers.is_empty() {
                             let plan = Arc::new(plan.clone());
-                            tokio::spawn(finish_losers(inner.clone(), losers, plan, job.id.clone()));
+                            inner.spawn(finish_losers(inner.clone(), losers, plan, job.id.clone()));
                         }
                         return RoundEnd::Done;
                     }
@@ -824,6 +826,7 @@ async fn finish_losers(
     tokio::pin!(grace);
     loop {
         tokio::select! {
+            biased;
             next = losers.next() => match next {
                 Some((attempt, outcome)) => {
                     observe_whole_answer(&inner, &attempt, &outcome);

@@ -63,6 +63,8 @@ pub(crate) struct Inner {
     waiters: Mutex<HashMap<String, Vec<oneshot::Sender<()>>>>,
     /// Streamed jobs' events, by (owner, idempotency key).
     hubs: Mutex<HashMap<(String, String), Arc<stream::StreamHub>>>,
+    /// Turned true by [`Engine::kill`]: every task of this engine stops.
+    killed: watch::Sender<bool>,
 }
 
 #[derive(Clone)]
@@ -102,6 +104,7 @@ impl Engine {
                 wake: Notify::new(),
                 waiters: Mutex::new(HashMap::new()),
                 hubs: Mutex::new(HashMap::new()),
+                killed: watch::Sender::new(false),
             }),
         }
     }
@@ -130,12 +133,14 @@ impl Engine {
         let dispatcher = {
             let inner = self.inner.clone();
             let stop = stop.clone();
-            tokio::spawn(async move { dispatch_loop(inner, stop).await })
+            self.inner
+                .spawn(async move { dispatch_loop(inner, stop).await })
         };
         let reconciler = {
             let inner = self.inner.clone();
             let stop = stop.clone();
-            tokio::spawn(async move { reconciler::run(inner, stop).await })
+            self.inner
+                .spawn(async move { reconciler::run(inner, stop).await })
         };
         let _ = stop.wait_for(|s| *s).await;
         let _ = dispatcher.await;
@@ -207,6 +212,23 @@ impl Engine {
         self.inner.release_hub(owner, key, hub)
     }
 
+    /// Stop every task of this engine (drivers, hedges, losers, dispatcher,
+    /// reconciler) at its next await, as if the process had died: nothing
+    /// more is written or sent, leases are left to expire. The deterministic
+    /// simulation kills instances with it; a server stops gracefully through
+    /// `run`'s stop signal instead.
+    pub fn kill(&self) {
+        self.inner.killed.send_replace(true);
+    }
+
+    /// Whether this engine is driving `job_id` now.
+    pub fn is_driving(&self, job_id: &str) -> bool {
+        self.inner
+            .active
+            .lock()
+            .is_ok_and(|active| active.contains(job_id))
+    }
+
     /// Make the dispatcher look for runnable jobs now (after a retry or resolution).
     pub fn wake(&self) {
         self.inner.wake.notify_one();
@@ -250,6 +272,22 @@ fn settled(job: &Job) -> bool {
 }
 
 impl Inner {
+    /// Every task the engine starts goes through here, so that
+    /// [`Engine::kill`] stops them all.
+    pub(crate) fn spawn(
+        &self,
+        task: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> tokio::task::JoinHandle<()> {
+        let mut killed = self.killed.subscribe();
+        tokio::spawn(async move {
+            tokio::select! {
+                biased;
+                _ = killed.wait_for(|k| *k) => {}
+                () = task => {}
+            }
+        })
+    }
+
     /// How long a lease must last for one round of attempts on `route`: the
     /// hedge's silence, an attempt's timeout, and `lease_margin_ms`.
     pub(crate) fn lease_ms(&self, route: &RouteConfig) -> Millis {
@@ -342,10 +380,14 @@ async fn dispatch_loop(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
                 Err(e) => tracing::warn!(error = %e, "claiming runnable jobs failed"),
             }
         }
+        // `biased`: branches in a fixed order keep a simulated run
+        // reproducible from its seed.
         tokio::select! {
+            biased;
             _ = tokio::time::sleep(interval) => {}
             _ = inner.wake.notified() => {}
-            _ = stop.changed() => {}
+            // A dropped stop sender means stop too (and must not spin).
+            changed = stop.changed() => if changed.is_err() { return; },
         }
     }
 }

@@ -27,8 +27,10 @@ pub(crate) async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
             tracing::warn!(error = %e, "reconciliation pass failed");
         }
         tokio::select! {
+            biased;
             _ = tokio::time::sleep(interval) => {}
-            _ = stop.changed() => {}
+            // A dropped stop sender means stop too (and must not spin).
+            changed = stop.changed() => if changed.is_err() { return; },
         }
     }
 }

@@ -238,11 +238,11 @@ pub(super) async fn close_after_drive(
         hub.fail(&code, &message);
     }
     hub.state().driven = false;
-    let inner = inner.clone();
+    let linger = inner.clone();
     let key = (owner.to_string(), key.to_string());
-    tokio::spawn(async move {
+    inner.spawn(async move {
         tokio::time::sleep(HUB_LINGER).await;
-        let mut hubs = inner.hubs();
+        let mut hubs = linger.hubs();
         if hubs.get(&key).is_some_and(|h| Arc::ptr_eq(h, &hub)) {
             hubs.remove(&key);
         }
@@ -264,6 +264,7 @@ struct Live<'a> {
 }
 
 fn launch(
+    inner: &Inner,
     entry: &ProviderEntry,
     request: crate::providers::ChatRequest,
     timeout: Duration,
@@ -271,7 +272,7 @@ fn launch(
     events: mpsc::UnboundedSender<(usize, Event)>,
 ) -> JoinHandle<()> {
     let client = entry.client.clone();
-    tokio::spawn(async move {
+    inner.spawn(async move {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let call = tokio::time::timeout(timeout, client.stream(&request, &tx));
         tokio::pin!(call);
@@ -413,7 +414,7 @@ pub(super) async fn run_streamed_round(
     let mut live = vec![Live {
         attempt,
         entry: first,
-        task: launch(first, request, timeout, 0, tx.clone()),
+        task: launch(inner, first, request, timeout, 0, tx.clone()),
         done: false,
         answered: false,
     }];
@@ -443,7 +444,7 @@ pub(super) async fn run_streamed_round(
                     live.push(Live {
                         attempt,
                         entry: $entry,
-                        task: launch($entry, $request, timeout, index, tx.clone()),
+                        task: launch(inner, $entry, $request, timeout, index, tx.clone()),
                         done: false,
                         answered: false,
                     });
@@ -460,6 +461,7 @@ pub(super) async fn run_streamed_round(
             break;
         }
         let (index, event) = tokio::select! {
+            biased;
             Some(next) = rx.recv() => next,
             _ = &mut silence, if owner.is_none() && hedges_left > 0 && running == 1 => {
                 if let Some(entry) = choose_hedge(inner, route, plan, &tried) {

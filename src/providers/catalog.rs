@@ -59,6 +59,21 @@ impl Catalog {
         Ok(Catalog { entries })
     }
 
+    /// Add (or replace) a provider with a client of the caller's making: the
+    /// deterministic simulation's scripted providers.
+    pub fn insert(&mut self, name: &str, config: ProviderConfig, client: Arc<dyn Provider>) {
+        let digest = config.digest();
+        self.entries.insert(
+            name.to_string(),
+            ProviderEntry {
+                name: name.to_string(),
+                config,
+                client,
+                digest,
+            },
+        );
+    }
+
     pub fn get(&self, name: &str) -> Option<&ProviderEntry> {
         self.entries.get(name)
     }

@@ -1,11 +1,13 @@
 //! The engine through the real server and the simulator on a real socket:
-//! double clicks, timeouts as unknown, hedging and the compare-and-swap, the
-//! lost response, bounded retries, review. Times are scaled down.
+//! double clicks, bounded retries, review, cancel, switches, breakers,
+//! context windows. Scenarios that are about time passing (timeouts as
+//! unknown, hedging and the late loser, the lost response, orphans after a
+//! lease) run on the simulated clock in `tests/engine_clock.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
-use common::world::{distrust_keys, route, start_world, write_provider, ProviderSpec};
+use common::world::{route, start_world, write_provider, ProviderSpec};
 use common::{chat_body, Backend};
 use serde_json::{json, Value};
 use std::collections::HashSet;
@@ -13,9 +15,6 @@ use std::time::Duration;
 
 on_both_backends!(
     double_click_through_the_engine_executes_once,
-    a_timeout_is_unknown_and_blocks_retries_until_reconciled,
-    reverse_order_finish_discards_the_late_primary,
-    the_lost_response_is_found_by_reconciliation,
     retryable_refusals_end_in_review_after_the_limit,
     a_non_retryable_refusal_fails_the_job_at_once,
     cancel_makes_a_late_result_lose,
@@ -23,7 +22,6 @@ on_both_backends!(
     a_disabled_provider_is_never_chosen,
     the_breaker_sends_first_attempts_elsewhere_until_the_primary_recovers,
     a_provider_whose_window_cannot_hold_the_prompt_is_skipped,
-    attempts_no_process_drives_are_recovered,
 );
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -66,151 +64,6 @@ async fn double_click_through_the_engine_executes_once(backend: Backend) {
         1,
         "the provider executed the work once"
     );
-    world.stop().await;
-}
-
-async fn a_timeout_is_unknown_and_blocks_retries_until_reconciled(backend: Backend) {
-    let providers = [ProviderSpec {
-        name: "primary",
-        model: "primary-model",
-    }];
-    let mut r = route("primary", &[]);
-    r.silence_ms = 100;
-    r.attempt_timeout_ms = 300;
-    let world = start_world(backend, &providers, r, |c| {
-        // Ask the provider only after the test has looked at the unknown state.
-        c.engine.reconcile_min_age_ms = 1_500;
-        distrust_keys(c, "primary");
-    })
-    .await;
-    world.sim.models().set("primary-model", "hang").unwrap();
-    let (status, job) = world.submit("slow-1", &chat_body("x"), None).await;
-    assert_eq!(status, 201);
-    let id = job["id"].as_str().unwrap().to_string();
-
-    // The job view says what it waits on (computed with its attempts in one request).
-    let (job, _) = world
-        .until(&id, WAIT, |j, _| j["blocked_on"] == "unknown_attempt")
-        .await;
-    assert_eq!(state(&job), "running", "a timeout does not fail the job");
-    let attempts = world.attempts(&id).await;
-    assert_eq!(attempts.len(), 1);
-    assert_eq!(
-        (
-            attempts[0]["state"].as_str(),
-            attempts[0]["error_kind"].as_str()
-        ),
-        (Some("unknown"), Some("attempt_timeout"))
-    );
-    let (status, body) = world
-        .post(&world.key, &format!("/v1/jobs/{id}/retry"), &json!({}))
-        .await;
-    assert_eq!(status, 409);
-    assert_eq!(body["error"]["code"], "attempt_outcome_unknown");
-
-    // The provider recovers; the reconciler finds the attempt never executed
-    // (a hanging request does not), so a retry may run.
-    world.sim.models().set("primary-model", "healthy").unwrap();
-    let (job, attempts) = world.until(&id, WAIT, |j, _| state(j) == "succeeded").await;
-    assert_eq!(attempts.len(), 2, "{attempts:?}");
-    assert_eq!(
-        (
-            attempts[0]["state"].as_str(),
-            attempts[0]["error_kind"].as_str()
-        ),
-        (Some("failed"), Some("not_executed"))
-    );
-    assert_eq!(
-        (attempts[1]["kind"].as_str(), attempts[1]["state"].as_str()),
-        (Some("retry"), Some("succeeded"))
-    );
-    assert_eq!(job["completed_by"], attempts[1]["id"]);
-    assert_eq!(world.executions(&id, "primary"), 1);
-    world.stop().await;
-}
-
-async fn reverse_order_finish_discards_the_late_primary(backend: Backend) {
-    let providers = [
-        ProviderSpec {
-            name: "primary",
-            model: "healthy:latency=900",
-        },
-        ProviderSpec {
-            name: "fallback",
-            model: "healthy:latency=100",
-        },
-    ];
-    let mut r = route("primary", &["fallback"]);
-    r.silence_ms = 200;
-    let world = start_world(backend, &providers, r, |c| c.engine.loser_grace_ms = 5_000).await;
-    let (_, job) = world
-        .submit("hedged-1", &chat_body("reverse order"), None)
-        .await;
-    let id = job["id"].as_str().unwrap().to_string();
-
-    let (won, _) = world.until(&id, WAIT, |j, _| state(j) == "succeeded").await;
-    let (job, attempts) = world
-        .until(&id, WAIT, |_, a| {
-            a.iter()
-                .any(|a| a["kind"] == "primary" && a["state"] == "discarded")
-        })
-        .await;
-    let primary = attempts.iter().find(|a| a["kind"] == "primary").unwrap();
-    let hedge = attempts.iter().find(|a| a["kind"] == "hedge").unwrap();
-    assert_eq!(hedge["provider"], "fallback");
-    assert_eq!(hedge["state"], "succeeded");
-    assert_eq!(job["completed_by"], hedge["id"], "the fallback won");
-    assert_eq!(
-        job["result"], won["result"],
-        "the late result changed nothing"
-    );
-    assert_eq!(job["version"], 1);
-    assert!(
-        primary["output"].is_null(),
-        "the late result is discarded, not stored"
-    );
-    assert!(!primary["usage"].is_null(), "its usage is kept for cost");
-    let events = world.store.list_events(&id).await.unwrap();
-    let race = events
-        .iter()
-        .find(|e| e.kind == "cas_lost")
-        .expect("the race is logged");
-    assert_eq!(race.attempt_id.as_deref(), primary["id"].as_str());
-    assert_eq!(world.executions(&id, "primary"), 1);
-    assert_eq!(world.executions(&id, "fallback"), 1);
-    world.stop().await;
-}
-
-async fn the_lost_response_is_found_by_reconciliation(backend: Backend) {
-    let providers = [ProviderSpec {
-        name: "primary",
-        model: "drop_response",
-    }];
-    let mut r = route("primary", &[]);
-    r.max_hedges = 0;
-    let world = start_world(backend, &providers, r, |c| distrust_keys(c, "primary")).await;
-    let (_, job) = world
-        .submit("lost-1", &chat_body("the lost response"), None)
-        .await;
-    let id = job["id"].as_str().unwrap().to_string();
-    let (job, attempts) = world.until(&id, WAIT, |j, _| state(j) == "succeeded").await;
-    assert_eq!(attempts.len(), 1, "never retried: {attempts:?}");
-    assert_eq!(attempts[0]["state"], "succeeded");
-    assert_eq!(job["completed_by"], attempts[0]["id"]);
-    assert_eq!(
-        world.executions(&id, "primary"),
-        1,
-        "exactly one execution for the key"
-    );
-    let kinds: Vec<String> = world
-        .store
-        .list_events(&id)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.kind)
-        .collect();
-    assert!(kinds.contains(&"attempt_unknown".to_string()), "{kinds:?}");
     world.stop().await;
 }
 
@@ -628,133 +481,6 @@ async fn a_provider_whose_window_cannot_hold_the_prompt_is_skipped(backend: Back
             .unwrap()
             .contains("context_window"),
         "{job}"
-    );
-    world.stop().await;
-}
-
-/// What a process that died mid-attempt leaves behind, made through the store.
-async fn orphaned_attempt(
-    world: &common::world::World,
-    key: &str,
-    finished: bool,
-) -> (String, String) {
-    use onejob::clock::{Clock, SystemClock};
-    use onejob::domain::attempt::NewAttempt;
-    use onejob::domain::job::NewJob;
-    use onejob::domain::{new_id, AttemptKind};
-    use onejob::store::{AttemptEnd, FinishAttempt, JobTransition};
-    let now = SystemClock.now_ms();
-    let request =
-        r#"{"messages":[{"content":"orphan","role":"user"}],"params":{},"route":"default"}"#;
-    let job = NewJob {
-        id: new_id(),
-        owner_id: "alice".into(),
-        idempotency_key: key.into(),
-        fingerprint: "f".into(),
-        request: request.into(),
-        route: "default".into(),
-        created_at: now - 10_000,
-        // Held by a process that is gone; it runs out soon after the setup.
-        lease: Some(("dead-process".into(), now + 1_500)),
-        key_id: None,
-    };
-    let job_id = job.id.clone();
-    world.store.create_job(job).await.unwrap();
-    let attempt = |kind| NewAttempt {
-        id: new_id(),
-        job_id: job_id.clone(),
-        provider: if kind == AttemptKind::Hedge {
-            "fallback"
-        } else {
-            "primary"
-        }
-        .into(),
-        kind,
-        max_hedges: 1,
-        reuses_key: false,
-        started_at: now - 5_000,
-    };
-    let orphan = world
-        .store
-        .start_attempt(attempt(AttemptKind::Primary))
-        .await
-        .unwrap()
-        .unwrap();
-    if finished {
-        // Another attempt won; the orphan was a loser in its grace period.
-        let hedge = world
-            .store
-            .start_attempt(attempt(AttemptKind::Hedge))
-            .await
-            .unwrap()
-            .unwrap();
-        let won = AttemptEnd::Succeeded {
-            output: "\"done\"".into(),
-            usage: None,
-            provider_request_id: None,
-        };
-        let finish = FinishAttempt {
-            attempt_id: hedge.id,
-            end: won,
-            at: now - 4_000,
-            actor: "engine".into(),
-        };
-        world.store.finish_attempt(finish).await.unwrap();
-    } else {
-        // Parked while its attempt was live (a lost write left it `started`).
-        assert!(world
-            .store
-            .transition_job(&job_id, None, JobTransition::BlockOnUnknown, now - 4_000)
-            .await
-            .unwrap());
-    }
-    (job_id, orphan.id)
-}
-
-async fn attempts_no_process_drives_are_recovered(backend: Backend) {
-    let providers = [ProviderSpec {
-        name: "primary",
-        model: "healthy",
-    }];
-    let mut r = route("primary", &[]);
-    r.silence_ms = 100;
-    r.attempt_timeout_ms = 300;
-    let world = start_world(backend, &providers, r, |c| c.engine.lease_margin_ms = 200).await;
-    let (parked, parked_attempt) = orphaned_attempt(&world, "orphan-parked", false).await;
-    let (finished, finished_attempt) = orphaned_attempt(&world, "orphan-finished", true).await;
-
-    // Unknown (it may have reached the provider), reconciled (it did not), retried.
-    let (job, attempts) = world
-        .until(&parked, WAIT, |j, _| state(j) == "succeeded")
-        .await;
-    assert_eq!(attempts[0]["id"], parked_attempt.as_str());
-    assert_eq!(
-        (
-            attempts[0]["state"].as_str(),
-            attempts[0]["error_kind"].as_str()
-        ),
-        (Some("failed"), Some("not_executed"))
-    );
-    assert_eq!(job["completed_by"], attempts[1]["id"]);
-    let kinds: Vec<String> = world
-        .store
-        .list_events(&parked)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.kind)
-        .collect();
-    assert!(kinds.contains(&"attempt_unknown".to_string()), "{kinds:?}");
-
-    // On a finished job it is abandoned; the job's result is untouched.
-    let (job, attempts) = world
-        .until(&finished, WAIT, |_, a| a[0]["state"] == "discarded")
-        .await;
-    assert_eq!(attempts[0]["id"], finished_attempt.as_str());
-    assert_eq!(attempts[0]["error_kind"], "abandoned");
-    assert_eq!(
-        (job["result"].as_str(), job["version"].as_i64()),
-        (Some("done"), Some(1))
     );
     world.stop().await;
 }

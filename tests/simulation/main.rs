@@ -35,7 +35,7 @@ fn store_rt() -> &'static Runtime {
     static RT: OnceLock<Runtime> = OnceLock::new();
     RT.get_or_init(|| {
         tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
+            .worker_threads(2)
             .enable_all()
             .build()
             .unwrap()
@@ -115,12 +115,33 @@ fn trace(o: &world::Outcome) -> String {
     t
 }
 
-/// Run seeds `from..to`; the failures, each with its violations.
+/// Run seeds `from..to` on a few threads (each seed on one thread, so each
+/// replays the same); the failures, each with its violations.
 fn run_seeds(from: u64, to: u64) -> (Vec<(u64, Vec<String>)>, Stats) {
+    let threads = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(1, 4) as u64;
+    let parts: Vec<_> = (0..threads)
+        .map(|t| {
+            std::thread::spawn(move || run_seeds_here((from..to).filter(move |s| s % threads == t)))
+        })
+        .collect();
+    let mut failures = Vec::new();
+    let mut stats = Stats::default();
+    for part in parts {
+        let (f, s) = part.join().unwrap();
+        failures.extend(f);
+        stats.merge(s);
+    }
+    failures.sort_by_key(|(seed, _)| *seed);
+    (failures, stats)
+}
+
+fn run_seeds_here(seeds: impl Iterator<Item = u64>) -> (Vec<(u64, Vec<String>)>, Stats) {
     let mut failures = Vec::new();
     let mut stats = Stats::default();
     let verbose = std::env::var("ONEJOB_SIM_VERBOSE").is_ok();
-    for seed in from..to {
+    for seed in seeds {
         let t = std::time::Instant::now();
         let outcome = run_seed(seed);
         if verbose {
@@ -135,6 +156,7 @@ fn run_seeds(from: u64, to: u64) -> (Vec<(u64, Vec<String>)>, Stats) {
         stats.add(&outcome);
         let v = check::violations(&outcome);
         if !v.is_empty() {
+            println!("{}", report(&[(seed, v.clone())]));
             failures.push((seed, v));
         }
     }
@@ -152,6 +174,17 @@ struct Stats {
 }
 
 impl Stats {
+    fn merge(&mut self, other: Stats) {
+        self.seeds += other.seeds;
+        self.jobs += other.jobs;
+        self.attempts += other.attempts;
+        self.virtual_ms += other.virtual_ms;
+        self.kills += other.kills;
+        for (k, v) in other.by_state {
+            *self.by_state.entry(k).or_default() += v;
+        }
+    }
+
     fn add(&mut self, o: &world::Outcome) {
         self.seeds += 1;
         self.jobs += o.jobs.len() as u64;

@@ -85,6 +85,8 @@ pub struct Scripted {
     pub can_look_up: bool,
     temper: Temper,
     rng: Mutex<StdRng>,
+    /// Behaviours to play first, in order, before any is drawn.
+    script: Mutex<std::collections::VecDeque<Behaviour>>,
     pub ledger: Ledger,
     /// Every call, in order: (virtual ms since start, key, behaviour).
     pub log: CallLog,
@@ -106,13 +108,33 @@ impl Scripted {
             can_look_up,
             temper,
             rng: Mutex::new(rng),
+            script: Mutex::default(),
             ledger: Arc::default(),
             log: Arc::default(),
             started,
         }
     }
 
+    /// The next calls behave like this, in order (then draws resume).
+    #[allow(dead_code, reason = "used by tests/engine_clock.rs")]
+    pub fn script(&self, behaviours: impl IntoIterator<Item = Behaviour>) {
+        self.script.lock().unwrap().extend(behaviours);
+    }
+
+    /// Executions of the work with `key` so far.
+    #[allow(dead_code, reason = "used by tests/engine_clock.rs")]
+    pub fn executions(&self, key: &str) -> u32 {
+        self.ledger
+            .lock()
+            .unwrap()
+            .get(key)
+            .map_or(0, |r| r.executions)
+    }
+
     fn draw(&self) -> Behaviour {
+        if let Some(next) = self.script.lock().unwrap().pop_front() {
+            return next;
+        }
         let mut rng = self.rng.lock().unwrap();
         let total: u32 = self.temper.weights.iter().map(|(_, w)| w).sum();
         let mut pick = rng.gen_range(0..total.max(1));

@@ -62,6 +62,15 @@ impl SyncStore {
         *self.on_kill.lock().unwrap() = Some(Box::new(f));
     }
 
+    /// Close the real store (its connections and threads) and forget the
+    /// kill hook (it holds the engine, which holds this store).
+    pub fn shut(&self) {
+        self.die();
+        self.on_kill.lock().unwrap().take();
+        let inner = self.inner.clone();
+        run_on(&self.rt, async move { inner.close().await });
+    }
+
     /// The process is gone: nothing more reaches the database from it.
     pub fn die(&self) {
         self.dead.store(true, Ordering::SeqCst);

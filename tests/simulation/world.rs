@@ -224,6 +224,7 @@ impl Shared {
         if let Some(old) = old {
             // A process started in its place means the old one is gone.
             old.kill();
+            old.store.shut();
             self.store_calls
                 .set(self.store_calls.get() + old.store.calls());
         }
@@ -486,6 +487,10 @@ pub async fn run(scenario: Scenario, db: PathBuf, store_rt: Handle) -> Outcome {
         );
     }
     let provider_logs = logs;
+    for inst in shared.instances.borrow().iter().flatten() {
+        inst.store.shut();
+    }
+    observer.shut();
     let seen = shared.seen.borrow().clone();
     let store_calls = shared.store_calls.get() + observer.calls();
     drop(local);

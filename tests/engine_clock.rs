@@ -1,0 +1,565 @@
+//! Engine scenarios that are about time passing — silence thresholds,
+//! attempt timeouts, reconciliation age, lease expiry — run on tokio's
+//! paused clock against scripted providers, with the real store (each
+//! backend) underneath. They take the route's real-looking times (seconds)
+//! and finish in milliseconds; `tests/engine.rs` keeps the scenarios that
+//! prove the wiring over real sockets (HTTP API, simulator, admin).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+#[path = "simulation/provider.rs"]
+#[allow(dead_code, reason = "shared with the simulation, which uses all of it")]
+mod provider;
+#[path = "simulation/store.rs"]
+#[allow(dead_code, reason = "shared with the simulation, which uses all of it")]
+mod store;
+
+use common::world::route;
+use common::{Backend, TestDb};
+use onejob::clock::Clock;
+use onejob::config::{Config, Overrides, RouteConfig};
+use onejob::domain::request::IdempotencyKey;
+use onejob::domain::{Attempt, AttemptKind, AttemptState, Job, JobState, Millis};
+use onejob::engine::{Engine, Gate};
+use onejob::keys::Caller;
+use onejob::metrics::Metrics;
+use onejob::providers::catalog::Catalog;
+use onejob::providers::stable_key;
+use onejob::store::{Refusal, Store};
+use onejob::tenants::Admission;
+use provider::{Behaviour, Kind, Scripted, Temper};
+use rand::SeedableRng;
+use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use store::{run_on, SyncStore};
+use tokio::runtime::Runtime;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+const OWNER: &str = "alice";
+
+/// Where the real stores' own tasks run (SQLite's writer, PostgreSQL's pool).
+fn store_rt() -> &'static Runtime {
+    static RT: OnceLock<Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    })
+}
+
+struct SimClock(Instant);
+
+impl Clock for SimClock {
+    fn now_ms(&self) -> Millis {
+        1_800_000_000_000 + self.0.elapsed().as_millis() as Millis
+    }
+}
+
+struct AdmitAll;
+
+impl Gate for AdmitAll {
+    fn admits(&self, _: &str, _: Option<&str>, _: bool) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// A provider of the bench: its name, whether it honours keys, and what
+/// its calls do, in order (then it answers after 10 ms).
+struct Spec {
+    name: &'static str,
+    honours_keys: bool,
+    script: Vec<Behaviour>,
+}
+
+struct Bench {
+    engine: Engine,
+    store: Arc<SyncStore>,
+    clock: Arc<SimClock>,
+    config: Arc<Config>,
+    providers: BTreeMap<String, Arc<Scripted>>,
+    stop: watch::Sender<bool>,
+    _db: TestDb,
+}
+
+fn provider_config(name: &str, honours: bool) -> onejob::providers::config::ProviderConfig {
+    toml::from_str(&format!(
+        "kind = \"sim\"\nbase_url = \"http://scripted.invalid\"\nmodel = \"{name}\"\n\
+         tokenizer = \"o200k_base\"\ncontext_window = 16384\nhonours_idempotency_key = {honours}\n\
+         lookup = \"sim_ledger\"\n"
+    ))
+    .unwrap()
+}
+
+/// An engine over a fresh database of `backend`, on the paused clock.
+async fn bench(
+    backend: Backend,
+    specs: Vec<Spec>,
+    route: RouteConfig,
+    tune: impl FnOnce(&mut Config),
+) -> Option<Bench> {
+    if backend == Backend::Postgres && common::postgres_admin_url().is_none() {
+        return None;
+    }
+    let db = run_on(store_rt().handle(), TestDb::new(backend));
+    let url = db.url.clone();
+    let real: Arc<dyn Store> = run_on(store_rt().handle(), async move {
+        let store = onejob::store::connect(&url).await.unwrap();
+        store.migrate().await.unwrap();
+        store
+    });
+    let store = Arc::new(SyncStore::new(real, store_rt().handle().clone(), None));
+    let clock = Arc::new(SimClock(Instant::now()));
+    let mut config = Config::load(None, &Overrides::default()).unwrap();
+    config.routes = BTreeMap::from([("default".to_string(), route)]);
+    // Every poll is a real query; a second of simulated time costs a few.
+    config.engine.poll_interval_ms = 500;
+    config.engine.reconcile_interval_ms = 500;
+    config.engine.reconcile_min_age_ms = 0;
+    config.engine.rng_seed = Some(42);
+    tune(&mut config);
+    let config = Arc::new(config);
+    let mut catalog = Catalog::default();
+    let mut providers = BTreeMap::new();
+    for spec in specs {
+        let temper = Temper {
+            weights: vec![(Kind::Answer, 1)],
+            latency: (10, 10),
+        };
+        let scripted = Arc::new(Scripted::new(
+            spec.name,
+            spec.honours_keys,
+            true,
+            temper,
+            rand::rngs::StdRng::seed_from_u64(7),
+            clock.0,
+        ));
+        scripted.script(spec.script);
+        catalog.insert(
+            spec.name,
+            provider_config(spec.name, spec.honours_keys),
+            scripted.clone(),
+        );
+        providers.insert(spec.name.to_string(), scripted);
+    }
+    let engine = Engine::new(
+        config.clone(),
+        store.clone() as Arc<dyn Store>,
+        clock.clone(),
+        Arc::new(catalog),
+        Arc::new(BTreeMap::new()),
+        Arc::new(AdmitAll),
+        Arc::new(Metrics::default()),
+    );
+    let (stop, stop_rx) = watch::channel(false);
+    {
+        let engine = engine.clone();
+        tokio::spawn(async move { engine.run(stop_rx).await });
+    }
+    Some(Bench {
+        engine,
+        store,
+        clock,
+        config,
+        providers,
+        stop,
+        _db: db,
+    })
+}
+
+impl Bench {
+    async fn submit(&self, key: &str) -> Job {
+        let caller = Caller {
+            owner_id: OWNER.to_string(),
+            is_admin: false,
+            key_id: "k".to_string(),
+        };
+        let body = serde_json::json!({"messages": [{"role": "user", "content": key}]});
+        onejob::jobs::submit(
+            self.store.as_ref(),
+            self.clock.as_ref(),
+            &self.config.routes,
+            &caller,
+            &IdempotencyKey::parse(key.as_bytes()).unwrap(),
+            body.to_string().as_bytes(),
+            Some(&self.engine),
+            &Admission::unlimited(OWNER),
+        )
+        .await
+        .unwrap()
+        .job
+    }
+
+    /// Let simulated time pass until `check` holds (at most `limit` of it).
+    async fn until(
+        &self,
+        id: &str,
+        limit: Duration,
+        check: impl Fn(&Job, &[Attempt]) -> bool,
+    ) -> (Job, Vec<Attempt>) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let job = self.store.get_job(id).await.unwrap().unwrap();
+            let attempts = self.store.list_attempts(id).await.unwrap();
+            if check(&job, &attempts) {
+                return (job, attempts);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not reached within {limit:?} (simulated); job {job:?}, attempts {attempts:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    fn executions(&self, job_id: &str, provider: &str) -> u32 {
+        self.providers[provider].executions(&stable_key(job_id, provider))
+    }
+
+    fn stop(self) {
+        let _ = self.stop.send(true);
+        self.engine.kill();
+        self.store.shut();
+    }
+}
+
+/// One `#[tokio::test]` per backend, on a paused current-thread runtime.
+macro_rules! on_both_backends_paused {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test(start_paused = true)]
+                async fn sqlite() {
+                    super::$name($crate::common::Backend::Sqlite).await;
+                }
+                #[tokio::test(start_paused = true)]
+                async fn postgres() {
+                    super::$name($crate::common::Backend::Postgres).await;
+                }
+            }
+        )*
+    };
+}
+
+on_both_backends_paused!(
+    a_timeout_is_unknown_and_blocks_retries_until_reconciled,
+    reverse_order_finish_discards_the_late_primary,
+    the_lost_response_is_found_by_reconciliation,
+    attempts_no_process_drives_are_recovered,
+);
+
+const WAIT: Duration = Duration::from_secs(120);
+
+async fn a_timeout_is_unknown_and_blocks_retries_until_reconciled(backend: Backend) {
+    let mut r = route("primary", &[]);
+    r.silence_ms = 10_000;
+    r.attempt_timeout_ms = 30_000;
+    let specs = vec![Spec {
+        name: "primary",
+        honours_keys: false,
+        // A black hole, then a healthy answer.
+        script: vec![Behaviour::Silence, Behaviour::Answer { ms: 800 }],
+    }];
+    let Some(bench) = bench(backend, specs, r, |c| {
+        // Ask the provider only after the test has looked at the unknown state.
+        c.engine.reconcile_min_age_ms = 45_000;
+    })
+    .await
+    else {
+        return;
+    };
+    let job = bench.submit("slow-1").await;
+    let started = Instant::now();
+    let (job, attempts) = bench
+        .until(&job.id, WAIT, |j, _| {
+            j.state == JobState::Running && j.next_run_at.is_none()
+        })
+        .await;
+    assert_eq!(
+        started.elapsed().as_secs(),
+        30,
+        "unknown at attempt_timeout_ms, not before"
+    );
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(
+        (attempts[0].state, attempts[0].error_kind.as_deref()),
+        (AttemptState::Unknown, Some("attempt_timeout")),
+        "a timeout does not fail the job"
+    );
+    // POST /retry is refused while the outcome is unknown.
+    let refused = bench
+        .store
+        .request_retry(&job.id, OWNER, bench.clock.now_ms())
+        .await
+        .unwrap();
+    assert_eq!(refused.unwrap_err(), Refusal::OutcomeUnknown);
+
+    // The reconciler finds the attempt never executed, so a retry may run.
+    let (job, attempts) = bench
+        .until(&job.id, WAIT, |j, _| j.state == JobState::Succeeded)
+        .await;
+    assert_eq!(attempts.len(), 2, "{attempts:?}");
+    assert_eq!(
+        (attempts[0].state, attempts[0].error_kind.as_deref()),
+        (AttemptState::Failed, Some("not_executed"))
+    );
+    assert!(
+        attempts[1].started_at - attempts[0].started_at >= 45_000,
+        "no retry before the reconciler asked"
+    );
+    assert_eq!(
+        (attempts[1].kind, attempts[1].state),
+        (AttemptKind::Retry, AttemptState::Succeeded)
+    );
+    assert_eq!(job.completed_by.as_deref(), Some(attempts[1].id.as_str()));
+    assert_eq!(bench.executions(&job.id, "primary"), 1);
+    bench.stop();
+}
+
+async fn reverse_order_finish_discards_the_late_primary(backend: Backend) {
+    let mut r = route("primary", &["fallback"]);
+    r.silence_ms = 2_000;
+    r.attempt_timeout_ms = 60_000;
+    let specs = vec![
+        Spec {
+            name: "primary",
+            honours_keys: true,
+            script: vec![Behaviour::Answer { ms: 9_000 }],
+        },
+        Spec {
+            name: "fallback",
+            honours_keys: true,
+            script: vec![Behaviour::Answer { ms: 1_000 }],
+        },
+    ];
+    let Some(bench) = bench(backend, specs, r, |c| c.engine.loser_grace_ms = 30_000).await else {
+        return;
+    };
+    let job = bench.submit("hedged-1").await;
+    let (won, attempts) = bench
+        .until(&job.id, WAIT, |j, _| j.state == JobState::Succeeded)
+        .await;
+    let hedge = attempts
+        .iter()
+        .find(|a| a.kind == AttemptKind::Hedge)
+        .unwrap();
+    assert_eq!(
+        hedge.started_at - job.created_at,
+        2_000,
+        "the hedge starts at the silence threshold"
+    );
+    assert_eq!(
+        won.updated_at - job.created_at,
+        3_000,
+        "and wins a second later"
+    );
+    let (job, attempts) = bench
+        .until(&job.id, WAIT, |_, a| {
+            a.iter()
+                .any(|a| a.kind == AttemptKind::Primary && a.state == AttemptState::Discarded)
+        })
+        .await;
+    let primary = attempts
+        .iter()
+        .find(|a| a.kind == AttemptKind::Primary)
+        .unwrap();
+    let hedge = attempts
+        .iter()
+        .find(|a| a.kind == AttemptKind::Hedge)
+        .unwrap();
+    assert_eq!(
+        (hedge.provider.as_str(), hedge.state),
+        ("fallback", AttemptState::Succeeded)
+    );
+    assert_eq!(job.completed_by.as_deref(), Some(hedge.id.as_str()));
+    assert_eq!(job.result, won.result, "the late result changed nothing");
+    assert_eq!(job.version, 1);
+    assert!(
+        primary.output.is_none(),
+        "the late result is discarded, not stored"
+    );
+    assert!(primary.usage.is_some(), "its usage is kept for cost");
+    assert_eq!(primary.finished_at.unwrap() - primary.started_at, 9_000);
+    let events = bench.store.list_events(&job.id).await.unwrap();
+    let race = events
+        .iter()
+        .find(|e| e.kind == "cas_lost")
+        .expect("the race is logged");
+    assert_eq!(race.attempt_id.as_deref(), Some(primary.id.as_str()));
+    assert_eq!(bench.executions(&job.id, "primary"), 1);
+    assert_eq!(bench.executions(&job.id, "fallback"), 1);
+    bench.stop();
+}
+
+async fn the_lost_response_is_found_by_reconciliation(backend: Backend) {
+    let mut r = route("primary", &[]);
+    r.max_hedges = 0;
+    let specs = vec![Spec {
+        name: "primary",
+        honours_keys: false,
+        script: vec![Behaviour::LostResponse { ms: 500 }],
+    }];
+    let Some(bench) = bench(backend, specs, r, |_| {}).await else {
+        return;
+    };
+    let job = bench.submit("lost-1").await;
+    let (job, attempts) = bench
+        .until(&job.id, WAIT, |j, _| j.state == JobState::Succeeded)
+        .await;
+    assert_eq!(attempts.len(), 1, "never retried: {attempts:?}");
+    assert_eq!(attempts[0].state, AttemptState::Succeeded);
+    assert_eq!(job.completed_by.as_deref(), Some(attempts[0].id.as_str()));
+    assert_eq!(
+        bench.executions(&job.id, "primary"),
+        1,
+        "exactly one execution for the key"
+    );
+    let kinds: Vec<String> = bench
+        .store
+        .list_events(&job.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert!(kinds.contains(&"attempt_unknown".to_string()), "{kinds:?}");
+    bench.stop();
+}
+
+/// What a process that died mid-attempt leaves behind, made through the store.
+async fn orphaned_attempt(bench: &Bench, key: &str, finished: bool) -> (String, String) {
+    use onejob::domain::attempt::NewAttempt;
+    use onejob::domain::job::NewJob;
+    use onejob::domain::new_id;
+    use onejob::store::{AttemptEnd, FinishAttempt, JobTransition};
+    let now = bench.clock.now_ms();
+    let request =
+        r#"{"messages":[{"content":"orphan","role":"user"}],"params":{},"route":"default"}"#;
+    let job = NewJob {
+        id: new_id(),
+        owner_id: OWNER.into(),
+        idempotency_key: key.into(),
+        fingerprint: "f".into(),
+        request: request.into(),
+        route: "default".into(),
+        created_at: now - 10_000,
+        // Held by a process that is gone; it runs out a minute from now.
+        lease: Some(("dead-process".into(), now + 60_000)),
+        key_id: None,
+    };
+    let job_id = job.id.clone();
+    bench.store.create_job(job).await.unwrap();
+    let attempt = |kind| NewAttempt {
+        id: new_id(),
+        job_id: job_id.clone(),
+        provider: if kind == AttemptKind::Hedge {
+            "fallback"
+        } else {
+            "primary"
+        }
+        .into(),
+        kind,
+        max_hedges: 1,
+        reuses_key: false,
+        started_at: now - 5_000,
+    };
+    let orphan = bench
+        .store
+        .start_attempt(attempt(AttemptKind::Primary))
+        .await
+        .unwrap()
+        .unwrap();
+    if finished {
+        // Another attempt won; the orphan was a loser in its grace period.
+        let hedge = bench
+            .store
+            .start_attempt(attempt(AttemptKind::Hedge))
+            .await
+            .unwrap()
+            .unwrap();
+        let won = AttemptEnd::Succeeded {
+            output: "\"done\"".into(),
+            usage: None,
+            provider_request_id: None,
+        };
+        let finish = FinishAttempt {
+            attempt_id: hedge.id,
+            end: won,
+            at: now - 4_000,
+            actor: "engine".into(),
+        };
+        bench.store.finish_attempt(finish).await.unwrap();
+    } else {
+        // Parked while its attempt was live (a lost write left it `started`).
+        assert!(bench
+            .store
+            .transition_job(&job_id, None, JobTransition::BlockOnUnknown, now - 4_000)
+            .await
+            .unwrap());
+    }
+    (job_id, orphan.id)
+}
+
+async fn attempts_no_process_drives_are_recovered(backend: Backend) {
+    let mut r = route("primary", &["fallback"]);
+    r.silence_ms = 10_000;
+    r.attempt_timeout_ms = 30_000;
+    r.max_hedges = 0;
+    let specs = vec![
+        Spec {
+            name: "primary",
+            honours_keys: false,
+            script: vec![],
+        },
+        Spec {
+            name: "fallback",
+            honours_keys: false,
+            script: vec![],
+        },
+    ];
+    let Some(bench) = bench(backend, specs, r, |c| c.engine.lease_margin_ms = 5_000).await else {
+        return;
+    };
+    let longest_lease = 10_000 + 30_000 + 5_000;
+    let (parked, parked_attempt) = orphaned_attempt(&bench, "orphan-parked", false).await;
+    let (finished, finished_attempt) = orphaned_attempt(&bench, "orphan-finished", true).await;
+    let set_up = bench.clock.now_ms();
+
+    // Unknown (it may have reached the provider), reconciled (it did not), retried.
+    let (job, attempts) = bench
+        .until(&parked, WAIT, |j, _| j.state == JobState::Succeeded)
+        .await;
+    assert_eq!(attempts[0].id, parked_attempt);
+    assert_eq!(
+        (attempts[0].state, attempts[0].error_kind.as_deref()),
+        (AttemptState::Failed, Some("not_executed"))
+    );
+    assert_eq!(job.completed_by.as_deref(), Some(attempts[1].id.as_str()));
+    assert!(
+        attempts[1].started_at >= set_up - 5_000 + longest_lease,
+        "nothing was done while a lease could still be held"
+    );
+    let kinds: Vec<String> = bench
+        .store
+        .list_events(&parked)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert!(kinds.contains(&"attempt_unknown".to_string()), "{kinds:?}");
+
+    // On a finished job it is abandoned; the job's result is untouched.
+    let (job, attempts) = bench
+        .until(&finished, WAIT, |_, a| {
+            a[0].state == AttemptState::Discarded
+        })
+        .await;
+    assert_eq!(attempts[0].id, finished_attempt);
+    assert_eq!(attempts[0].error_kind.as_deref(), Some("abandoned"));
+    assert_eq!((job.result.as_deref(), job.version), (Some("\"done\""), 1));
+    bench.stop();
+}

@@ -75,6 +75,10 @@ fn scratch_dir() -> tempfile::TempDir {
 /// Run one seed to its end on a fresh current-thread runtime with a paused
 /// clock; ids are counted, not random, on this thread meanwhile.
 fn run_seed(seed: u64) -> world::Outcome {
+    run_scenario(seed, Scenario::from_seed)
+}
+
+fn run_scenario(seed: u64, make: fn(u64) -> Scenario) -> world::Outcome {
     let dir = scratch_dir();
     let db = dir.path().join("onejob.db");
     std::fs::copy(template(), &db).unwrap();
@@ -84,7 +88,7 @@ fn run_seed(seed: u64) -> world::Outcome {
         .build()
         .unwrap();
     let _ids = onejob::domain::ids_from_counter(u128::from(seed) << 64);
-    let scenario = Scenario::from_seed(seed);
+    let scenario = make(seed);
     let outcome = rt.block_on(world::run(scenario, db, store_rt().handle().clone()));
     drop(rt);
     outcome
@@ -118,12 +122,18 @@ fn trace(o: &world::Outcome) -> String {
 /// Run seeds `from..to` on a few threads (each seed on one thread, so each
 /// replays the same); the failures, each with its violations.
 fn run_seeds(from: u64, to: u64) -> (Vec<(u64, Vec<String>)>, Stats) {
+    run_seeds_of(from, to, Scenario::from_seed)
+}
+
+fn run_seeds_of(from: u64, to: u64, make: fn(u64) -> Scenario) -> (Vec<(u64, Vec<String>)>, Stats) {
     let threads = std::thread::available_parallelism()
         .map_or(2, |n| n.get())
         .clamp(1, 4) as u64;
     let parts: Vec<_> = (0..threads)
         .map(|t| {
-            std::thread::spawn(move || run_seeds_here((from..to).filter(move |s| s % threads == t)))
+            std::thread::spawn(move || {
+                run_seeds_here((from..to).filter(move |s| s % threads == t), make)
+            })
         })
         .collect();
     let mut failures = Vec::new();
@@ -137,13 +147,16 @@ fn run_seeds(from: u64, to: u64) -> (Vec<(u64, Vec<String>)>, Stats) {
     (failures, stats)
 }
 
-fn run_seeds_here(seeds: impl Iterator<Item = u64>) -> (Vec<(u64, Vec<String>)>, Stats) {
+fn run_seeds_here(
+    seeds: impl Iterator<Item = u64>,
+    make: fn(u64) -> Scenario,
+) -> (Vec<(u64, Vec<String>)>, Stats) {
     let mut failures = Vec::new();
     let mut stats = Stats::default();
     let verbose = std::env::var("ONEJOB_SIM_VERBOSE").is_ok();
     for seed in seeds {
         let t = std::time::Instant::now();
-        let outcome = run_seed(seed);
+        let outcome = run_scenario(seed, make);
         if verbose {
             println!(
                 "seed {seed}: {:?} real, {} ms simulated, {} jobs, {} store calls",
@@ -204,7 +217,7 @@ fn report(failures: &[(u64, Vec<String>)]) -> String {
     let mut text = String::new();
     for (seed, v) in failures {
         text += &format!(
-            "\nseed {seed} broke {} check(s) — replay: ONEJOB_SIM_SEED={seed} cargo test --test simulation -- --nocapture\n",
+            "\nseed {seed} broke {} check(s) — replay: ONEJOB_SIM_SEED={seed} cargo test --test simulation -- --nocapture (with ONEJOB_SIM_STORE_FAULTS=1 if it came from seeds_with_store_errors)\n",
             v.len()
         );
         for line in v.iter().take(8) {
@@ -221,7 +234,11 @@ fn env_u64(name: &str) -> Option<u64> {
 #[test]
 fn every_seed_keeps_the_invariants() {
     if let Some(seed) = env_u64("ONEJOB_SIM_SEED") {
-        let outcome = run_seed(seed);
+        let outcome = if std::env::var("ONEJOB_SIM_STORE_FAULTS").is_ok() {
+            run_scenario(seed, Scenario::with_store_faults)
+        } else {
+            run_seed(seed)
+        };
         println!("{:#?}", outcome.scenario);
         println!("{}", trace(&outcome));
         let v = check::violations(&outcome);
@@ -276,6 +293,30 @@ fn many_seeds() {
     let (failures, stats) = run_seeds(first, first + n);
     println!(
         "seeds {first}..{}: {stats:?} in {:?}",
+        first + n,
+        started.elapsed()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {n} seeds failed:{}",
+        failures.len(),
+        report(&failures)
+    );
+}
+
+/// The same scenarios with database errors (`store::faulty`): calls failing
+/// before or after they commit, and blips. Not in `cargo test` yet: what it
+/// finds is being fixed (issue 9, store errors). Replay one with
+/// `ONEJOB_SIM_STORE_FAULTS=1 ONEJOB_SIM_SEED=N cargo test --test simulation -- --nocapture`.
+#[test]
+#[ignore]
+fn seeds_with_store_errors() {
+    let first = env_u64("ONEJOB_SIM_FIRST").unwrap_or(0);
+    let n = env_u64("ONEJOB_SIM_SEEDS").unwrap_or(300);
+    let started = std::time::Instant::now();
+    let (failures, stats) = run_seeds_of(first, first + n, Scenario::with_store_faults);
+    println!(
+        "store-error seeds {first}..{}: {stats:?} in {:?}",
         first + n,
         started.elapsed()
     );

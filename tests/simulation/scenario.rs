@@ -72,6 +72,27 @@ pub struct EngineTuning {
     pub breaker_probe_every: u32,
 }
 
+/// A database error an instance's connection sees (`store::faulty`).
+#[derive(Debug, Clone)]
+pub struct StoreFault {
+    pub instance: usize,
+    pub at_ms: u64,
+    pub what: FaultKind,
+}
+
+#[derive(Debug, Clone)]
+pub enum FaultKind {
+    /// The next `n` calls of `method` fail: before reaching the database,
+    /// or after committing (the answer is lost).
+    FailNext {
+        method: &'static str,
+        n: usize,
+        after_commit: bool,
+    },
+    /// Every call fails for this long (a blip).
+    Down { for_ms: u64 },
+}
+
 #[derive(Debug, Clone)]
 pub struct Scenario {
     pub seed: u64,
@@ -81,6 +102,7 @@ pub struct Scenario {
     pub engine: EngineTuning,
     pub jobs: Vec<JobPlan>,
     pub kills: Vec<Kill>,
+    pub faults: Vec<StoreFault>,
 }
 
 impl Scenario {
@@ -186,7 +208,43 @@ impl Scenario {
             engine,
             jobs,
             kills,
+            faults: Vec::new(),
         }
+    }
+
+    /// The same scenario with database errors added (drawn from another
+    /// stream of the seed, so the rest is unchanged).
+    pub fn with_store_faults(seed: u64) -> Scenario {
+        let mut scenario = Scenario::from_seed(seed);
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_fa17);
+        const METHODS: [&str; 8] = [
+            "create_job",
+            "start_attempt",
+            "finish_attempt",
+            "transition_job",
+            "claim_jobs",
+            "get_job",
+            "list_attempts",
+            "renew_lease",
+        ];
+        scenario.faults = (0..rng.gen_range(1..=3))
+            .map(|_| StoreFault {
+                instance: rng.gen_range(0..scenario.instances),
+                at_ms: rng.gen_range(0..=3_000),
+                what: if rng.gen_bool(0.7) {
+                    FaultKind::FailNext {
+                        method: METHODS[rng.gen_range(0..METHODS.len())],
+                        n: rng.gen_range(1..=3),
+                        after_commit: rng.gen_bool(0.4),
+                    }
+                } else {
+                    FaultKind::Down {
+                        for_ms: rng.gen_range(50..=1_000),
+                    }
+                },
+            })
+            .collect();
+        scenario
     }
 }
 

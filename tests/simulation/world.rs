@@ -4,7 +4,7 @@
 //! clock, on one thread.
 
 use super::provider::{CallLog, Ledger, Scripted};
-use super::scenario::{ClickKind, KillAt, Scenario};
+use super::scenario::{ClickKind, FaultKind, KillAt, Scenario};
 use super::store::{run_on, SyncStore};
 use onejob::clock::Clock;
 use onejob::config::{Config, Overrides};
@@ -17,6 +17,7 @@ use onejob::metrics::Metrics;
 use onejob::providers::catalog::Catalog;
 use onejob::providers::config::ProviderConfig;
 use onejob::store::console::JobFilter;
+use onejob::store::faulty::FaultyStore;
 use onejob::store::{JobEvent, Store};
 use onejob::tenants::Admission;
 use rand::SeedableRng;
@@ -59,6 +60,8 @@ impl Gate for AdmitAll {
 struct Instance {
     engine: Engine,
     store: Arc<SyncStore>,
+    /// The same connection, where database errors are injected.
+    faults: Arc<FaultyStore>,
     stop: watch::Sender<bool>,
     run: tokio::task::JoinHandle<()>,
 }
@@ -176,7 +179,7 @@ struct Shared {
 }
 
 impl Shared {
-    fn open_store(&self, kill_at: Option<(u64, bool)>) -> Arc<SyncStore> {
+    fn open_store(&self, kill_at: Option<(u64, bool)>) -> (Arc<SyncStore>, Arc<FaultyStore>) {
         let path = self.db.clone();
         let real: Arc<dyn Store> = run_on(&self.store_rt, async move {
             Arc::new(
@@ -185,7 +188,9 @@ impl Shared {
                     .expect("open the simulation's database"),
             ) as Arc<dyn Store>
         });
-        Arc::new(SyncStore::new(real, self.store_rt.clone(), kill_at))
+        let faulty = Arc::new(FaultyStore::new(real));
+        let store = SyncStore::new(faulty.clone(), self.store_rt.clone(), kill_at);
+        (Arc::new(store), faulty)
     }
 
     /// Start process `slot` (again): a new engine, a new connection.
@@ -199,7 +204,7 @@ impl Shared {
             } if k.instance == slot && n == slot as u64 => Some((at, after_commit)),
             _ => None,
         });
-        let store = self.open_store(kill_at);
+        let (store, faults) = self.open_store(kill_at);
         let mut config = (*self.config).clone();
         config.engine.rng_seed = Some(self.scenario.seed.wrapping_mul(31).wrapping_add(n));
         let engine = Engine::new(
@@ -231,6 +236,7 @@ impl Shared {
         self.instances.borrow_mut()[slot] = Some(Instance {
             engine,
             store,
+            faults,
             stop,
             run,
         });
@@ -393,7 +399,7 @@ pub async fn run(scenario: Scenario, db: PathBuf, store_rt: Handle) -> Outcome {
     for slot in 0..scenario.instances {
         shared.start_instance(slot);
     }
-    let observer = shared.open_store(None);
+    let (observer, _) = shared.open_store(None);
     let local = tokio::task::LocalSet::new();
     let mut last_event = 0;
     for (j, plan) in scenario.jobs.iter().enumerate() {
@@ -451,6 +457,38 @@ pub async fn run(scenario: Scenario, db: PathBuf, store_rt: Handle) -> Outcome {
             if let Some(after) = kill.restart_after_ms {
                 tokio::time::sleep(Duration::from_millis(after)).await;
                 shared.start_instance(kill.instance);
+            }
+        });
+    }
+    for fault in &scenario.faults {
+        let shared = shared.clone();
+        let fault = fault.clone();
+        last_event = last_event.max(fault.at_ms);
+        local.spawn_local(async move {
+            tokio::time::sleep(Duration::from_millis(fault.at_ms)).await;
+            let faults = shared
+                .instances
+                .borrow()
+                .get(fault.instance)
+                .and_then(|i| i.as_ref())
+                .map(|i| i.faults.clone());
+            let Some(faults) = faults else { return };
+            match fault.what {
+                FaultKind::FailNext {
+                    method,
+                    n,
+                    after_commit: false,
+                } => faults.fail_next(method, n),
+                FaultKind::FailNext {
+                    method,
+                    n,
+                    after_commit: true,
+                } => faults.fail_next_after_commit(method, n),
+                FaultKind::Down { for_ms } => {
+                    faults.set_down(true);
+                    tokio::time::sleep(Duration::from_millis(for_ms)).await;
+                    faults.set_down(false);
+                }
             }
         });
     }

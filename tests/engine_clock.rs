@@ -178,8 +178,9 @@ impl Bench {
             key_id: "k".to_string(),
         };
         let body = serde_json::json!({"messages": [{"role": "user", "content": key}]});
+        let store: Arc<dyn Store> = self.store.clone();
         onejob::jobs::submit(
-            self.store.as_ref(),
+            &store,
             self.clock.as_ref(),
             &self.config.routes,
             &caller,

@@ -298,8 +298,9 @@ async fn click(shared: Rc<Shared>, job: usize, c: usize) {
             } else {
                 plan.text.clone()
             };
+            let store: Arc<dyn Store> = store.clone();
             let answer = submit(
-                store.as_ref(),
+                &store,
                 shared.clock.as_ref(),
                 &shared.config.routes,
                 &caller,

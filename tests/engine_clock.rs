@@ -25,6 +25,7 @@ use onejob::keys::Caller;
 use onejob::metrics::Metrics;
 use onejob::providers::catalog::Catalog;
 use onejob::providers::stable_key;
+use onejob::replays::Replays;
 use onejob::store::{Refusal, Store};
 use onejob::tenants::Admission;
 use provider::{Behaviour, Kind, Scripted, Temper};
@@ -188,6 +189,7 @@ impl Bench {
             body.to_string().as_bytes(),
             Some(&self.engine),
             &Admission::unlimited(OWNER),
+            &Replays::default(),
         )
         .await
         .unwrap()

@@ -186,6 +186,11 @@ impl Store for SyncStore {
         let _ = self.blocking(self.inner.record_event(event));
     }
 
+    async fn record_events(&self, events: Vec<NewEvent>) -> Result<(), StoreError> {
+        self.blocking(self.inner.record_events(events))
+            .unwrap_or_else(dead)
+    }
+
     async fn list_events(&self, job_id: &str) -> Result<Vec<JobEvent>, StoreError> {
         self.blocking(self.inner.list_events(job_id))
             .unwrap_or_else(dead)

@@ -16,6 +16,7 @@ use onejob::keys::Caller;
 use onejob::metrics::Metrics;
 use onejob::providers::catalog::Catalog;
 use onejob::providers::config::ProviderConfig;
+use onejob::replays::Replays;
 use onejob::store::console::JobFilter;
 use onejob::store::faulty::FaultyStore;
 use onejob::store::{JobEvent, Store};
@@ -59,6 +60,8 @@ impl Gate for AdmitAll {
 /// One process: an engine and its own connection to the database.
 struct Instance {
     engine: Engine,
+    /// Its memory of finished jobs, for replays.
+    replays: Arc<Replays>,
     store: Arc<SyncStore>,
     /// The same connection, where database errors are injected.
     faults: Arc<FaultyStore>,
@@ -235,6 +238,7 @@ impl Shared {
         }
         self.instances.borrow_mut()[slot] = Some(Instance {
             engine,
+            replays: Arc::new(Replays::default()),
             store,
             faults,
             stop,
@@ -244,14 +248,20 @@ impl Shared {
 
     /// The live instance a client reaching `slot` gets (a load balancer
     /// passes over dead ones); `None` when all are down.
-    fn reach(&self, slot: usize) -> Option<(Engine, Arc<SyncStore>)> {
+    fn reach(&self, slot: usize) -> Option<(Engine, Arc<SyncStore>, Arc<Replays>)> {
         let instances = self.instances.borrow();
         let n = instances.len();
         (0..n).find_map(|i| {
             instances[(slot + i) % n]
                 .as_ref()
                 .filter(|inst| inst.alive())
-                .map(|inst| (inst.engine.clone(), inst.store.clone()))
+                .map(|inst| {
+                    (
+                        inst.engine.clone(),
+                        inst.store.clone(),
+                        inst.replays.clone(),
+                    )
+                })
         })
     }
 
@@ -277,7 +287,7 @@ async fn click(shared: Rc<Shared>, job: usize, c: usize) {
     let click = plan.clicks[c].clone();
     tokio::time::sleep(Duration::from_millis(click.at_ms)).await;
     let now = shared.clock.now_ms();
-    let Some((engine, store)) = shared.reach(click.instance) else {
+    let Some((engine, store, replays)) = shared.reach(click.instance) else {
         shared.seen.borrow_mut().push(Seen::Error {
             at: now,
             key: plan.key.clone(),
@@ -308,6 +318,7 @@ async fn click(shared: Rc<Shared>, job: usize, c: usize) {
                 &body(&text),
                 Some(&engine),
                 &Admission::unlimited(OWNER),
+                &replays,
             )
             .await;
             match (click.what, answer) {

@@ -177,6 +177,8 @@ impl Bench {
             owner_id: OWNER.to_string(),
             is_admin: false,
             key_id: "k".to_string(),
+            key_family: "k".to_string(),
+            key_limits: Default::default(),
         };
         let body = serde_json::json!({"messages": [{"role": "user", "content": key}]});
         let store: Arc<dyn Store> = self.store.clone();

@@ -378,8 +378,13 @@ impl Store for SyncStore {
             .unwrap_or_else(dead)
     }
 
-    async fn window_stats(&self, from: Millis, to: Millis) -> Result<WindowStats, StoreError> {
-        self.blocking(self.inner.window_stats(from, to))
+    async fn window_stats(
+        &self,
+        from: Millis,
+        to: Millis,
+        column_ms: i64,
+    ) -> Result<WindowStats, StoreError> {
+        self.blocking(self.inner.window_stats(from, to, column_ms))
             .unwrap_or_else(dead)
     }
 
@@ -443,8 +448,25 @@ impl Store for SyncStore {
             .unwrap_or_else(dead)
     }
 
-    async fn owner_load(&self, owner: &str, day: i64) -> Result<OwnerLoad, StoreError> {
-        self.blocking(self.inner.owner_load(owner, day))
+    async fn set_key_limits(
+        &self,
+        id: &str,
+        limits: Option<String>,
+        actor: &str,
+        reason: &str,
+        at: Millis,
+    ) -> Result<bool, StoreError> {
+        self.blocking(self.inner.set_key_limits(id, limits, actor, reason, at))
+            .unwrap_or_else(dead)
+    }
+
+    async fn owner_load(
+        &self,
+        owner: &str,
+        key: Option<&str>,
+        day: i64,
+    ) -> Result<OwnerLoad, StoreError> {
+        self.blocking(self.inner.owner_load(owner, key, day))
             .unwrap_or_else(dead)
     }
 

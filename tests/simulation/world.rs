@@ -299,6 +299,8 @@ async fn click(shared: Rc<Shared>, job: usize, c: usize) {
         owner_id: OWNER.to_string(),
         is_admin: false,
         key_id: "sim-key".to_string(),
+        key_family: "sim-key".to_string(),
+        key_limits: Default::default(),
     };
     let key = IdempotencyKey::parse(plan.key.as_bytes()).expect("a valid key");
     let seen = match click.what {

@@ -15,6 +15,7 @@ use crate::tenants::{check_new_job, Admission, CheckError, LimitError};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A job as the submitter sees it after `submit`.
 #[derive(Debug, Clone, PartialEq)]
@@ -148,7 +149,19 @@ pub async fn submit(
         let store = store.clone();
         let engine = engine.cloned();
         async move {
-            let outcome = store.create_job(new).await?;
+            let (id, owner, key) = (
+                new.id.clone(),
+                new.owner_id.clone(),
+                new.idempotency_key.clone(),
+            );
+            let outcome = match store.create_job(new).await {
+                Ok(outcome) => outcome,
+                Err(e) if e.is_transient() => read_back_created(store.as_ref(), &id, &owner, &key)
+                    .await
+                    .map(CreateOutcome::Created)
+                    .ok_or(e)?,
+                Err(e) => return Err(e),
+            };
             if let (CreateOutcome::Created(job), Some(engine)) = (&outcome, engine) {
                 engine.adopt(job.clone());
             }
@@ -189,6 +202,34 @@ where
         // Cancelled: only when the runtime shuts down.
         Err(_) => Err(StoreError::Closed),
     }
+}
+
+/// Read-back tries after a create whose answer was an error: 20 ms, then
+/// doubling (about 0.6 s in all), within what a client waits for a `201`.
+const READ_BACK_TRIES: u32 = 5;
+
+/// A create that failed transiently may have committed with only its
+/// acknowledgement lost; the job is then leased to this process and nobody
+/// else takes it before the lease runs out. Read it back by key: found with
+/// the id this request made, it is this request's job, created — answered
+/// `201` and driven now. Not found (or the database still down): the error
+/// stands; the client retries, and a job that did commit is picked up by
+/// the next holder of its lease.
+async fn read_back_created(store: &dyn Store, id: &str, owner: &str, key: &str) -> Option<Job> {
+    let mut delay = Duration::from_millis(20);
+    for _ in 0..READ_BACK_TRIES {
+        match store.find_job_by_key(owner, key).await {
+            Ok(Some(job)) if job.id == id => {
+                tracing::warn!(job_id = %job.id, "create's acknowledgement was lost; the job was committed and is driven now");
+                return Some(job);
+            }
+            Ok(_) => return None,
+            Err(e) if e.is_transient() => tokio::time::sleep(delay).await,
+            Err(_) => return None,
+        }
+        delay *= 2;
+    }
+    None
 }
 
 /// What answering an existing job needs.

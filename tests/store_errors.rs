@@ -27,6 +27,7 @@ use std::time::Duration;
 
 on_both_backends!(
     a_store_error_on_submit_is_503_store_unavailable_and_retryable,
+    a_create_whose_acknowledgement_is_lost_is_read_back_and_driven_at_once,
     a_failure_starting_the_attempt_is_retried_at_once,
     a_failure_recording_the_answer_is_retried_and_the_job_succeeds_at_once,
     a_lost_acknowledgement_of_the_answer_is_read_back_not_run_again,
@@ -87,6 +88,25 @@ async fn a_store_error_on_submit_is_503_store_unavailable_and_retryable(backend:
     let id = job["id"].as_str().unwrap();
     succeeded(&world, id).await;
     assert_eq!(world.executions(id, "sim"), 1);
+    world.stop().await;
+}
+
+async fn a_create_whose_acknowledgement_is_lost_is_read_back_and_driven_at_once(backend: Backend) {
+    let (world, faulty) = world(backend, HEALTHY).await;
+    // The insert commits (with this server's lease) and the answer is lost.
+    // Taken for a failure, the job would wait out its whole lease (~35 s)
+    // before anyone drove it; read back, it is this request's job: 201.
+    faulty.fail_next_after_commit("create_job", 1);
+    let (status, job) = world
+        .submit("create-ack-lost", &chat_body("hello"), None)
+        .await;
+    assert_eq!(status, 201, "{job}");
+    let id = job["id"].as_str().unwrap();
+    let (_, attempts) = succeeded(&world, id).await;
+    assert_eq!(attempts.len(), 1, "{attempts:?}");
+    assert_eq!(world.store.count_jobs().await.unwrap(), 1);
+    assert_eq!(world.executions(id, "sim"), 1);
+    assert_eq!(faulty.calls("create_job"), 1, "created once, not again");
     world.stop().await;
 }
 

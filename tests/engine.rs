@@ -411,15 +411,7 @@ async fn the_breaker_sends_first_attempts_elsewhere_until_the_primary_recovers(b
             "closed again"
         );
     }
-    let metrics = world
-        .client
-        .get(format!("{}/metrics", world.address))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = world.metrics().await;
     assert!(
         metrics.contains("onejob_breaker_open{provider=\"primary\"} 0"),
         "{metrics}"

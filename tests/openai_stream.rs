@@ -381,15 +381,7 @@ async fn a_stalled_stream_is_bounded_by_stall_ms_and_continued(backend: Backend)
     // Time to first token is the first piece's arrival, not the attempt's
     // end: the stalled primary answered its first piece at once, and its
     // attempt never succeeded.
-    let metrics = world
-        .client
-        .get(format!("{}/metrics", world.address))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = world.metrics().await;
     let line = |name: &str| {
         metrics
             .lines()

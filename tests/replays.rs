@@ -17,25 +17,6 @@ on_both_backends!(
 
 const WAIT: Duration = Duration::from_secs(10);
 
-/// A counter's value in `GET /metrics`.
-async fn counter(world: &World, name: &str) -> f64 {
-    let text = world
-        .client
-        .get(format!("{}/metrics", world.address))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .unwrap_or_else(|| panic!("{name} not in /metrics:\n{text}"))
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 async fn post_raw(world: &World, key: &str, body: &[u8]) -> (u16, Option<String>, Value) {
     let response = world
         .client
@@ -105,10 +86,7 @@ async fn replays_of_a_finished_job_come_from_memory_and_are_audited(backend: Bac
     assert_eq!(created["state"], "succeeded");
     let id = created["id"].as_str().unwrap().to_string();
     let stored = world.job(&id).await;
-    assert_eq!(
-        counter(&world, "onejob_replays_from_memory_total").await,
-        0.0
-    );
+    assert_eq!(world.counter("onejob_replays_from_memory_total").await, 0.0);
 
     for _ in 0..10 {
         let (status, replayed, job) = post_raw(&world, "order-42", &body).await;
@@ -116,7 +94,7 @@ async fn replays_of_a_finished_job_come_from_memory_and_are_audited(backend: Bac
         assert_eq!(job, stored, "memory answers what the database holds");
     }
     assert_eq!(
-        counter(&world, "onejob_replays_from_memory_total").await,
+        world.counter("onejob_replays_from_memory_total").await,
         10.0,
         "the job was remembered when it finished: no replay read the database"
     );
@@ -132,7 +110,7 @@ async fn replays_of_a_finished_job_come_from_memory_and_are_audited(backend: Bac
     assert_eq!((status, replayed.as_deref()), (200, Some("true")));
     assert_eq!(job, stored);
     assert_eq!(
-        counter(&world, "onejob_replays_from_memory_total").await,
+        world.counter("onejob_replays_from_memory_total").await,
         11.0
     );
 

@@ -168,20 +168,7 @@ async fn a_lost_acknowledgement_of_the_answer_is_read_back_not_run_again(backend
 
 /// `onejob_jobs_succeeded` as `/metrics` shows it.
 async fn jobs_succeeded(world: &World) -> u64 {
-    let text = world
-        .client
-        .get(format!("{}/metrics", world.address))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find(|l| l.starts_with("onejob_jobs_succeeded"))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("no onejob_jobs_succeeded in {text}")) as u64
+    world.counter("onejob_jobs_succeeded_total").await as u64
 }
 
 /// Submit `n` jobs at once; their ids.

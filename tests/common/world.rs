@@ -236,6 +236,31 @@ pub async fn serve_routed(
 }
 
 impl World {
+    /// `GET /metrics`, as text.
+    #[allow(dead_code)]
+    pub async fn metrics(&self) -> String {
+        self.client
+            .get(format!("{}/metrics", self.address))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
+    /// The value of the unlabelled series `name` in `GET /metrics`.
+    #[allow(dead_code)]
+    pub async fn counter(&self, name: &str) -> f64 {
+        let text = self.metrics().await;
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name} not in /metrics:\n{text}"))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
     /// The configuration the server runs with (to start another instance).
     pub fn config(&self) -> &Config {
         &self.config

@@ -254,6 +254,7 @@ on_both_backends_paused!(
     reverse_order_finish_discards_the_late_primary,
     the_lost_response_is_found_by_reconciliation,
     attempts_no_process_drives_are_recovered,
+    unknowns_nobody_can_settle_do_not_starve_the_rest,
 );
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -566,5 +567,107 @@ async fn attempts_no_process_drives_are_recovered(backend: Backend) {
     assert_eq!(attempts[0].id, finished_attempt);
     assert_eq!(attempts[0].error_kind.as_deref(), Some("abandoned"));
     assert_eq!((job.result.as_deref(), job.version), (Some("\"done\""), 1));
+    bench.stop();
+}
+
+/// Over a page (200) of unknown attempts that no provider can settle —
+/// their jobs wait in review for a human — sit at the front of the
+/// reconciler's list. A newer unknown attempt behind them is still asked
+/// about and settled: the reconciler walks the list in pages instead of
+/// reading its first page forever.
+async fn unknowns_nobody_can_settle_do_not_starve_the_rest(backend: Backend) {
+    use onejob::domain::attempt::NewAttempt;
+    use onejob::domain::job::NewJob;
+    use onejob::domain::new_id;
+    use onejob::store::{AttemptEnd, FinishAttempt, JobTransition};
+    let mut r = route("primary", &[]);
+    r.max_hedges = 0;
+    let specs = vec![Spec {
+        name: "primary",
+        honours_keys: false,
+        script: vec![],
+    }];
+    let Some(bench) = bench(backend, specs, r, |_| {}).await else {
+        return;
+    };
+    let now = bench.clock.now_ms();
+    let request =
+        r#"{"messages":[{"content":"unknown","role":"user"}],"params":{},"route":"default"}"#;
+    // `provider` "retired" is no longer configured: the reconciler cannot tell.
+    let unknown_job = |key: String, provider: &str, age: Millis| {
+        let store = bench.store.clone();
+        let provider = provider.to_string();
+        async move {
+            let job = NewJob {
+                id: new_id(),
+                owner_id: OWNER.into(),
+                idempotency_key: key,
+                fingerprint: "f".into(),
+                request: request.into(),
+                route: "default".into(),
+                created_at: now - age,
+                lease: None,
+                key_id: None,
+            };
+            let job_id = job.id.clone();
+            store.create_job(job).await.unwrap();
+            let attempt = store
+                .start_attempt(NewAttempt {
+                    id: new_id(),
+                    job_id: job_id.clone(),
+                    provider,
+                    kind: AttemptKind::Primary,
+                    max_hedges: 0,
+                    reuses_key: false,
+                    started_at: now - age,
+                })
+                .await
+                .unwrap()
+                .unwrap();
+            let end = AttemptEnd::Unknown {
+                error_kind: "timeout".into(),
+                message: "no answer".into(),
+            };
+            let finish = FinishAttempt {
+                attempt_id: attempt.id.clone(),
+                end,
+                at: now - age + 1,
+                actor: "engine".into(),
+            };
+            store.finish_attempt(finish).await.unwrap();
+            (job_id, attempt.id)
+        }
+    };
+    for i in 0..205 {
+        let (job_id, _) = unknown_job(format!("retired-{i}"), "retired", 100_000 - i).await;
+        let review = JobTransition::Review {
+            reason: "nobody can say".into(),
+        };
+        assert!(bench
+            .store
+            .transition_job(&job_id, None, review, now)
+            .await
+            .unwrap());
+    }
+    let (behind, attempt) = unknown_job("behind".into(), "primary", 50_000).await;
+    assert!(bench
+        .store
+        .transition_job(&behind, None, JobTransition::BlockOnUnknown, now)
+        .await
+        .unwrap());
+
+    // The primary never executed the key: the attempt fails as not
+    // executed and the job runs again and succeeds.
+    let (job, attempts) = bench
+        .until(&behind, Duration::from_secs(10), |j, _| {
+            j.state == JobState::Succeeded
+        })
+        .await;
+    assert_eq!(attempts[0].id, attempt);
+    assert_eq!(
+        (attempts[0].state, attempts[0].error_kind.as_deref()),
+        (AttemptState::Failed, Some("not_executed"))
+    );
+    assert_eq!(job.completed_by.as_deref(), Some(attempts[1].id.as_str()));
     bench.stop();
 }

@@ -167,7 +167,10 @@ async fn every_job_state_is_accepted_exactly_where_the_predicates_say(backend: B
         let owner = format!("owner-{}", state.as_str());
         let depth_before = store.review_queue_depth().await.unwrap();
         let id = job_of(&db, s, state, &owner).await;
-        let claimed = store.claim_jobs("engine-a", 10, 100, 1_000).await.unwrap();
+        let claimed = store
+            .claim_jobs("engine-a", 10, 100, 1_000, false)
+            .await
+            .unwrap();
         assert_eq!(claimed.iter().any(|j| j.id == id), takes, "claim {state:?}");
         let load = store
             .owner_load(&owner, Some(&format!("key-of-{owner}")), 0)
@@ -290,7 +293,7 @@ async fn every_attempt_state_is_accepted_exactly_where_the_predicates_say(backen
 
         let job = job_in(&db, s, JobState::Running).await;
         let attempt = attempt_in(&db, &job, "p", state).await;
-        let unknown = store.list_unknown_attempts(1_000).await.unwrap();
+        let unknown = store.list_unknown_attempts(None, 1_000).await.unwrap();
         assert_eq!(
             unknown.iter().any(|a| a.id == attempt),
             state.awaits_settlement(),

@@ -353,7 +353,10 @@ async fn an_unknown_settled_before_its_driver_blocks_leaves_the_job_runnable(bac
         .transition_job(&job.id, Some("driver"), JobTransition::BlockOnUnknown, 5)
         .await
         .unwrap();
-    let claimed = store.claim_jobs("other", 6, 10_000, 10).await.unwrap();
+    let claimed = store
+        .claim_jobs("other", 6, 10_000, 10, false)
+        .await
+        .unwrap();
     assert_eq!(
         claimed.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(),
         [job.id.as_str()],

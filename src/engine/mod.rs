@@ -360,6 +360,12 @@ impl Inner {
 async fn dispatch_loop(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
     let interval = Duration::from_millis(inner.config.engine.poll_interval_ms.max(1));
     let lease = inner.longest_lease_ms();
+    // After a failed claim, the next one also takes runnable jobs already
+    // leased here: the failed claim may have committed with its answer lost
+    // (simulation seed 291), and the jobs it leased here would otherwise
+    // wait out that lease undriven. Jobs driven here now are skipped by
+    // `driver::spawn`.
+    let mut reclaim_own = false;
     loop {
         if *stop.borrow() {
             return;
@@ -369,15 +375,19 @@ async fn dispatch_loop(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
         if free > 0 {
             match inner
                 .store
-                .claim_jobs(&inner.instance, now, now + lease, free)
+                .claim_jobs(&inner.instance, now, now + lease, free, reclaim_own)
                 .await
             {
                 Ok(jobs) => {
+                    reclaim_own = false;
                     for job in jobs {
                         driver::spawn(inner.clone(), job);
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, "claiming runnable jobs failed"),
+                Err(e) => {
+                    reclaim_own = true;
+                    tracing::warn!(error = %e, "claiming runnable jobs failed");
+                }
             }
         }
         // `biased`: branches in a fixed order keep a simulated run

@@ -19,11 +19,12 @@ const BATCH: i64 = 200;
 
 pub(crate) async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
     let interval = Duration::from_millis(inner.config.engine.reconcile_interval_ms.max(1));
+    let mut cursor = Cursor::default();
     loop {
         if *stop.borrow() {
             return;
         }
-        if let Err(e) = reconcile_once(&inner).await {
+        if let Err(e) = reconcile_once(&inner, &mut cursor).await {
             tracing::warn!(error = %e, "reconciliation pass failed");
         }
         tokio::select! {
@@ -35,18 +36,37 @@ pub(crate) async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
     }
 }
 
-/// One pass: first attempts left `started` by a driver that stopped, then the
-/// unknown attempts old enough to ask about.
-pub(crate) async fn reconcile_once(inner: &Arc<Inner>) -> Result<(), crate::store::StoreError> {
+/// Where the walk through unknown attempts stands between passes: after
+/// the `(started_at, id)` of the last attempt asked about, or at the start.
+/// Each pass asks about the next page, so attempts no provider can settle
+/// (parked in review for a human, say) cannot starve the ones behind them.
+#[derive(Debug, Default)]
+pub(crate) struct Cursor(Option<(crate::domain::Millis, String)>);
+
+/// One pass: first attempts left `started` by a driver that stopped, then
+/// the next page of unknown attempts old enough to ask about.
+pub(crate) async fn reconcile_once(
+    inner: &Arc<Inner>,
+    cursor: &mut Cursor,
+) -> Result<(), crate::store::StoreError> {
     sweep_stale_started(inner).await?;
     let now = inner.clock.now_ms();
     let min_age = inner.config.engine.reconcile_min_age_ms as i64;
-    for attempt in inner.store.list_unknown_attempts(BATCH).await? {
+    let after = cursor.0.as_ref().map(|(at, id)| (*at, id.as_str()));
+    let page = inner.store.list_unknown_attempts(after, BATCH).await?;
+    // A short page is the end of the walk; the next pass starts over.
+    let mut next = (page.len() as i64 == BATCH)
+        .then(|| page.last().map(|a| (a.started_at, a.id.clone())))
+        .flatten();
+    for attempt in &page {
         if now - attempt.started_at < min_age {
-            continue;
+            // The rest are younger still: start over next pass.
+            next = None;
+            break;
         }
-        reconcile(inner, &attempt).await?;
+        reconcile(inner, attempt).await?;
     }
+    cursor.0 = next;
     Ok(())
 }
 

@@ -319,11 +319,13 @@ impl Store for FaultyStore {
         now: Millis,
         lease_until: Millis,
         limit: i64,
+        reclaim_own: bool,
     ) -> Result<Vec<Job>, StoreError> {
         forward!(
             self,
             "claim_jobs",
-            self.inner.claim_jobs(owner, now, lease_until, limit)
+            self.inner
+                .claim_jobs(owner, now, lease_until, limit, reclaim_own)
         )
     }
 
@@ -359,11 +361,15 @@ impl Store for FaultyStore {
         forward!(self, "wake_job", self.inner.wake_job(job_id, at))
     }
 
-    async fn list_unknown_attempts(&self, limit: i64) -> Result<Vec<Attempt>, StoreError> {
+    async fn list_unknown_attempts(
+        &self,
+        after: Option<(Millis, &str)>,
+        limit: i64,
+    ) -> Result<Vec<Attempt>, StoreError> {
         forward!(
             self,
             "list_unknown_attempts",
-            self.inner.list_unknown_attempts(limit)
+            self.inner.list_unknown_attempts(after, limit)
         )
     }
 

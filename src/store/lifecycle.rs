@@ -16,11 +16,15 @@ macro_rules! lifecycle_ops {
             now: Millis,
             lease_until: Millis,
             limit: i64,
+            reclaim_own: bool,
         ) -> Result<Vec<Job>, StoreError> {
             let rows: Vec<JobRow> = sqlx::query_as(concat!(
-                "UPDATE jobs SET lease_owner = $1, lease_until = $3 WHERE id IN (",
+                "UPDATE jobs SET lease_owner = $1, lease_until = CASE ",
+                "WHEN lease_owner = $1 AND lease_until > $3 THEN lease_until ELSE $3 END ",
+                "WHERE id IN (",
                 "SELECT id FROM jobs WHERE next_run_at IS NOT NULL AND next_run_at <= $2 ",
-                "AND (lease_until IS NULL OR lease_until < $2) AND state IN (",
+                "AND (lease_until IS NULL OR lease_until < $2 OR ($5 AND lease_owner = $1)) ",
+                "AND state IN (",
                 job_states_taking_attempts!(),
                 ") ",
                 "ORDER BY next_run_at LIMIT $4",
@@ -32,6 +36,7 @@ macro_rules! lifecycle_ops {
             .bind(now)
             .bind(lease_until)
             .bind(limit)
+            .bind(reclaim_own)
             .fetch_all(&mut *conn)
             .await?;
             rows.into_iter().map(Job::try_from).collect()
@@ -175,14 +180,22 @@ macro_rules! lifecycle_ops {
             Ok(())
         }
 
-        pub(crate) async fn list_unknown_attempts(conn: &mut $conn, limit: i64) -> Result<Vec<Attempt>, StoreError> {
+        pub(crate) async fn list_unknown_attempts(
+            conn: &mut $conn,
+            after: Option<(Millis, &str)>,
+            limit: i64,
+        ) -> Result<Vec<Attempt>, StoreError> {
+            let (after_at, after_id) = after.unwrap_or((Millis::MIN, ""));
             let rows: Vec<AttemptRow> = sqlx::query_as(concat!(
                 "SELECT ",
                 attempt_columns!(),
                 " FROM attempts WHERE state = ",
                 attempt_state_awaiting_settlement!(),
-                " ORDER BY started_at LIMIT $1"
+                " AND (started_at > $1 OR (started_at = $1 AND id > $2))",
+                " ORDER BY started_at, id LIMIT $3"
             ))
+            .bind(after_at)
+            .bind(after_id)
             .bind(limit)
             .fetch_all(&mut *conn)
             .await?;

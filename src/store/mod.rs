@@ -332,13 +332,18 @@ pub trait Store: Send + Sync + 'static {
     // The engine's job lifecycle.
 
     /// Take up to `limit` jobs that want a driver now and whose lease is free
-    /// or expired (`FOR UPDATE SKIP LOCKED` on PostgreSQL).
+    /// or expired (`FOR UPDATE SKIP LOCKED` on PostgreSQL). With
+    /// `reclaim_own`, jobs already leased to `owner` are taken too (their
+    /// lease is never shortened): after a claim whose acknowledgement was
+    /// lost, the jobs it leased to `owner` are found again at once instead
+    /// of waiting out a lease nobody drives under.
     async fn claim_jobs(
         &self,
         owner: &str,
         now: Millis,
         lease_until: Millis,
         limit: i64,
+        reclaim_own: bool,
     ) -> Result<Vec<Job>, StoreError>;
 
     /// Extend a held lease; false when it was lost.
@@ -361,7 +366,15 @@ pub trait Store: Send + Sync + 'static {
     /// Make a job without a driver runnable at `at` (after an unknown attempt is settled).
     async fn wake_job(&self, job_id: &str, at: Millis) -> Result<(), StoreError>;
 
-    async fn list_unknown_attempts(&self, limit: i64) -> Result<Vec<Attempt>, StoreError>;
+    /// Attempts awaiting settlement, oldest first, in pages: `after` is the
+    /// `(started_at, id)` of the last one of the previous page. A caller
+    /// that walks every page in turn reaches each one, however many old
+    /// attempts no provider can settle sit at the front.
+    async fn list_unknown_attempts(
+        &self,
+        after: Option<(Millis, &str)>,
+        limit: i64,
+    ) -> Result<Vec<Attempt>, StoreError>;
 
     /// Attempts still `started` that began before `started_before`: older
     /// than any lease, so no live driver can be waiting on them.

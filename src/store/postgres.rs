@@ -158,8 +158,16 @@ impl Store for PgStore {
         now: Millis,
         lease_until: Millis,
         limit: i64,
+        reclaim_own: bool,
     ) -> Result<Vec<Job>, StoreError> {
-        in_tx!(self, |c| ops::claim_jobs(c, owner, now, lease_until, limit))
+        in_tx!(self, |c| ops::claim_jobs(
+            c,
+            owner,
+            now,
+            lease_until,
+            limit,
+            reclaim_own
+        ))
     }
 
     async fn renew_lease(
@@ -199,8 +207,12 @@ impl Store for PgStore {
         ops::list_stale_started(&mut *self.pool.acquire().await?, started_before, limit).await
     }
 
-    async fn list_unknown_attempts(&self, limit: i64) -> Result<Vec<Attempt>, StoreError> {
-        ops::list_unknown_attempts(&mut *self.pool.acquire().await?, limit).await
+    async fn list_unknown_attempts(
+        &self,
+        after: Option<(Millis, &str)>,
+        limit: i64,
+    ) -> Result<Vec<Attempt>, StoreError> {
+        ops::list_unknown_attempts(&mut *self.pool.acquire().await?, after, limit).await
     }
 
     async fn cancel_job(

@@ -393,10 +393,13 @@ impl Store for SqliteStore {
         now: Millis,
         lease_until: Millis,
         limit: i64,
+        reclaim_own: bool,
     ) -> Result<Vec<Job>, StoreError> {
         let owner = owner.to_string();
         self.write(move |c| {
-            Box::pin(async move { ops::claim_jobs(c, &owner, now, lease_until, limit).await })
+            Box::pin(async move {
+                ops::claim_jobs(c, &owner, now, lease_until, limit, reclaim_own).await
+            })
         })
         .await
     }
@@ -444,8 +447,12 @@ impl Store for SqliteStore {
         ops::list_stale_started(&mut *self.read.get().await?, started_before, limit).await
     }
 
-    async fn list_unknown_attempts(&self, limit: i64) -> Result<Vec<Attempt>, StoreError> {
-        ops::list_unknown_attempts(&mut *self.read.get().await?, limit).await
+    async fn list_unknown_attempts(
+        &self,
+        after: Option<(Millis, &str)>,
+        limit: i64,
+    ) -> Result<Vec<Attempt>, StoreError> {
+        ops::list_unknown_attempts(&mut *self.read.get().await?, after, limit).await
     }
 
     async fn cancel_job(

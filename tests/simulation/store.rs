@@ -107,9 +107,13 @@ impl SyncStore {
         }
         // On this thread, in the store runtime's context (anything the call
         // spawns goes there); nothing of the simulation's runtime runs meanwhile.
+        // Unconstrained: the calling task's cooperative budget (128 channel
+        // operations per poll) would otherwise run out after some 60 calls
+        // made without yielding, and tokio defers the wake-up of an
+        // exhausted budget to a scheduler this thread is blocking.
         let answer = {
             let _context = self.rt.enter();
-            futures::executor::block_on(call)
+            futures::executor::block_on(tokio::task::unconstrained(call))
         };
         if kill_here.is_some() {
             self.die_at_kill_point();
@@ -220,9 +224,13 @@ impl Store for SyncStore {
         now: Millis,
         lease_until: Millis,
         limit: i64,
+        reclaim_own: bool,
     ) -> Result<Vec<Job>, StoreError> {
-        self.blocking(self.inner.claim_jobs(owner, now, lease_until, limit))
-            .unwrap_or_else(dead)
+        self.blocking(
+            self.inner
+                .claim_jobs(owner, now, lease_until, limit, reclaim_own),
+        )
+        .unwrap_or_else(dead)
     }
 
     async fn renew_lease(
@@ -254,8 +262,12 @@ impl Store for SyncStore {
             .unwrap_or_else(dead)
     }
 
-    async fn list_unknown_attempts(&self, limit: i64) -> Result<Vec<Attempt>, StoreError> {
-        self.blocking(self.inner.list_unknown_attempts(limit))
+    async fn list_unknown_attempts(
+        &self,
+        after: Option<(Millis, &str)>,
+        limit: i64,
+    ) -> Result<Vec<Attempt>, StoreError> {
+        self.blocking(self.inner.list_unknown_attempts(after, limit))
             .unwrap_or_else(dead)
     }
 

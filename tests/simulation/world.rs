@@ -179,6 +179,9 @@ struct Shared {
     starts: std::cell::Cell<u64>,
     /// Store calls of the instances replaced so far.
     store_calls: std::cell::Cell<u64>,
+    /// When each process's database was down (a `Down` fault): by lease
+    /// holder name, from and until (`Millis::MAX` while still down).
+    outages: RefCell<Vec<(String, Millis, Millis)>>,
 }
 
 impl Shared {
@@ -409,6 +412,7 @@ pub async fn run(scenario: Scenario, db: PathBuf, store_rt: Handle) -> Outcome {
         seen: RefCell::new(Vec::new()),
         starts: std::cell::Cell::new(0),
         store_calls: std::cell::Cell::new(0),
+        outages: RefCell::new(Vec::new()),
     });
     for slot in 0..scenario.instances {
         shared.start_instance(slot);
@@ -480,13 +484,15 @@ pub async fn run(scenario: Scenario, db: PathBuf, store_rt: Handle) -> Outcome {
         last_event = last_event.max(fault.at_ms);
         local.spawn_local(async move {
             tokio::time::sleep(Duration::from_millis(fault.at_ms)).await;
-            let faults = shared
+            let target = shared
                 .instances
                 .borrow()
                 .get(fault.instance)
                 .and_then(|i| i.as_ref())
-                .map(|i| i.faults.clone());
-            let Some(faults) = faults else { return };
+                .map(|i| (i.faults.clone(), i.engine.instance().to_string()));
+            let Some((faults, holder)) = target else {
+                return;
+            };
             match fault.what {
                 FaultKind::FailNext {
                     method,
@@ -499,9 +505,16 @@ pub async fn run(scenario: Scenario, db: PathBuf, store_rt: Handle) -> Outcome {
                     after_commit: true,
                 } => faults.fail_next_after_commit(method, n),
                 FaultKind::Down { for_ms } => {
+                    let from = shared.clock.now_ms();
+                    let index = {
+                        let mut outages = shared.outages.borrow_mut();
+                        outages.push((holder, from, Millis::MAX));
+                        outages.len() - 1
+                    };
                     faults.set_down(true);
                     tokio::time::sleep(Duration::from_millis(for_ms)).await;
                     faults.set_down(false);
+                    shared.outages.borrow_mut()[index].2 = shared.clock.now_ms();
                 }
             }
         });
@@ -604,8 +617,21 @@ async fn watch_until_settled(
                 .as_ref()
                 .is_some_and(|o| live_ids.contains(o));
             let lease_live = job.lease_until.is_some_and(|u| u >= now);
+            // A process whose database is down can drive nothing; it gets
+            // the allowance again from when its database is back. A live
+            // lease waits for its holder; a free job for any process.
+            let cut_off = |instance: &str| {
+                shared.outages.borrow().iter().any(|(h, from, to)| {
+                    h == instance && *from <= now && now <= to.saturating_add(allowance)
+                })
+            };
+            let nobody_can = if lease_live && holder_alive {
+                job.lease_owner.as_deref().is_some_and(cut_off)
+            } else {
+                engines.iter().all(|e| cut_off(e.instance()))
+            };
             // A dead holder's lease must run out first; then anyone may take it.
-            let excused = (lease_live && !holder_alive) || engines.is_empty();
+            let excused = (lease_live && !holder_alive) || engines.is_empty() || nobody_can;
             if wants_driver && !driven && !excused {
                 let since = *undriven_since.entry(job.id.clone()).or_insert(now);
                 if now - since > allowance {

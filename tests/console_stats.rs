@@ -10,17 +10,20 @@
 mod common;
 
 use common::{Backend, TestDb};
-use onejob::domain::attempt::NewAttempt;
+use onejob::domain::attempt::{NewAttempt, Success, Usage};
 use onejob::domain::job::NewJob;
 use onejob::domain::{new_id, AttemptKind};
 use onejob::store::console::{histogram_percentile, WindowStats};
-use onejob::store::{AttemptEnd, CreateOutcome, FinishAttempt, FinishOutcome, Store};
+use onejob::store::{AttemptOutcome, CreateOutcome, FinishAttempt, FinishOutcome, Store};
 use std::collections::BTreeMap;
 
 on_both_backends!(the_overview_over_a_week_counts_every_attempt_once_and_its_latency,);
 
 const HOUR: i64 = 3_600_000;
-const USAGE: &str = r#"{"prompt_tokens":10,"completion_tokens":5}"#;
+const USAGE: Usage = Usage {
+    prompt_tokens: 10,
+    completion_tokens: 5,
+};
 
 async fn start(store: &dyn Store, job: &str, provider: &str, kind: AttemptKind, at: i64) -> String {
     store
@@ -39,11 +42,11 @@ async fn start(store: &dyn Store, job: &str, provider: &str, kind: AttemptKind, 
         .id
 }
 
-async fn finish(store: &dyn Store, attempt: &str, end: AttemptEnd, at: i64) -> FinishOutcome {
+async fn finish(store: &dyn Store, attempt: &str, end: AttemptOutcome, at: i64) -> FinishOutcome {
     store
         .finish_attempt(FinishAttempt {
             attempt_id: attempt.to_string(),
-            end,
+            outcome: end,
             at,
             actor: "engine".into(),
         })
@@ -51,12 +54,11 @@ async fn finish(store: &dyn Store, attempt: &str, end: AttemptEnd, at: i64) -> F
         .unwrap()
 }
 
-fn succeeded() -> AttemptEnd {
-    AttemptEnd::Succeeded {
-        output: "\"ok\"".into(),
-        usage: Some(USAGE.into()),
-        provider_request_id: None,
-    }
+fn succeeded() -> AttemptOutcome {
+    AttemptOutcome::Succeeded(Success {
+        usage: Some(USAGE),
+        ..Success::text("\"ok\"")
+    })
 }
 
 fn nearest_rank(mut v: Vec<i64>, p: f64) -> i64 {
@@ -135,10 +137,7 @@ async fn the_overview_over_a_week_counts_every_attempt_once_and_its_latency(back
                 }
             }
             1 => {
-                let end = AttemptEnd::Failed {
-                    error_kind: "server_error".into(),
-                    message: "boom".into(),
-                };
+                let end = AttemptOutcome::failed("server_error", "boom");
                 finish(store.as_ref(), &primary, end, created + 300).await;
                 if inside {
                     count("sim", "failed");
@@ -168,10 +167,7 @@ async fn the_overview_over_a_week_counts_every_attempt_once_and_its_latency(back
                 }
             }
             3 => {
-                let end = AttemptEnd::Unknown {
-                    error_kind: "timeout".into(),
-                    message: "no answer".into(),
-                };
+                let end = AttemptOutcome::unknown("timeout", "no answer");
                 finish(store.as_ref(), &primary, end, created + 30_000).await;
                 if inside {
                     count("sim", "unknown");

@@ -440,7 +440,7 @@ async fn orphaned_attempt(bench: &Bench, key: &str, finished: bool) -> (String, 
     use onejob::domain::attempt::NewAttempt;
     use onejob::domain::job::NewJob;
     use onejob::domain::new_id;
-    use onejob::store::{AttemptEnd, FinishAttempt, JobTransition};
+    use onejob::store::{AttemptOutcome, FinishAttempt, JobTransition};
     let now = bench.clock.now_ms();
     let request =
         r#"{"messages":[{"content":"orphan","role":"user"}],"params":{},"route":"default"}"#;
@@ -486,14 +486,10 @@ async fn orphaned_attempt(bench: &Bench, key: &str, finished: bool) -> (String, 
             .await
             .unwrap()
             .unwrap();
-        let won = AttemptEnd::Succeeded {
-            output: "\"done\"".into(),
-            usage: None,
-            provider_request_id: None,
-        };
+        let won = AttemptOutcome::succeeded("\"done\"");
         let finish = FinishAttempt {
             attempt_id: hedge.id,
-            end: won,
+            outcome: won,
             at: now - 4_000,
             actor: "engine".into(),
         };
@@ -579,7 +575,7 @@ async fn unknowns_nobody_can_settle_do_not_starve_the_rest(backend: Backend) {
     use onejob::domain::attempt::NewAttempt;
     use onejob::domain::job::NewJob;
     use onejob::domain::new_id;
-    use onejob::store::{AttemptEnd, FinishAttempt, JobTransition};
+    use onejob::store::{AttemptOutcome, FinishAttempt, JobTransition};
     let mut r = route("primary", &[]);
     r.max_hedges = 0;
     let specs = vec![Spec {
@@ -624,13 +620,10 @@ async fn unknowns_nobody_can_settle_do_not_starve_the_rest(backend: Backend) {
                 .await
                 .unwrap()
                 .unwrap();
-            let end = AttemptEnd::Unknown {
-                error_kind: "timeout".into(),
-                message: "no answer".into(),
-            };
+            let end = AttemptOutcome::unknown("timeout", "no answer");
             let finish = FinishAttempt {
                 attempt_id: attempt.id.clone(),
-                end,
+                outcome: end,
                 at: now - age + 1,
                 actor: "engine".into(),
             };

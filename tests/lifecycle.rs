@@ -13,7 +13,7 @@ use onejob::domain::attempt::NewAttempt;
 use onejob::domain::job::NewJob;
 use onejob::domain::{new_id, AttemptKind, AttemptState, JobState};
 use onejob::store::{
-    AttemptEnd, AttemptResolution, CreateOutcome, FinishAttempt, JobResolution, JobTransition,
+    AttemptOutcome, AttemptResolution, CreateOutcome, FinishAttempt, JobResolution, JobTransition,
     Store,
 };
 use std::sync::Arc;
@@ -256,30 +256,14 @@ async fn every_job_state_is_accepted_exactly_where_the_predicates_say(backend: B
 async fn every_attempt_state_is_accepted_exactly_where_the_predicates_say(backend: Backend) {
     let ends = || {
         [
+            (AttemptOutcome::succeeded("{}"), AttemptState::Succeeded),
+            (AttemptOutcome::failed("walk", "walk"), AttemptState::Failed),
             (
-                AttemptEnd::Succeeded {
-                    output: "{}".into(),
-                    usage: None,
-                    provider_request_id: None,
-                },
-                AttemptState::Succeeded,
-            ),
-            (
-                AttemptEnd::Failed {
-                    error_kind: "walk".into(),
-                    message: "walk".into(),
-                },
-                AttemptState::Failed,
-            ),
-            (
-                AttemptEnd::Unknown {
-                    error_kind: "walk".into(),
-                    message: "walk".into(),
-                },
+                AttemptOutcome::unknown("walk", "walk"),
                 AttemptState::Unknown,
             ),
             (
-                AttemptEnd::Abandoned {
+                AttemptOutcome::Abandoned {
                     reason: "walk".into(),
                 },
                 AttemptState::Discarded,
@@ -339,7 +323,7 @@ async fn every_attempt_state_is_accepted_exactly_where_the_predicates_say(backen
             let finished = store
                 .finish_attempt(FinishAttempt {
                     attempt_id: attempt,
-                    end: end.clone(),
+                    outcome: end.clone(),
                     at: 3,
                     actor: "walk".into(),
                 })
@@ -370,10 +354,7 @@ async fn a_job_is_blocked_exactly_while_parked_on_a_live_attempt(backend: Backen
             store
                 .finish_attempt(FinishAttempt {
                     attempt_id: attempt,
-                    end: AttemptEnd::Failed {
-                        error_kind: "not_executed".into(),
-                        message: "walk".into(),
-                    },
+                    outcome: AttemptOutcome::failed("not_executed", "walk"),
                     at: 4,
                     actor: "reconciler".into(),
                 })

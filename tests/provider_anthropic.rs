@@ -4,7 +4,7 @@
 
 mod upstream;
 
-use onejob::providers::{CallOutcome, Lookup};
+use onejob::providers::{AttemptOutcome, Lookup};
 use serde_json::json;
 use std::time::Duration;
 use upstream::{json, json_with, request, run_rows, transport_rows, upstream, Expect, Row};
@@ -120,7 +120,7 @@ async fn request_has_top_level_system_alternating_turns_and_headers() {
     let up = upstream(json(200, SUCCESS)).await;
     let provider = upstream::provider("anthropic", &up.base_url);
     let outcome = provider.call(&request()).await;
-    let CallOutcome::Succeeded(success) = outcome else {
+    let AttemptOutcome::Succeeded(success) = outcome else {
         panic!("{outcome:?}")
     };
     assert_eq!(success.provider_request_id.as_deref(), Some("msg_1"));
@@ -156,7 +156,7 @@ async fn a_conversation_opening_with_the_assistant_is_never_sent() {
     );
     let outcome = provider.call(&req).await;
     assert!(
-        matches!(&outcome, CallOutcome::Failed(f) if !f.retryable && f.kind == "invalid_prompt"),
+        matches!(&outcome, AttemptOutcome::Failed(f) if !f.retryable && f.kind == "invalid_prompt"),
         "{outcome:?}"
     );
     assert!(up.seen().is_empty());
@@ -193,7 +193,7 @@ async fn tools_and_tool_turns_are_carried_in_anthropics_terms() {
     req.options.stop = Some(vec!["END".into()]);
     req.options.user = Some("u-1".into());
     let outcome = provider.call(&req).await;
-    let CallOutcome::Succeeded(success) = outcome else {
+    let AttemptOutcome::Succeeded(success) = outcome else {
         panic!("{outcome:?}")
     };
     assert_eq!(
@@ -231,7 +231,7 @@ async fn what_the_anthropic_wire_cannot_express_is_never_sent() {
     req.options.seed = Some(7);
     let outcome = provider.call(&req).await;
     assert!(
-        matches!(&outcome, CallOutcome::Failed(f) if !f.retryable && f.message.contains("seed")),
+        matches!(&outcome, AttemptOutcome::Failed(f) if !f.retryable && f.message.contains("seed")),
         "{outcome:?}"
     );
     assert!(up.seen().is_empty());

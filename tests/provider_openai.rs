@@ -4,7 +4,7 @@
 
 mod upstream;
 
-use onejob::providers::{build_provider, CallOutcome, Lookup};
+use onejob::providers::{build_provider, AttemptOutcome, Lookup};
 use serde_json::json;
 use std::time::Duration;
 use upstream::{json, json_with, request, run_rows, transport_rows, upstream, Expect, Row};
@@ -146,7 +146,7 @@ async fn request_carries_key_auth_system_first_and_response_format() {
     let up = upstream(json(200, SUCCESS)).await;
     let provider = upstream::provider("openai", &up.base_url);
     let outcome = provider.call(&request()).await;
-    let CallOutcome::Succeeded(success) = outcome else {
+    let AttemptOutcome::Succeeded(success) = outcome else {
         panic!("{outcome:?}")
     };
     assert_eq!(success.provider_request_id.as_deref(), Some("chatcmpl-1"));
@@ -260,7 +260,7 @@ async fn options_tools_and_tool_calls_are_carried() {
         json_object: false,
         schema_name: Some("triage".into()),
     };
-    let CallOutcome::Succeeded(success) = provider.call(&req).await else {
+    let AttemptOutcome::Succeeded(success) = provider.call(&req).await else {
         panic!("not a success")
     };
     assert_eq!(success.output, "");

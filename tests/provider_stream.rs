@@ -8,7 +8,7 @@ mod upstream;
 use onejob::domain::request::{Message, Role};
 use onejob::providers::config::ProviderConfig;
 use onejob::providers::stream::Delta;
-use onejob::providers::{build_provider, CallOutcome, ChatRequest, Provider, Streamed};
+use onejob::providers::{build_provider, AttemptOutcome, ChatRequest, Provider, Streamed};
 use onejob::sim::SimServer;
 use std::path::Path;
 use std::sync::Arc;
@@ -63,7 +63,7 @@ async fn openai_chunks_carry_text_tool_call_deltas_and_usage() {
     assert_eq!(calls.len(), 2);
     assert_eq!(calls[0]["function"]["name"], "f");
     assert_eq!(calls[1]["function"]["arguments"], "{}");
-    let CallOutcome::Succeeded(s) = outcome else {
+    let AttemptOutcome::Succeeded(s) = outcome else {
         panic!("{outcome:?}")
     };
     assert_eq!(s.output, "Hello");
@@ -100,7 +100,7 @@ async fn anthropic_events_become_text_and_tool_call_deltas() {
     assert_eq!(calls[0]["id"], "toolu_1");
     assert_eq!(calls[0]["function"]["name"], "lookup");
     assert_eq!(calls[1]["function"]["arguments"], "{\"q\":1}");
-    let CallOutcome::Succeeded(s) = outcome else {
+    let AttemptOutcome::Succeeded(s) = outcome else {
         panic!("{outcome:?}")
     };
     assert_eq!(s.usage.unwrap().prompt_tokens, 11);
@@ -119,7 +119,7 @@ async fn an_error_status_before_the_stream_is_classified_as_unstreamed() {
     let provider = upstream::provider("openai", &up.base_url);
     let ((outcome, _), pieces) = streamed(provider.as_ref(), &ask("hi")).await;
     assert!(pieces.is_empty());
-    let CallOutcome::Failed(f) = outcome else {
+    let AttemptOutcome::Failed(f) = outcome else {
         panic!("{outcome:?}")
     };
     assert!(f.retryable);
@@ -151,7 +151,7 @@ async fn simulator_streams_on_both_wires_and_its_faults_end_unknown() {
             .call(&request)
             .await
         {
-            CallOutcome::Succeeded(s) => s.output,
+            AttemptOutcome::Succeeded(s) => s.output,
             other => panic!("{kind}: {other:?}"),
         };
         let healthy = sim_provider(kind, &sim.base_url(), "healthy");
@@ -159,7 +159,7 @@ async fn simulator_streams_on_both_wires_and_its_faults_end_unknown() {
             streamed(healthy.as_ref(), &ask("tell me something")).await;
         assert!(pieces.len() > 2, "{kind}: the answer comes in pieces");
         assert_eq!(text(&pieces), whole, "{kind}");
-        assert!(matches!(outcome, CallOutcome::Succeeded(ref s) if s.output == whole));
+        assert!(matches!(outcome, AttemptOutcome::Succeeded(ref s) if s.output == whole));
         assert_eq!(finish.unwrap().finish_reason, "stop");
 
         for (model, kind_expected, delivered) in [
@@ -171,7 +171,7 @@ async fn simulator_streams_on_both_wires_and_its_faults_end_unknown() {
             let ((outcome, finish), pieces) = streamed(p.as_ref(), &ask("tell me something")).await;
             assert!(finish.is_none());
             match outcome {
-                CallOutcome::Unknown(a) => assert_eq!(a.kind, kind_expected, "{kind} {model}"),
+                AttemptOutcome::Unknown(a) => assert_eq!(a.kind, kind_expected, "{kind} {model}"),
                 other => panic!("{kind} {model}: {other:?}"),
             }
             match delivered {
@@ -190,7 +190,7 @@ async fn simulator_continues_a_prefill_unless_told_to_refuse_it() {
         .call(&ask("continue me"))
         .await
     {
-        CallOutcome::Succeeded(s) => s.output,
+        AttemptOutcome::Succeeded(s) => s.output,
         other => panic!("{other:?}"),
     };
     let prefix: String = whole.chars().take(20).collect();
@@ -201,11 +201,11 @@ async fn simulator_continues_a_prefill_unless_told_to_refuse_it() {
     for kind in ["anthropic", "sim"] {
         let p = sim_provider(kind, &sim.base_url(), "healthy");
         let ((outcome, _), pieces) = streamed(p.as_ref(), &request).await;
-        assert!(matches!(outcome, CallOutcome::Succeeded(_)), "{kind}");
+        assert!(matches!(outcome, AttemptOutcome::Succeeded(_)), "{kind}");
         assert_eq!(format!("{prefix}{}", text(&pieces)), whole, "{kind}");
     }
     let refusing = sim_provider("sim", &sim.base_url(), "no_prefill");
     let ((outcome, _), _) = streamed(refusing.as_ref(), &request).await;
-    assert!(matches!(outcome, CallOutcome::Failed(f) if f.kind == "bad_request"));
+    assert!(matches!(outcome, AttemptOutcome::Failed(f) if f.kind == "bad_request"));
     sim.shutdown().await.unwrap();
 }

@@ -8,7 +8,7 @@ use common::{Backend, TestDb};
 use onejob::domain::attempt::NewAttempt;
 use onejob::domain::job::NewJob;
 use onejob::domain::{new_id, AttemptKind, AttemptState, JobState};
-use onejob::store::{AttemptEnd, FinishAttempt, JobTransition, Store};
+use onejob::store::{AttemptOutcome, FinishAttempt, JobTransition, Store};
 use std::process::{Command, Output};
 
 on_both_backends!(review_queue_from_the_command_line);
@@ -50,14 +50,11 @@ async fn job_in_review(store: &dyn Store) -> (String, String) {
         started_at: 2,
     };
     let attempt = store.start_attempt(attempt).await.unwrap().unwrap();
-    let unknown = AttemptEnd::Unknown {
-        error_kind: "attempt_timeout".into(),
-        message: "no answer".into(),
-    };
+    let unknown = AttemptOutcome::unknown("attempt_timeout", "no answer");
     store
         .finish_attempt(FinishAttempt {
             attempt_id: attempt.id.clone(),
-            end: unknown,
+            outcome: unknown,
             at: 3,
             actor: "engine".into(),
         })

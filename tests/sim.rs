@@ -6,7 +6,7 @@ mod upstream;
 
 use onejob::domain::request::{Message, Role};
 use onejob::providers::config::ProviderConfig;
-use onejob::providers::{build_provider, CallOutcome, ChatRequest, Lookup, Provider};
+use onejob::providers::{build_provider, AttemptOutcome, ChatRequest, Lookup, Provider};
 use onejob::sim::{SimHandle, SimServer};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -58,9 +58,9 @@ fn prompt(text: &str, key: &str) -> ChatRequest {
     }
 }
 
-fn succeeded(outcome: CallOutcome) -> onejob::providers::Success {
+fn succeeded(outcome: AttemptOutcome) -> onejob::providers::Success {
     match outcome {
-        CallOutcome::Succeeded(s) => s,
+        AttemptOutcome::Succeeded(s) => s,
         other => panic!("expected success, got {other:?}"),
     }
 }
@@ -72,7 +72,7 @@ async fn dropped_response_is_unknown_executed_once_and_replayed_by_key() {
     let request = prompt("win a prize now", "job-1-sim");
 
     let first = provider.call(&request).await;
-    assert!(matches!(&first, CallOutcome::Unknown(_)), "{first:?}");
+    assert!(matches!(&first, AttemptOutcome::Unknown(_)), "{first:?}");
     assert_eq!(sim.ledger().executions("job-1-sim"), 1);
 
     let Lookup::Found(found) = provider.lookup("job-1-sim").await else {
@@ -104,7 +104,10 @@ async fn lookup_none_means_cannot_tell_for_the_simulator_too() {
     let config = ProviderConfig::parse(&text, Path::new("providers/blind.toml")).unwrap();
     let blind = build_provider("blind", &config).unwrap();
     let outcome = blind.call(&prompt("win a prize now", "job-blind")).await;
-    assert!(matches!(&outcome, CallOutcome::Unknown(_)), "{outcome:?}");
+    assert!(
+        matches!(&outcome, AttemptOutcome::Unknown(_)),
+        "{outcome:?}"
+    );
     assert_eq!(sim.ledger().executions("job-blind"), 1);
     // The ledger holds the answer, yet a provider configured without lookup cannot tell.
     assert!(matches!(ledger.lookup("job-blind").await, Lookup::Found(_)));
@@ -121,7 +124,7 @@ async fn never_executed_key_is_not_found_and_failures_execute_nothing() {
     let provider = sim_provider(&sim, "fail:503", "");
     let outcome = provider.call(&prompt("hello", "k-503")).await;
     assert!(
-        matches!(&outcome, CallOutcome::Failed(f) if f.retryable && f.status == Some(503)),
+        matches!(&outcome, AttemptOutcome::Failed(f) if f.retryable && f.status == Some(503)),
         "{outcome:?}"
     );
     assert_eq!(sim.ledger().executions("k-503"), 0);
@@ -204,23 +207,23 @@ async fn fault_behaviours_classify_as_a_real_provider_would() {
     };
     let rate = call("rate_limit:retry_after=2").await;
     assert!(
-        matches!(&rate, CallOutcome::Failed(f) if f.kind == "rate_limited" && f.retry_after == Some(Duration::from_secs(2))),
+        matches!(&rate, AttemptOutcome::Failed(f) if f.kind == "rate_limited" && f.retry_after == Some(Duration::from_secs(2))),
         "{rate:?}"
     );
     let reject = call("reject").await;
     assert!(
-        matches!(&reject, CallOutcome::Failed(f) if !f.retryable),
+        matches!(&reject, AttemptOutcome::Failed(f) if !f.retryable),
         "{reject:?}"
     );
     let hang = call("hang").await;
     assert!(
-        matches!(&hang, CallOutcome::Unknown(a) if a.kind == "timeout"),
+        matches!(&hang, AttemptOutcome::Unknown(a) if a.kind == "timeout"),
         "{hang:?}"
     );
     assert_eq!(sim.ledger().executions("hang"), 0);
     let slow = call("slow_first_byte:ms=5000").await;
     assert!(
-        matches!(&slow, CallOutcome::Unknown(a) if a.kind == "timeout"),
+        matches!(&slow, AttemptOutcome::Unknown(a) if a.kind == "timeout"),
         "{slow:?}"
     );
     assert_eq!(
@@ -230,7 +233,7 @@ async fn fault_behaviours_classify_as_a_real_provider_would() {
     );
     let unknown_model = call("gpt-4o").await;
     assert!(
-        matches!(&unknown_model, CallOutcome::Failed(f) if f.kind == "not_found"),
+        matches!(&unknown_model, AttemptOutcome::Failed(f) if f.kind == "not_found"),
         "{unknown_model:?}"
     );
     // Shutdown releases the hanging request instead of waiting for it forever.
@@ -244,7 +247,7 @@ async fn a_key_reused_with_another_body_is_refused() {
     succeeded(provider.call(&prompt("one body", "shared")).await);
     let other = provider.call(&prompt("another body", "shared")).await;
     assert!(
-        matches!(&other, CallOutcome::Failed(f) if !f.retryable && f.status == Some(400)),
+        matches!(&other, AttemptOutcome::Failed(f) if !f.retryable && f.status == Some(400)),
         "{other:?}"
     );
     assert_eq!(sim.ledger().executions("shared"), 1);
@@ -282,7 +285,7 @@ async fn openai_stored_lookup_and_anthropic_wire_work_against_the_simulator() {
         .call(&request)
         .await;
     assert!(
-        matches!(&overloaded, CallOutcome::Failed(f) if f.retryable && f.kind == "overloaded"),
+        matches!(&overloaded, AttemptOutcome::Failed(f) if f.retryable && f.kind == "overloaded"),
         "{overloaded:?}"
     );
 }

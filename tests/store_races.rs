@@ -9,7 +9,7 @@ use onejob::domain::attempt::NewAttempt;
 use onejob::domain::job::NewJob;
 use onejob::domain::{new_id, AttemptKind, AttemptState, GuardRefusal, JobState};
 use onejob::store::{
-    AttemptEnd, CreateOutcome, FinishAttempt, FinishOutcome, JobTransition, Store,
+    AttemptOutcome, CreateOutcome, FinishAttempt, FinishOutcome, JobTransition, Store,
 };
 use std::sync::Arc;
 
@@ -58,21 +58,17 @@ fn attempt(job_id: &str, kind: AttemptKind, max_hedges: i64) -> NewAttempt {
     }
 }
 
-fn finish(attempt_id: &str, end: AttemptEnd) -> FinishAttempt {
+fn finish(attempt_id: &str, end: AttemptOutcome) -> FinishAttempt {
     FinishAttempt {
         attempt_id: attempt_id.to_string(),
-        end,
+        outcome: end,
         at: 3,
         actor: "engine".into(),
     }
 }
 
-fn succeeded(output: &str) -> AttemptEnd {
-    AttemptEnd::Succeeded {
-        output: output.to_string(),
-        usage: None,
-        provider_request_id: None,
-    }
+fn succeeded(output: &str) -> AttemptOutcome {
+    AttemptOutcome::succeeded(output)
 }
 
 /// Race `n` retry inserts; returns how many the guard let through.
@@ -111,10 +107,7 @@ async fn no_retry_starts_while_an_attempt_is_started_or_unknown(backend: Backend
         "primary is started"
     );
 
-    let unknown = AttemptEnd::Unknown {
-        error_kind: "timeout".into(),
-        message: "no answer in 60s".into(),
-    };
+    let unknown = AttemptOutcome::unknown("timeout", "no answer in 60s");
     assert_eq!(
         store
             .finish_attempt(finish(&primary.id, unknown))
@@ -146,10 +139,7 @@ async fn exactly_one_of_twenty_retries_starts_once_all_attempts_finished(backend
         .await
         .unwrap()
         .unwrap();
-    let failed = AttemptEnd::Failed {
-        error_kind: "server_error".into(),
-        message: "503".into(),
-    };
+    let failed = AttemptOutcome::failed("server_error", "503");
     store
         .finish_attempt(finish(&primary.id, failed))
         .await
@@ -330,19 +320,13 @@ async fn an_unknown_settled_before_its_driver_blocks_leaves_the_job_runnable(bac
         .await
         .unwrap()
         .unwrap();
-    let unknown = AttemptEnd::Unknown {
-        error_kind: "attempt_timeout".into(),
-        message: "no answer".into(),
-    };
+    let unknown = AttemptOutcome::unknown("attempt_timeout", "no answer");
     store
         .finish_attempt(finish(&first.id, unknown))
         .await
         .unwrap();
     // The reconciler: not executed, wake the job.
-    let not_executed = AttemptEnd::Failed {
-        error_kind: "not_executed".into(),
-        message: "no record of the key".into(),
-    };
+    let not_executed = AttemptOutcome::failed("not_executed", "no record of the key");
     store
         .finish_attempt(finish(&first.id, not_executed))
         .await

@@ -13,7 +13,7 @@ use super::output::Violation;
 use super::render::WireFormat;
 use super::report::{CheckKind, CheckResult, ContractReport};
 use super::tokenizer::{check_prompt, check_usage_agreement, PromptTokens, TokenizerViolation};
-use crate::providers::{CallOutcome, Provider, Success};
+use crate::providers::{AttemptOutcome, Provider, Success};
 use serde::{Deserialize, Serialize};
 
 /// What a contract run needs to know about a provider, built from its config.
@@ -116,8 +116,8 @@ async fn run_case(
     let outcome = provider.call(&request).await;
 
     let answer = match outcome {
-        CallOutcome::Succeeded(success) => success,
-        CallOutcome::Failed(failure) => {
+        AttemptOutcome::Succeeded(success) => success,
+        AttemptOutcome::Failed(failure) => {
             let status = failure
                 .status
                 .map(|s| format!(" (HTTP {s})"))
@@ -129,11 +129,16 @@ async fn run_case(
             record_without_answer(&mut record, prompt_tokens, &reason);
             return;
         }
-        CallOutcome::Unknown(ambiguous) => {
+        AttemptOutcome::Unknown(ambiguous) => {
             let reason = format!(
                 "provider call outcome unknown: {}: {}",
                 ambiguous.kind, ambiguous.message
             );
+            record_without_answer(&mut record, prompt_tokens, &reason);
+            return;
+        }
+        AttemptOutcome::Abandoned { reason } => {
+            let reason = format!("provider call abandoned: {reason}");
             record_without_answer(&mut record, prompt_tokens, &reason);
             return;
         }

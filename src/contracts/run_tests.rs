@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
 
-type Respond = Box<dyn Fn(&ChatRequest) -> CallOutcome + Send + Sync>;
+type Respond = Box<dyn Fn(&ChatRequest) -> AttemptOutcome + Send + Sync>;
 
 /// Answers each call with `respond` and remembers the requests it saw.
 struct CannedProvider {
@@ -21,7 +21,7 @@ struct CannedProvider {
 }
 
 impl CannedProvider {
-    fn new(respond: impl Fn(&ChatRequest) -> CallOutcome + Send + Sync + 'static) -> Self {
+    fn new(respond: impl Fn(&ChatRequest) -> AttemptOutcome + Send + Sync + 'static) -> Self {
         CannedProvider {
             respond: Box::new(respond),
             seen: Mutex::new(Vec::new()),
@@ -34,7 +34,7 @@ impl Provider for CannedProvider {
     fn name(&self) -> &str {
         "canned"
     }
-    async fn call(&self, request: &ChatRequest) -> CallOutcome {
+    async fn call(&self, request: &ChatRequest) -> AttemptOutcome {
         self.seen.lock().unwrap().push(request.clone());
         (self.respond)(request)
     }
@@ -79,8 +79,8 @@ fn honest_prompt_tokens(request: &ChatRequest) -> u32 {
     count_prompt_tokens("o200k_base", &prompt).unwrap()
 }
 
-fn success(output: String, prompt_tokens: Option<u32>) -> CallOutcome {
-    CallOutcome::Succeeded(Success {
+fn success(output: String, prompt_tokens: Option<u32>) -> AttemptOutcome {
+    AttemptOutcome::Succeeded(Success {
         output,
         tool_calls: Vec::new(),
         usage: prompt_tokens.map(|prompt_tokens| Usage {
@@ -243,7 +243,7 @@ async fn missing_usage_fails_tokenizer() {
 async fn failed_call_fails_schema_and_round_trip_with_its_reason() {
     let contract = triage();
     let provider = CannedProvider::new(|_| {
-        CallOutcome::Failed(Failure {
+        AttemptOutcome::Failed(Failure {
             retryable: true,
             retry_after: None,
             kind: "rate_limited".into(),
@@ -279,7 +279,7 @@ async fn failed_call_fails_schema_and_round_trip_with_its_reason() {
 async fn unknown_outcome_fails_the_case() {
     let contract = triage();
     let provider = CannedProvider::new(|_| {
-        CallOutcome::Unknown(Ambiguous {
+        AttemptOutcome::Unknown(Ambiguous {
             kind: "timeout".into(),
             message: "no answer in 60s".into(),
         })

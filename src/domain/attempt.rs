@@ -3,6 +3,7 @@
 
 use super::Millis;
 use serde::Serialize;
+use std::time::Duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -88,6 +89,134 @@ impl AttemptKind {
             _ => return None,
         })
     }
+}
+
+/// How an attempt ended: one type from the provider adapter, which
+/// classifies the ending where it is born (invariant 3), through the engine
+/// to the store, whose finish step records it. An adapter answers
+/// `Succeeded`, `Failed` or `Unknown`; the engine adds `Abandoned` for a
+/// request it dropped, and times out a silent call as `Unknown`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttemptOutcome {
+    /// The provider answered. When recorded, `output` is the job's result
+    /// (the engine's contract check made it so; an admin's word is one).
+    Succeeded(Success),
+    /// The provider said no, or the request provably never left.
+    Failed(Failure),
+    /// The provider may have executed it; nothing may retry until it is
+    /// settled.
+    Unknown(Ambiguous),
+    /// Dropped while in flight because another attempt had already won;
+    /// becomes `discarded` like a late result that lost the CAS.
+    Abandoned { reason: String },
+}
+
+impl AttemptOutcome {
+    /// The state recording this outcome asks for (a success that loses the
+    /// CAS ends `discarded` instead).
+    pub fn wanted_state(&self) -> AttemptState {
+        match self {
+            AttemptOutcome::Succeeded(_) => AttemptState::Succeeded,
+            AttemptOutcome::Failed(_) => AttemptState::Failed,
+            AttemptOutcome::Unknown(_) => AttemptState::Unknown,
+            AttemptOutcome::Abandoned { .. } => AttemptState::Discarded,
+        }
+    }
+
+    /// A definitive failure: never retryable, no `Retry-After`, no status.
+    pub fn failed(kind: impl Into<String>, message: impl Into<String>) -> Self {
+        AttemptOutcome::Failed(Failure {
+            retryable: false,
+            retry_after: None,
+            kind: kind.into(),
+            message: message.into(),
+            status: None,
+        })
+    }
+
+    pub fn unknown(kind: impl Into<String>, message: impl Into<String>) -> Self {
+        AttemptOutcome::Unknown(Ambiguous {
+            kind: kind.into(),
+            message: message.into(),
+        })
+    }
+
+    /// An answer with nothing but its text (usage and request id unknown).
+    pub fn succeeded(output: impl Into<String>) -> Self {
+        AttemptOutcome::Succeeded(Success::text(output))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+}
+
+impl Usage {
+    /// Token counts from a provider's usage object, given the names its wire
+    /// format uses (`prompt_tokens`/`completion_tokens` for OpenAI,
+    /// `input_tokens`/`output_tokens` for Anthropic); `None` when absent.
+    pub fn from_wire(usage: &serde_json::Value, prompt: &str, completion: &str) -> Option<Usage> {
+        let count = |field: &str| {
+            usage[field]
+                .as_u64()
+                .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
+        };
+        Some(Usage {
+            prompt_tokens: count(prompt)?,
+            completion_tokens: count(completion)?,
+        })
+    }
+}
+
+/// A provider's successful answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Success {
+    /// The assistant message text (for contract jobs, JSON text).
+    pub output: String,
+    /// Tool calls the model made, OpenAI-shaped
+    /// `{"id","type":"function","function":{"name","arguments"}}`.
+    pub tool_calls: Vec<serde_json::Value>,
+    pub usage: Option<Usage>,
+    pub provider_request_id: Option<String>,
+    pub latency: Duration,
+}
+
+impl Success {
+    /// An answer of `output` alone: no tool calls, usage or request id.
+    pub fn text(output: impl Into<String>) -> Self {
+        Success {
+            output: output.into(),
+            tool_calls: Vec::new(),
+            usage: None,
+            provider_request_id: None,
+            latency: Duration::ZERO,
+        }
+    }
+}
+
+/// The provider said no, or the request provably never left.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failure {
+    pub retryable: bool,
+    /// Honoured by the retry scheduler (`Retry-After`, `retry-after-ms`).
+    pub retry_after: Option<Duration>,
+    /// Stable machine-readable kind, e.g. `context_length_exceeded`,
+    /// `content_policy`, `rate_limited`, `server_error`, `overloaded`,
+    /// `connect_failed`, `bad_request`, `unauthorized`.
+    pub kind: String,
+    pub message: String,
+    pub status: Option<u16>,
+}
+
+/// The request may have been executed: timeout after sending, reset after
+/// sending, 502/504 from a gateway, a truncated or unparsable success body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ambiguous {
+    /// e.g. `timeout`, `connection_reset`, `gateway_error`, `truncated_body`, `invalid_body`.
+    pub kind: String,
+    pub message: String,
 }
 
 /// What the guard needs to know about a job's attempts, read inside the same

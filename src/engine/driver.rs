@@ -12,8 +12,8 @@ use crate::domain::retry::backoff;
 use crate::domain::{new_id, Attempt, AttemptKind, AttemptState, GuardRefusal, Job, Millis};
 use crate::metrics::Metrics;
 use crate::providers::catalog::ProviderEntry;
-use crate::providers::{CallOutcome, Provider};
-use crate::store::{AttemptEnd, FinishAttempt, FinishOutcome, JobTransition};
+use crate::providers::{AttemptOutcome, Failure, Provider, Success};
+use crate::store::{FinishAttempt, FinishOutcome, JobTransition};
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use std::sync::Arc;
@@ -100,16 +100,50 @@ async fn still_ours(inner: &Inner, job: &Job) -> bool {
 
 /// A failure that ended a round, as the retry policy needs it.
 pub(super) struct RoundFailure {
-    pub retryable: bool,
-    pub retry_after: Option<Duration>,
+    /// Kind, retryable and retry-after, as classified where the failure
+    /// arose: the adapter, the contract check, or the round itself.
+    pub failure: Failure,
+    /// The job's `last_error` should the failure end it.
     pub reason: String,
     /// Empty when no provider was tried (none admitted).
     pub provider: String,
-    /// The machine-readable kind, e.g. `context_length_exceeded`.
-    pub kind: String,
     /// The provider itself refused retryably (429, 5xx, …): worth asking it
     /// again before moving along the route.
     pub refusal: bool,
+}
+
+impl RoundFailure {
+    /// A round that ended without a provider's answer: none admitted, the
+    /// request could not be rendered, the attempt to back up was settled.
+    pub(super) fn of_round(retryable: bool, kind: &str, reason: String, provider: &str) -> Self {
+        let failure = Failure {
+            retryable,
+            retry_after: None,
+            kind: kind.to_string(),
+            message: reason.clone(),
+            status: None,
+        };
+        RoundFailure {
+            failure,
+            reason,
+            provider: provider.to_string(),
+            refusal: false,
+        }
+    }
+
+    /// An attempt's recorded failure on `provider`.
+    fn of_attempt(provider: &str, failure: Failure, refusal: bool) -> Self {
+        RoundFailure {
+            reason: format!("{provider}: {}: {}", failure.kind, failure.message),
+            failure,
+            provider: provider.to_string(),
+            refusal,
+        }
+    }
+
+    pub(super) fn retryable(&self) -> bool {
+        self.failure.retryable
+    }
 }
 
 /// How a round of attempts ended.
@@ -260,14 +294,7 @@ async fn drive(inner: &Arc<Inner>, mut job: Job, hub: Option<Arc<super::stream::
                 }
                 RoundEnd::Ended {
                     unknown: None,
-                    failure: Some(RoundFailure {
-                        retryable: true,
-                        retry_after: None,
-                        reason,
-                        provider: String::new(),
-                        kind: "no_provider".to_string(),
-                        refusal: false,
-                    }),
+                    failure: Some(RoundFailure::of_round(true, "no_provider", reason, "")),
                 }
             }
         };
@@ -293,7 +320,7 @@ async fn drive(inner: &Arc<Inner>, mut job: Job, hub: Option<Arc<super::stream::
         let reason = match failure {
             // The provider said the prompt does not fit: only a larger window
             // may take it, never the one that refused.
-            Some(f) if !f.retryable && f.kind == CONTEXT_LENGTH_EXCEEDED => {
+            Some(f) if !f.retryable() && f.failure.kind == CONTEXT_LENGTH_EXCEEDED => {
                 next.window_above = inner
                     .catalog
                     .get(&f.provider)
@@ -303,7 +330,7 @@ async fn drive(inner: &Arc<Inner>, mut job: Job, hub: Option<Arc<super::stream::
                 wait_at_all = false;
                 f.reason
             }
-            Some(f) if !f.retryable => {
+            Some(f) if !f.retryable() => {
                 // Failing now would discard what the unknown attempt may yet
                 // deliver: the reconciler decides first.
                 if unknown.is_some() {
@@ -323,7 +350,7 @@ async fn drive(inner: &Arc<Inner>, mut job: Job, hub: Option<Arc<super::stream::
                     // it asked (Retry-After).
                     same_provider_streak += 1;
                     next.prefer = Some(f.provider.clone());
-                    retry_after = f.retry_after;
+                    retry_after = f.failure.retry_after;
                 } else {
                     same_provider_streak = 0;
                 }
@@ -431,12 +458,10 @@ async fn recover_orphans(inner: &Arc<Inner>, job: &Job) -> Option<Vec<Attempt>> 
     {
         let finish = FinishAttempt {
             attempt_id: attempt.id.clone(),
-            end: AttemptEnd::Unknown {
-                error_kind: "driver_lost".to_string(),
-                message:
-                    "the process driving this attempt stopped; it may have reached the provider"
-                        .to_string(),
-            },
+            outcome: AttemptOutcome::unknown(
+                "driver_lost",
+                "the process driving this attempt stopped; it may have reached the provider",
+            ),
             at: inner.clock.now_ms(),
             actor: format!("engine:{}", inner.instance),
         };
@@ -449,7 +474,7 @@ async fn recover_orphans(inner: &Arc<Inner>, job: &Job) -> Option<Vec<Attempt>> 
     Some(attempts)
 }
 
-type Flight = futures::future::BoxFuture<'static, (Attempt, CallOutcome)>;
+type Flight = futures::future::BoxFuture<'static, (Attempt, AttemptOutcome)>;
 
 fn launch(
     entry: &ProviderEntry,
@@ -468,13 +493,13 @@ fn launch(
     let flight = async move {
         let outcome = match tokio::time::timeout(timeout, client.call(&request)).await {
             Ok(outcome) => outcome,
-            Err(_) => CallOutcome::Unknown(crate::providers::Ambiguous {
-                kind: "attempt_timeout".to_string(),
-                message: format!(
+            Err(_) => AttemptOutcome::unknown(
+                "attempt_timeout",
+                format!(
                     "no answer within attempt_timeout_ms ({} ms)",
                     timeout.as_millis()
                 ),
-            }),
+            ),
         };
         (attempt, outcome)
     };
@@ -520,8 +545,8 @@ pub(super) enum Settled {
 
 /// An answer not streamed arrives whole: its first token is its end. (A
 /// streamed attempt's first token is observed when its first piece arrives.)
-fn observe_whole_answer(inner: &Inner, attempt: &Attempt, outcome: &CallOutcome) {
-    if let CallOutcome::Succeeded(_) = outcome {
+fn observe_whole_answer(inner: &Inner, attempt: &Attempt, outcome: &AttemptOutcome) {
+    if let AttemptOutcome::Succeeded(_) = outcome {
         inner.metrics.observe_time_to_first_token(
             &attempt.provider,
             inner.clock.now_ms() - attempt.started_at,
@@ -539,93 +564,61 @@ pub(super) enum Source {
     Reconciled,
 }
 
-/// An attempt's end, recorded: the one place where what a provider said
+/// An attempt's end, recorded: the one place where how an attempt ended
 /// becomes the attempt's state (through the CAS for an answer), its
 /// metrics and the provider's breaker; used by the driver, the streamed
-/// rounds and the reconciler.
+/// rounds (for answers and for the attempts they abandon) and the
+/// reconciler. An answer is first checked against the job's contract.
 pub(super) async fn settle(
     inner: &Inner,
     plan: &JobPlan,
     attempt: &Attempt,
-    outcome: CallOutcome,
+    outcome: AttemptOutcome,
     source: Source,
 ) -> Settled {
     let provider = attempt.provider.as_str();
-    let live = source == Source::Live;
-    let mut tokens = 0u64;
+    let abandoned = matches!(outcome, AttemptOutcome::Abandoned { .. });
+    // A dropped request said nothing about the provider.
+    let live = source == Source::Live && !abandoned;
     if live {
         let elapsed_ms = inner.clock.now_ms() - attempt.started_at;
         inner.metrics.observe_provider_latency(provider, elapsed_ms);
     }
-    let (end, settled) = match outcome {
-        CallOutcome::Succeeded(success) => {
-            if let Some(u) = success.usage {
-                tokens = u64::from(u.prompt_tokens) + u64::from(u.completion_tokens);
-            }
-            match plan.result_from(&success) {
-                Ok(result) => {
-                    let usage = success.usage.and_then(|u| serde_json::to_string(&u).ok());
-                    let provider_request_id = success.provider_request_id;
-                    (
-                        AttemptEnd::Succeeded {
-                            output: result,
-                            usage,
-                            provider_request_id,
-                        },
-                        Settled::Won,
-                    )
-                }
-                // Output that breaks the contract is never a result; another
-                // provider may keep it, so the job may fail over.
-                Err((kind, message)) => {
-                    let reason = format!("{provider}: {kind}: {message}");
-                    let failure = RoundFailure {
-                        retryable: true,
-                        retry_after: None,
-                        reason,
-                        provider: provider.to_string(),
-                        kind: kind.clone(),
-                        refusal: false,
-                    };
-                    (
-                        AttemptEnd::Failed {
-                            error_kind: kind,
-                            message,
-                        },
-                        Settled::Failed(failure),
-                    )
-                }
-            }
+    // The provider itself refused, retryably, as its adapter classified it.
+    let refusal = matches!(&outcome, AttemptOutcome::Failed(f) if f.retryable);
+    if refusal && live {
+        let now = inner.clock.now_ms();
+        inner.with_breaker(provider, |b| b.on_retryable_failure(now));
+    }
+    let tokens = match &outcome {
+        AttemptOutcome::Succeeded(Success { usage: Some(u), .. }) => {
+            u64::from(u.prompt_tokens) + u64::from(u.completion_tokens)
         }
-        CallOutcome::Failed(f) => {
-            if f.retryable && live {
-                let now = inner.clock.now_ms();
-                inner.with_breaker(provider, |b| b.on_retryable_failure(now));
-            }
-            let reason = format!("{provider}: {}: {}", f.kind, f.message);
-            let settled = Settled::Failed(RoundFailure {
-                retryable: f.retryable,
-                retry_after: f.retry_after,
-                reason,
-                provider: provider.to_string(),
-                kind: f.kind.clone(),
-                refusal: f.retryable,
-            });
-            (
-                AttemptEnd::Failed {
-                    error_kind: f.kind,
-                    message: f.message,
-                },
-                settled,
-            )
-        }
-        CallOutcome::Unknown(a) => (
-            AttemptEnd::Unknown {
-                error_kind: a.kind,
-                message: a.message,
-            },
-            Settled::Unknown,
-        ),
+        _ => 0,
+    };
+    // An answer is recorded as the job's result it makes. Output that
+    // breaks the contract is never a result; another provider may keep
+    // it, so the job may fail over.
+    let outcome = match outcome {
+        AttemptOutcome::Succeeded(success) => match plan.result_from(&success) {
+            Ok(result) => AttemptOutcome::Succeeded(Success {
+                output: result,
+                tool_calls: Vec::new(),
+                ..success
+            }),
+            Err((kind, message)) => AttemptOutcome::Failed(Failure {
+                retryable: true,
+                retry_after: None,
+                kind,
+                message,
+                status: None,
+            }),
+        },
+        other => other,
+    };
+    let failure = match &outcome {
+        AttemptOutcome::Failed(f) => Some(f.clone()),
+        _ => None,
     };
     let actor = match source {
         Source::Live => format!("engine:{}", inner.instance),
@@ -633,7 +626,7 @@ pub(super) async fn settle(
     };
     let finish = FinishAttempt {
         attempt_id: attempt.id.clone(),
-        end,
+        outcome,
         at: inner.clock.now_ms(),
         actor,
     };
@@ -649,6 +642,11 @@ pub(super) async fn settle(
             }
             Settled::Won
         }
+        Ok(FinishOutcome::Lost) if abandoned => {
+            Metrics::inc(&inner.metrics.attempts_abandoned);
+            inner.metrics.attempt_finished(provider, "abandoned");
+            Settled::Lost
+        }
         Ok(FinishOutcome::Lost) => {
             inner.metrics.attempt_finished(provider, "discarded");
             Metrics::inc(&inner.metrics.cas_lost);
@@ -656,15 +654,16 @@ pub(super) async fn settle(
             tracing::info!(attempt_id = %attempt.id, "late result lost the compare-and-swap; discarded");
             Settled::Lost
         }
-        Ok(FinishOutcome::Recorded) => {
-            let outcome = if matches!(settled, Settled::Unknown) {
-                "unknown"
-            } else {
-                "failed"
-            };
-            inner.metrics.attempt_finished(provider, outcome);
-            settled
-        }
+        Ok(FinishOutcome::Recorded) => match failure {
+            Some(failure) => {
+                inner.metrics.attempt_finished(provider, "failed");
+                Settled::Failed(RoundFailure::of_attempt(provider, failure, refusal))
+            }
+            None => {
+                inner.metrics.attempt_finished(provider, "unknown");
+                Settled::Unknown
+            }
+        },
         // The attempt's row did not move as asked: settled meanwhile (by an
         // admin, another reconciler, or the new holder of a lost lease), or
         // the store stayed down: do not guess; nothing may retry on this basis.
@@ -720,14 +719,12 @@ async fn run_round(
         Err(e) => {
             return RoundEnd::Ended {
                 unknown: None,
-                failure: Some(RoundFailure {
-                    retryable: false,
-                    retry_after: None,
-                    reason: e.0,
-                    provider: first.name.clone(),
-                    kind: "invalid_request".to_string(),
-                    refusal: false,
-                }),
+                failure: Some(RoundFailure::of_round(
+                    false,
+                    "invalid_request",
+                    e.0,
+                    &first.name,
+                )),
             }
         }
     };
@@ -742,14 +739,12 @@ async fn run_round(
         Err(GuardRefusal::HedgeNotAllowed) => {
             return RoundEnd::Ended {
                 unknown: None,
-                failure: Some(RoundFailure {
-                    retryable: true,
-                    retry_after: None,
-                    reason: "the attempt to back up was settled meanwhile".to_string(),
-                    provider: String::new(),
-                    kind: "hedge_not_needed".to_string(),
-                    refusal: false,
-                }),
+                failure: Some(RoundFailure::of_round(
+                    true,
+                    "hedge_not_needed",
+                    "the attempt to back up was settled meanwhile".to_string(),
+                    "",
+                )),
             }
         }
         Err(_) => return RoundEnd::Done,
@@ -791,7 +786,7 @@ async fn run_round(
                     }
                     Settled::Failed(f) => {
                         // A non-retryable failure dominates a retryable one.
-                        if failure.as_ref().is_none_or(|kept| kept.retryable) {
+                        if failure.as_ref().is_none_or(RoundFailure::retryable) {
                             failure = Some(f);
                         }
                     }
@@ -851,22 +846,9 @@ async fn finish_losers(
         .into_iter()
         .filter(|a| a.state == AttemptState::Started)
     {
-        let finish = FinishAttempt {
-            attempt_id: attempt.id.clone(),
-            end: AttemptEnd::Abandoned {
-                reason: "another attempt won; request dropped".to_string(),
-            },
-            at: inner.clock.now_ms(),
-            actor: format!("engine:{}", inner.instance),
+        let outcome = AttemptOutcome::Abandoned {
+            reason: "another attempt won; request dropped".to_string(),
         };
-        if durable::finish_attempt(&inner, &job_id, finish)
-            .await
-            .is_ok()
-        {
-            Metrics::inc(&inner.metrics.attempts_abandoned);
-            inner
-                .metrics
-                .attempt_finished(&attempt.provider, "abandoned");
-        }
+        settle(&inner, &plan, &attempt, outcome, Source::Live).await;
     }
 }

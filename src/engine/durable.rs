@@ -14,9 +14,10 @@
 //! found by its id, an attempt's end by its state.
 
 use super::Inner;
+use crate::domain::attempt::AttemptOutcome;
 use crate::domain::attempt::NewAttempt;
 use crate::domain::{Attempt, AttemptState, GuardRefusal};
-use crate::store::{AttemptEnd, FinishAttempt, FinishOutcome, StoreError};
+use crate::store::{FinishAttempt, FinishOutcome, StoreError};
 use std::future::Future;
 use std::time::Duration;
 
@@ -128,7 +129,7 @@ pub(super) async fn finish_attempt(
                 if retry {
                     let attempts = inner.store.list_attempts(job_id).await?;
                     let stored = attempts.iter().find(|a| a.id == finish.attempt_id);
-                    if let Some(outcome) = stored.and_then(|a| recorded(a, &finish.end)) {
+                    if let Some(outcome) = stored.and_then(|a| recorded(a, &finish.outcome)) {
                         return Ok(outcome);
                     }
                 }
@@ -140,16 +141,17 @@ pub(super) async fn finish_attempt(
 }
 
 /// What recording `end` did, if `attempt` shows it was recorded.
-fn recorded(attempt: &Attempt, end: &AttemptEnd) -> Option<FinishOutcome> {
+fn recorded(attempt: &Attempt, end: &AttemptOutcome) -> Option<FinishOutcome> {
     match (end, attempt.state) {
-        (AttemptEnd::Succeeded { .. }, AttemptState::Succeeded) => Some(FinishOutcome::Won {
+        (AttemptOutcome::Succeeded(_), AttemptState::Succeeded) => Some(FinishOutcome::Won {
             version: attempt.read_version + 1,
         }),
-        (AttemptEnd::Succeeded { .. } | AttemptEnd::Abandoned { .. }, AttemptState::Discarded) => {
-            Some(FinishOutcome::Lost)
-        }
-        (AttemptEnd::Failed { .. }, AttemptState::Failed)
-        | (AttemptEnd::Unknown { .. }, AttemptState::Unknown) => Some(FinishOutcome::Recorded),
+        (
+            AttemptOutcome::Succeeded(_) | AttemptOutcome::Abandoned { .. },
+            AttemptState::Discarded,
+        ) => Some(FinishOutcome::Lost),
+        (AttemptOutcome::Failed(_), AttemptState::Failed)
+        | (AttemptOutcome::Unknown(_), AttemptState::Unknown) => Some(FinishOutcome::Recorded),
         _ => None,
     }
 }

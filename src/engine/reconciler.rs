@@ -9,8 +9,8 @@ use super::plan::JobPlan;
 use super::Inner;
 use crate::domain::Attempt;
 use crate::metrics::Metrics;
-use crate::providers::{stable_key, CallOutcome, Lookup};
-use crate::store::{AttemptEnd, FinishAttempt, JobTransition};
+use crate::providers::{stable_key, AttemptOutcome, Lookup};
+use crate::store::{FinishAttempt, JobTransition};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -88,21 +88,19 @@ async fn sweep_stale_started(inner: &Arc<Inner>) -> Result<(), crate::store::Sto
         if job.lease_until.is_some_and(|until| until >= now) {
             continue; // someone holds the job and will deal with it
         }
-        let end = if job.state.is_final() {
-            AttemptEnd::Abandoned {
+        let outcome = if job.state.is_final() {
+            AttemptOutcome::Abandoned {
                 reason: "its driver stopped after the job had finished".to_string(),
             }
         } else {
-            AttemptEnd::Unknown {
-                error_kind: "driver_lost".to_string(),
-                message:
-                    "no process drives this attempt any more; it may have reached the provider"
-                        .to_string(),
-            }
+            AttemptOutcome::unknown(
+                "driver_lost",
+                "no process drives this attempt any more; it may have reached the provider",
+            )
         };
         let finish = FinishAttempt {
             attempt_id: attempt.id.clone(),
-            end,
+            outcome,
             at: now,
             actor: "reconciler".to_string(),
         };
@@ -144,7 +142,7 @@ async fn reconcile(inner: &Arc<Inner>, attempt: &Attempt) -> Result<(), crate::s
             // the same commit.
             match JobPlan::new(&job.id, &job.request, &inner.contracts) {
                 Ok(plan) => {
-                    let outcome = CallOutcome::Succeeded(success);
+                    let outcome = AttemptOutcome::Succeeded(success);
                     match settle(inner, &plan, attempt, outcome, Source::Reconciled).await {
                         Settled::Won => {
                             tracing::info!("unknown attempt found executed; job succeeded")
@@ -156,10 +154,7 @@ async fn reconcile(inner: &Arc<Inner>, attempt: &Attempt) -> Result<(), crate::s
                 Err(e) => {
                     let finish = FinishAttempt {
                         attempt_id: attempt.id.clone(),
-                        end: AttemptEnd::Failed {
-                            error_kind: "invalid_request".to_string(),
-                            message: e.0,
-                        },
+                        outcome: AttemptOutcome::failed("invalid_request", e.0),
                         at: now,
                         actor,
                     };
@@ -172,15 +167,15 @@ async fn reconcile(inner: &Arc<Inner>, attempt: &Attempt) -> Result<(), crate::s
         }
         Lookup::NotFound => {
             Metrics::inc(&inner.metrics.reconciled_not_found);
-            let end = AttemptEnd::Failed {
-                error_kind: "not_executed".to_string(),
-                message: "reconciled: the provider has no record of the key".to_string(),
-            };
+            let outcome = AttemptOutcome::failed(
+                "not_executed",
+                "reconciled: the provider has no record of the key",
+            );
             match inner
                 .store
                 .finish_attempt(FinishAttempt {
                     attempt_id: attempt.id.clone(),
-                    end,
+                    outcome,
                     at: now,
                     actor,
                 })

@@ -25,8 +25,7 @@ use crate::domain::{Attempt, AttemptKind, GuardRefusal, Job, JobState};
 use crate::metrics::Metrics;
 use crate::providers::catalog::ProviderEntry;
 use crate::providers::stream::Delta;
-use crate::providers::{Ambiguous, CallOutcome, Streamed, Success, Usage};
-use crate::store::{AttemptEnd, FinishAttempt};
+use crate::providers::{AttemptOutcome, Streamed, Success, Usage};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -287,13 +286,13 @@ fn launch(
             let _ = events.send((index, Event::Piece(delta)));
         }
         let streamed = ended.unwrap_or_else(|_| {
-            let outcome = CallOutcome::Unknown(Ambiguous {
-                kind: "attempt_timeout".to_string(),
-                message: format!(
+            let outcome = AttemptOutcome::unknown(
+                "attempt_timeout",
+                format!(
                     "no answer within attempt_timeout_ms ({} ms)",
                     timeout.as_millis()
                 ),
-            });
+            );
             (outcome, None)
         });
         let _ = events.send((index, Event::End(streamed)));
@@ -302,29 +301,16 @@ fn launch(
 
 /// Cancel an attempt that lost the stream (or whose round is over) and
 /// record it as abandoned; its usage is not known once it is cut off.
-async fn abandon(inner: &Inner, live: &mut Live<'_>, reason: &str) {
+async fn abandon(inner: &Inner, plan: &JobPlan, live: &mut Live<'_>, reason: &str) {
     if live.done {
         return;
     }
     live.done = true;
     live.task.abort();
-    let finish = FinishAttempt {
-        attempt_id: live.attempt.id.clone(),
-        end: AttemptEnd::Abandoned {
-            reason: reason.to_string(),
-        },
-        at: inner.clock.now_ms(),
-        actor: format!("engine:{}", inner.instance),
+    let outcome = AttemptOutcome::Abandoned {
+        reason: reason.to_string(),
     };
-    if super::durable::finish_attempt(inner, &live.attempt.job_id, finish)
-        .await
-        .is_ok()
-    {
-        Metrics::inc(&inner.metrics.attempts_abandoned);
-        inner
-            .metrics
-            .attempt_finished(&live.attempt.provider, "abandoned");
-    }
+    settle(inner, plan, &live.attempt, outcome, Source::Live).await;
 }
 
 /// A provider that may finish a broken stream: on the route, not tried in
@@ -379,14 +365,12 @@ pub(super) async fn run_streamed_round(
         Err(e) => {
             return ended(
                 None,
-                Some(RoundFailure {
-                    retryable: false,
-                    retry_after: None,
-                    reason: e.0,
-                    provider: first.name.clone(),
-                    kind: "invalid_request".to_string(),
-                    refusal: false,
-                }),
+                Some(RoundFailure::of_round(
+                    false,
+                    "invalid_request",
+                    e.0,
+                    &first.name,
+                )),
             )
         }
     };
@@ -398,14 +382,12 @@ pub(super) async fn run_streamed_round(
         Err(GuardRefusal::HedgeNotAllowed) => {
             return ended(
                 None,
-                Some(RoundFailure {
-                    retryable: true,
-                    retry_after: None,
-                    reason: "the attempt to back up was settled meanwhile".to_string(),
-                    provider: String::new(),
-                    kind: "hedge_not_needed".to_string(),
-                    refusal: false,
-                }),
+                Some(RoundFailure::of_round(
+                    true,
+                    "hedge_not_needed",
+                    "the attempt to back up was settled meanwhile".to_string(),
+                    "",
+                )),
             )
         }
         Err(_) => return RoundEnd::Done,
@@ -475,11 +457,11 @@ pub(super) async fn run_streamed_round(
             _ = &mut stall, if owner.is_some() => {
                 let Some(o) = owner else { continue };
                 live[o].task.abort();
-                let ambiguous = Ambiguous {
-                    kind: "stream_stall".to_string(),
-                    message: format!("no chunk for stall_ms ({} ms) after {} characters", route.stall_ms, own.chars().count()),
-                };
-                (o, Event::End((CallOutcome::Unknown(ambiguous), None)))
+                let stalled = AttemptOutcome::unknown(
+                    "stream_stall",
+                    format!("no chunk for stall_ms ({} ms) after {} characters", route.stall_ms, own.chars().count()),
+                );
+                (o, Event::End((stalled, None)))
             }
         };
         if live[index].done {
@@ -496,7 +478,7 @@ pub(super) async fn run_streamed_round(
                 }
                 if owner.is_none() {
                     owner = Some(index);
-                    claim(inner, hub, &mut live, index).await;
+                    claim(inner, plan, hub, &mut live, index).await;
                 }
                 if owner != Some(index) {
                     continue;
@@ -514,18 +496,18 @@ pub(super) async fn run_streamed_round(
                 live[index].done = true;
                 let is_owner = owner == Some(index);
                 if !is_owner {
-                    if let CallOutcome::Succeeded(_) = outcome {
+                    if let AttemptOutcome::Succeeded(_) = outcome {
                         // A whole answer with no piece (empty text): it owns
                         // the stream now.
                         if owner.is_none() {
                             owner = Some(index);
-                            claim(inner, hub, &mut live, index).await;
+                            claim(inner, plan, hub, &mut live, index).await;
                         }
                     }
                 }
                 if owner != Some(index) {
                     // Ended before any piece: a failure like an unstreamed one.
-                    if let CallOutcome::Unknown(_) = &outcome {
+                    if let AttemptOutcome::Unknown(_) = &outcome {
                         // Rescue: hedge at once to a provider not tried,
                         // while this attempt still counts as the started one.
                         if hedges_left > 0 && running == 1 {
@@ -542,7 +524,7 @@ pub(super) async fn run_streamed_round(
                         Settled::Unknown => unknown = Some(live[index].attempt.provider.clone()),
                         Settled::Failed(f) => {
                             // A non-retryable failure dominates a retryable one.
-                            if failure.as_ref().is_none_or(|kept| kept.retryable) {
+                            if failure.as_ref().is_none_or(RoundFailure::retryable) {
                                 failure = Some(f);
                             }
                         }
@@ -552,10 +534,10 @@ pub(super) async fn run_streamed_round(
                 // The owner ended.
                 let entry = live[index].entry;
                 match outcome {
-                    CallOutcome::Succeeded(success) => {
+                    AttemptOutcome::Succeeded(success) => {
                         let output = format!("{earlier}{}", success.output);
                         let usage = success.usage;
-                        let whole = CallOutcome::Succeeded(Success { output, ..success });
+                        let whole = AttemptOutcome::Succeeded(Success { output, ..success });
                         let settled =
                             settle(inner, plan, &live[index].attempt, whole, Source::Live).await;
                         return match settled {
@@ -577,7 +559,7 @@ pub(super) async fn run_streamed_round(
                                 RoundEnd::Done
                             }
                             Settled::Failed(f) => {
-                                hub.fail(&f.kind, &f.reason);
+                                hub.fail(&f.failure.kind, &f.reason);
                                 ended(None, Some(f))
                             }
                             Settled::Unknown => {
@@ -586,7 +568,7 @@ pub(super) async fn run_streamed_round(
                             }
                         };
                     }
-                    CallOutcome::Failed(f) if own.is_empty() && broken.is_some() => {
+                    AttemptOutcome::Failed(f) if own.is_empty() && broken.is_some() => {
                         // A continuation refused before adding anything: the
                         // client hears of the original failure, not this.
                         let reason = format!("{}: {}: {}", entry.name, f.kind, f.message);
@@ -594,7 +576,7 @@ pub(super) async fn run_streamed_round(
                             inner,
                             plan,
                             &live[index].attempt,
-                            CallOutcome::Failed(f),
+                            AttemptOutcome::Failed(f),
                             Source::Live,
                         )
                         .await;
@@ -603,7 +585,7 @@ pub(super) async fn run_streamed_round(
                         tracing::info!(%reason, "continuation refused; the stream ends with the original failure");
                         return ended(unknown.or(Some(entry.name.clone())), None);
                     }
-                    CallOutcome::Failed(f) => {
+                    AttemptOutcome::Failed(f) => {
                         let message = format!(
                             "{} stopped the answer after {} characters: {}: {}",
                             entry.name,
@@ -616,7 +598,7 @@ pub(super) async fn run_streamed_round(
                             inner,
                             plan,
                             &live[index].attempt,
-                            CallOutcome::Failed(f),
+                            AttemptOutcome::Failed(f),
                             Source::Live,
                         )
                         .await;
@@ -627,7 +609,18 @@ pub(super) async fn run_streamed_round(
                             Settled::Won | Settled::Lost => RoundEnd::Done,
                         };
                     }
-                    CallOutcome::Unknown(a) => {
+                    // Only the engine abandons a call; an adapter that said
+                    // so is taken at its word (the attempt is discarded) and
+                    // the round ends with nothing live of its own.
+                    AttemptOutcome::Abandoned { reason } => {
+                        let outcome = AttemptOutcome::Abandoned {
+                            reason: reason.clone(),
+                        };
+                        settle(inner, plan, &live[index].attempt, outcome, Source::Live).await;
+                        hub.fail("attempt_abandoned", &reason);
+                        return ended(unknown, None);
+                    }
+                    AttemptOutcome::Unknown(a) => {
                         let original = broken.clone().unwrap_or_else(|| {
                             (
                                 a.kind.clone(),
@@ -661,7 +654,7 @@ pub(super) async fn run_streamed_round(
                             inner,
                             plan,
                             &live[index].attempt,
-                            CallOutcome::Unknown(a),
+                            AttemptOutcome::Unknown(a),
                             Source::Live,
                         )
                         .await;
@@ -738,7 +731,13 @@ fn ended(unknown: Option<String>, failure: Option<RoundFailure>) -> RoundEnd {
 
 /// The attempt at `index` owns the client's stream: say so, and cancel the
 /// others.
-async fn claim(inner: &Inner, hub: &StreamHub, live: &mut [Live<'_>], index: usize) {
+async fn claim(
+    inner: &Inner,
+    plan: &JobPlan,
+    hub: &StreamHub,
+    live: &mut [Live<'_>],
+    index: usize,
+) {
     let owner = &live[index];
     hub.push(StreamEvent::Start {
         model: owner.entry.config.model.clone(),
@@ -747,7 +746,7 @@ async fn claim(inner: &Inner, hub: &StreamHub, live: &mut [Live<'_>], index: usi
     });
     for (i, other) in live.iter_mut().enumerate() {
         if i != index {
-            abandon(inner, other, "another attempt owns the stream").await;
+            abandon(inner, plan, other, "another attempt owns the stream").await;
         }
     }
 }

@@ -10,7 +10,7 @@ use super::classify::{classify_response, error_chain};
 use super::config::{ProviderConfig, Secret, Timeouts};
 use super::stream::{self, AnthropicReader, DeltaSender};
 use super::transport::exchange;
-use super::{CallOutcome, ChatRequest, Failure, Lookup, Provider, Streamed, Success, Usage};
+use super::{AttemptOutcome, ChatRequest, Failure, Lookup, Provider, Streamed, Success, Usage};
 use crate::domain::request::{Message, Role};
 use async_trait::async_trait;
 use serde_json::{json, Map, Value};
@@ -294,11 +294,11 @@ impl Provider for AnthropicProvider {
     }
 
     #[tracing::instrument(skip_all, fields(provider = %self.name, key = %request.idempotency_key))]
-    async fn call(&self, request: &ChatRequest) -> CallOutcome {
+    async fn call(&self, request: &ChatRequest) -> AttemptOutcome {
         let body = match request_body(&self.model, request) {
             Ok(body) => body,
             Err(message) => {
-                return CallOutcome::Failed(Failure {
+                return AttemptOutcome::Failed(Failure {
                     retryable: false,
                     retry_after: None,
                     kind: "invalid_prompt".into(),
@@ -345,7 +345,7 @@ impl Provider for AnthropicProvider {
                     message,
                     status: None,
                 };
-                return (CallOutcome::Failed(failure), None);
+                return (AttemptOutcome::Failed(failure), None);
             }
         };
         body["stream"] = json!(true);

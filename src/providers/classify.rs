@@ -8,7 +8,7 @@
 //! a read timeout, a reset, a gateway error, a truncated or unreadable
 //! success body — is `unknown`.
 
-use super::{Ambiguous, CallOutcome, Failure, Success};
+use super::{Ambiguous, AttemptOutcome, Failure, Success};
 use reqwest::header::HeaderMap;
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -68,8 +68,8 @@ const CONTENT_POLICY: &[&str] = &[
     "usage policies",
 ];
 
-fn failure(retryable: bool, kind: &str, message: String, status: Option<u16>) -> CallOutcome {
-    CallOutcome::Failed(Failure {
+fn failure(retryable: bool, kind: &str, message: String, status: Option<u16>) -> AttemptOutcome {
+    AttemptOutcome::Failed(Failure {
         retryable,
         retry_after: None,
         kind: kind.to_string(),
@@ -78,8 +78,8 @@ fn failure(retryable: bool, kind: &str, message: String, status: Option<u16>) ->
     })
 }
 
-pub fn unknown(kind: &str, message: impl Into<String>) -> CallOutcome {
-    CallOutcome::Unknown(Ambiguous {
+pub fn unknown(kind: &str, message: impl Into<String>) -> AttemptOutcome {
+    AttemptOutcome::Unknown(Ambiguous {
         kind: kind.to_string(),
         message: message.into(),
     })
@@ -94,12 +94,12 @@ pub fn classify_response(
     headers: &HeaderMap,
     body: &[u8],
     parse_success: impl FnOnce(&[u8]) -> Result<Result<Success, Failure>, String>,
-) -> CallOutcome {
+) -> AttemptOutcome {
     let code = status.as_u16();
     if status.is_success() {
         return match parse_success(body) {
-            Ok(Ok(success)) => CallOutcome::Succeeded(success),
-            Ok(Err(failure)) => CallOutcome::Failed(failure),
+            Ok(Ok(success)) => AttemptOutcome::Succeeded(success),
+            Ok(Err(failure)) => AttemptOutcome::Failed(failure),
             Err(e) => unknown("invalid_body", format!("{code} with unreadable body: {e}")),
         };
     }
@@ -141,9 +141,9 @@ pub fn classify_response(
         _ => failure(false, "unexpected_status", message, Some(code)),
     };
     match outcome {
-        CallOutcome::Failed(mut f) if f.retryable => {
+        AttemptOutcome::Failed(mut f) if f.retryable => {
             f.retry_after = retry_after(headers, SystemTime::now());
-            CallOutcome::Failed(f)
+            AttemptOutcome::Failed(f)
         }
         other => other,
     }
@@ -171,7 +171,7 @@ pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
 }
 
 /// An error from sending the request, before any response header arrived.
-pub fn classify_send_error(error: &reqwest::Error) -> CallOutcome {
+pub fn classify_send_error(error: &reqwest::Error) -> AttemptOutcome {
     let detail = error_chain(error);
     if error.is_connect() {
         // Connect refused, DNS failure, TLS handshake or connect timeout:
@@ -189,7 +189,7 @@ pub fn classify_send_error(error: &reqwest::Error) -> CallOutcome {
 }
 
 /// An error while reading the body of a response whose headers arrived.
-pub fn classify_body_error(status: StatusCode, error: &reqwest::Error) -> CallOutcome {
+pub fn classify_body_error(status: StatusCode, error: &reqwest::Error) -> AttemptOutcome {
     unknown(
         "truncated_body",
         format!(
@@ -224,7 +224,7 @@ mod tests {
     fn failed(status: u16, body: &str) -> Failure {
         let status = StatusCode::from_u16(status).unwrap();
         match classify_response(status, &HeaderMap::new(), body.as_bytes(), never_parsed) {
-            CallOutcome::Failed(f) => f,
+            AttemptOutcome::Failed(f) => f,
             other => panic!("{other:?}"),
         }
     }
@@ -234,7 +234,7 @@ mod tests {
         for status in [502, 504] {
             let s = StatusCode::from_u16(status).unwrap();
             let outcome = classify_response(s, &HeaderMap::new(), b"", never_parsed);
-            assert!(matches!(outcome, CallOutcome::Unknown(a) if a.kind == "gateway_error"));
+            assert!(matches!(outcome, AttemptOutcome::Unknown(a) if a.kind == "gateway_error"));
         }
     }
 

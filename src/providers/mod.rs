@@ -19,7 +19,6 @@ use crate::domain::request::Message;
 use async_trait::async_trait;
 use config::{ProviderConfig, ProviderConfigError, ProviderKind};
 use std::sync::Arc;
-use std::time::Duration;
 
 /// One chat completion request, already rendered for the provider's wire format
 /// by the caller except for placement details the adapter owns (e.g. Anthropic's
@@ -62,71 +61,9 @@ pub struct ChatOptions {
     pub schema_name: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-pub struct Usage {
-    pub prompt_tokens: u32,
-    pub completion_tokens: u32,
-}
-
-impl Usage {
-    /// Token counts from a provider's usage object, given the names its wire
-    /// format uses (`prompt_tokens`/`completion_tokens` for OpenAI,
-    /// `input_tokens`/`output_tokens` for Anthropic); `None` when absent.
-    pub fn from_wire(usage: &serde_json::Value, prompt: &str, completion: &str) -> Option<Usage> {
-        let count = |field: &str| {
-            usage[field]
-                .as_u64()
-                .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
-        };
-        Some(Usage {
-            prompt_tokens: count(prompt)?,
-            completion_tokens: count(completion)?,
-        })
-    }
-}
-
-/// A provider's successful answer.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Success {
-    /// The assistant message text (for contract jobs, JSON text).
-    pub output: String,
-    /// Tool calls the model made, OpenAI-shaped
-    /// `{"id","type":"function","function":{"name","arguments"}}`.
-    pub tool_calls: Vec<serde_json::Value>,
-    pub usage: Option<Usage>,
-    pub provider_request_id: Option<String>,
-    pub latency: Duration,
-}
-
-/// The provider said no, or the request provably never left.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Failure {
-    pub retryable: bool,
-    /// Honoured by the retry scheduler (`Retry-After`, `retry-after-ms`).
-    pub retry_after: Option<Duration>,
-    /// Stable machine-readable kind, e.g. `context_length_exceeded`,
-    /// `content_policy`, `rate_limited`, `server_error`, `overloaded`,
-    /// `connect_failed`, `bad_request`, `unauthorized`.
-    pub kind: String,
-    pub message: String,
-    pub status: Option<u16>,
-}
-
-/// The request may have been executed: timeout after sending, reset after
-/// sending, 502/504 from a gateway, a truncated or unparsable success body.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Ambiguous {
-    /// e.g. `timeout`, `connection_reset`, `gateway_error`, `truncated_body`, `invalid_body`.
-    pub kind: String,
-    pub message: String,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum CallOutcome {
-    Succeeded(Success),
-    Failed(Failure),
-    Unknown(Ambiguous),
-}
+/// How a call ends, and its parts: the domain's one outcome type, which
+/// the store's finish step takes as it is.
+pub use crate::domain::attempt::{Ambiguous, AttemptOutcome, Failure, Success, Usage};
 
 /// The answer to "did you execute the work with this key?".
 #[derive(Debug, Clone, PartialEq)]
@@ -139,13 +76,13 @@ pub enum Lookup {
 }
 
 /// How a streamed call ended, and (when it succeeded) why the provider stopped.
-pub type Streamed = (CallOutcome, Option<stream::StreamFinish>);
+pub type Streamed = (AttemptOutcome, Option<stream::StreamFinish>);
 
 #[async_trait]
 pub trait Provider: Send + Sync {
     /// The provider's configured name (the file stem of providers/NAME.toml).
     fn name(&self) -> &str;
-    async fn call(&self, request: &ChatRequest) -> CallOutcome;
+    async fn call(&self, request: &ChatRequest) -> AttemptOutcome;
     /// The same call, streamed: each piece of the answer goes to `deltas`
     /// as it arrives; the outcome carries the whole text. A provider that
     /// cannot stream answers in one piece.
@@ -189,21 +126,24 @@ pub fn build_provider(
 }
 
 /// Log how a call ended, once, where it ended.
-fn trace_outcome(outcome: &CallOutcome) {
+fn trace_outcome(outcome: &AttemptOutcome) {
     match outcome {
-        CallOutcome::Succeeded(s) => {
+        AttemptOutcome::Succeeded(s) => {
             tracing::debug!(
                 latency_ms = s.latency.as_millis() as u64,
                 "provider call succeeded"
             )
         }
-        CallOutcome::Failed(f) => tracing::warn!(
+        AttemptOutcome::Failed(f) => tracing::warn!(
             kind = %f.kind, retryable = f.retryable, status = f.status,
             message = %f.message, "provider call failed"
         ),
-        CallOutcome::Unknown(a) => tracing::warn!(
+        AttemptOutcome::Unknown(a) => tracing::warn!(
             kind = %a.kind, message = %a.message, "provider call outcome unknown"
         ),
+        AttemptOutcome::Abandoned { reason } => {
+            tracing::info!(%reason, "provider call abandoned")
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use super::classify::{classify_response, error_chain, ErrorBody};
 use super::config::{LookupMode, ProviderConfig, Secret, Timeouts};
 use super::stream::{self, DeltaSender, OpenAiReader};
 use super::transport::{exchange, RawResponse};
-use super::{CallOutcome, ChatRequest, Failure, Lookup, Provider, Streamed, Success, Usage};
+use super::{AttemptOutcome, ChatRequest, Failure, Lookup, Provider, Streamed, Success, Usage};
 use crate::domain::request::Role;
 use async_trait::async_trait;
 use serde_json::{json, Map, Value};
@@ -58,7 +58,7 @@ impl OpenAiProvider {
         &self,
         path: &str,
         query: &[(&str, &str)],
-    ) -> Result<RawResponse, CallOutcome> {
+    ) -> Result<RawResponse, AttemptOutcome> {
         let mut request = self.client.get(format!("{}{path}", self.base)).query(query);
         if let Some(key) = &self.api_key {
             request = request.bearer_auth(key.expose());
@@ -228,7 +228,7 @@ pub fn completion_to_success(
 
 /// Send `request` in OpenAI's wire format and classify the answer. Shared
 /// with the simulator client.
-pub(crate) async fn call_openai_wire(p: &OpenAiProvider, request: &ChatRequest) -> CallOutcome {
+pub(crate) async fn call_openai_wire(p: &OpenAiProvider, request: &ChatRequest) -> AttemptOutcome {
     let body = request_body(&p.model, request, p.store);
     let mut builder = p
         .client
@@ -278,7 +278,7 @@ impl Provider for OpenAiProvider {
     }
 
     #[tracing::instrument(skip_all, fields(provider = %self.name, key = %request.idempotency_key))]
-    async fn call(&self, request: &ChatRequest) -> CallOutcome {
+    async fn call(&self, request: &ChatRequest) -> AttemptOutcome {
         let outcome = call_openai_wire(self, request).await;
         super::trace_outcome(&outcome);
         outcome

@@ -4,7 +4,7 @@
 use super::config::LookupMode;
 use super::openai::{call_openai_wire, stream_openai_wire, OpenAiProvider};
 use super::stream::DeltaSender;
-use super::{CallOutcome, ChatRequest, Lookup, Provider, Streamed, Success, Usage};
+use super::{AttemptOutcome, ChatRequest, Lookup, Provider, Streamed, Success, Usage};
 use async_trait::async_trait;
 use serde::Deserialize;
 use std::time::Duration;
@@ -43,7 +43,7 @@ impl Provider for SimProvider {
     }
 
     #[tracing::instrument(skip_all, fields(provider = %self.inner.name(), key = %request.idempotency_key))]
-    async fn call(&self, request: &ChatRequest) -> CallOutcome {
+    async fn call(&self, request: &ChatRequest) -> AttemptOutcome {
         let outcome = call_openai_wire(&self.inner, request).await;
         super::trace_outcome(&outcome);
         outcome

@@ -9,7 +9,7 @@
 
 use super::classify::{classify_body_error, classify_response, classify_send_error, unknown};
 use super::config::Timeouts;
-use super::{CallOutcome, Failure, Success, Usage};
+use super::{AttemptOutcome, Failure, Success, Usage};
 use reqwest::RequestBuilder;
 use serde_json::Value;
 use std::time::Instant;
@@ -130,7 +130,7 @@ pub(crate) async fn run(
     timeouts: &Timeouts,
     mut reader: impl WireReader,
     deltas: &DeltaSender,
-) -> (CallOutcome, Option<StreamFinish>) {
+) -> (AttemptOutcome, Option<StreamFinish>) {
     let started = Instant::now();
     let first_byte = timeouts.first_byte();
     let mut response = match tokio::time::timeout(first_byte, request.send()).await {
@@ -198,7 +198,7 @@ pub(crate) async fn run(
                     ended = true;
                     break;
                 }
-                Step::Refused(failure) => return (CallOutcome::Failed(failure), None),
+                Step::Refused(failure) => return (AttemptOutcome::Failed(failure), None),
                 Step::Broken(kind, message) => return (unknown(&kind, message), None),
             }
         }
@@ -223,7 +223,7 @@ pub(crate) async fn run(
         latency: started.elapsed(),
     };
     (
-        CallOutcome::Succeeded(success),
+        AttemptOutcome::Succeeded(success),
         Some(StreamFinish { finish_reason }),
     )
 }
@@ -468,11 +468,11 @@ impl WireReader for AnthropicReader {
 /// A stream's pieces gathered into one answer, for a provider that cannot
 /// stream (the default [`super::Provider::stream`]): one piece, then done.
 pub(crate) fn whole(
-    outcome: CallOutcome,
+    outcome: AttemptOutcome,
     deltas: &DeltaSender,
-) -> (CallOutcome, Option<StreamFinish>) {
+) -> (AttemptOutcome, Option<StreamFinish>) {
     match &outcome {
-        CallOutcome::Succeeded(success) => {
+        AttemptOutcome::Succeeded(success) => {
             let _ = deltas.send(Delta::text(success.output.clone()));
             let finish = StreamFinish {
                 finish_reason: "stop".into(),

@@ -7,7 +7,7 @@
 
 use super::classify::{classify_body_error, classify_send_error, unknown};
 use super::config::Timeouts;
-use super::CallOutcome;
+use super::AttemptOutcome;
 use axum::body::Bytes;
 use reqwest::header::HeaderMap;
 use reqwest::{RequestBuilder, StatusCode};
@@ -35,7 +35,7 @@ pub fn http_client(timeouts: &Timeouts) -> Result<reqwest::Client, reqwest::Erro
 pub async fn exchange(
     request: RequestBuilder,
     timeouts: &Timeouts,
-) -> Result<RawResponse, CallOutcome> {
+) -> Result<RawResponse, AttemptOutcome> {
     let request = crate::telemetry::with_trace_context(request);
     let started = Instant::now();
     let first_byte = timeouts.first_byte();

@@ -397,7 +397,7 @@ macro_rules! lifecycle_ops {
                 AttemptResolution::Executed { result } => {
                     let finish = FinishAttempt {
                         attempt_id: attempt_id.to_string(),
-                        end: AttemptEnd::Succeeded { output: result, usage: None, provider_request_id: None },
+                        outcome: AttemptOutcome::succeeded(result),
                         at,
                         actor: actor.to_string(),
                     };

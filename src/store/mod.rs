@@ -6,6 +6,7 @@
 //! kept per dialect in the backend files and never built with `format!`.
 
 use crate::config::DatabaseUrl;
+pub use crate::domain::attempt::AttemptOutcome;
 use crate::domain::attempt::NewAttempt;
 use crate::domain::job::NewJob;
 use crate::domain::{Attempt, GuardRefusal, Job, Millis};
@@ -103,28 +104,13 @@ pub enum CreateOutcome {
     Existing(Job),
 }
 
-/// How an attempt ended, as reported to the store.
-#[derive(Debug, Clone, PartialEq)]
-pub enum AttemptEnd {
-    /// The provider answered with output; the attempt tries to win the CAS.
-    Succeeded {
-        output: String,
-        usage: Option<String>,
-        provider_request_id: Option<String>,
-    },
-    /// The provider said no, or the request provably never left.
-    Failed { error_kind: String, message: String },
-    /// The provider may have executed it; nothing may retry until it is settled.
-    Unknown { error_kind: String, message: String },
-    /// Dropped while in flight because another attempt had already won;
-    /// becomes `discarded` like a late result that lost the CAS.
-    Abandoned { reason: String },
-}
-
 #[derive(Debug, Clone, PartialEq)]
 pub struct FinishAttempt {
     pub attempt_id: String,
-    pub end: AttemptEnd,
+    /// As the adapter classified it; for a success, `output` is the job's
+    /// result. A failure's `retryable`, `retry_after` and `status` steer the
+    /// engine and are not stored.
+    pub outcome: AttemptOutcome,
     pub at: Millis,
     /// Who reports it: `engine`, `reconciler`, or an admin.
     pub actor: String,

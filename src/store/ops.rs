@@ -11,7 +11,7 @@
 
 macro_rules! store_ops {
     ($conn:ty, $for_update:literal) => {
-        use crate::domain::attempt::{may_start, NewAttempt};
+        use crate::domain::attempt::{may_start, Ambiguous, AttemptOutcome, Failure, NewAttempt};
         use crate::domain::job::NewJob;
         use crate::domain::{Attempt, AttemptState, GuardRefusal, Job, LiveAttempts};
         use crate::{
@@ -20,7 +20,7 @@ macro_rules! store_ops {
         };
         use crate::store::rows::{attempt_columns, job_columns, ApiKeyRow, AttemptRow, EventRow, JobRow, LiveRow};
         use crate::store::{
-            event, ApiKey, AttemptEnd, CreateOutcome, FinishAttempt, FinishOutcome, JobEvent, NewEvent, StoreError,
+            event, ApiKey, CreateOutcome, FinishAttempt, FinishOutcome, JobEvent, NewEvent, StoreError,
         };
 
         pub(crate) async fn create_job(conn: &mut $conn, job: NewJob) -> Result<CreateOutcome, StoreError> {
@@ -208,12 +208,7 @@ macro_rules! store_ops {
                 return Err(StoreError::NotFound("attempt"));
             };
             let state = crate::store::parse_attempt_state(&state)?;
-            let wanted = match &finish.end {
-                AttemptEnd::Succeeded { .. } => AttemptState::Succeeded,
-                AttemptEnd::Failed { .. } => AttemptState::Failed,
-                AttemptEnd::Unknown { .. } => AttemptState::Unknown,
-                AttemptEnd::Abandoned { .. } => AttemptState::Discarded,
-            };
+            let wanted = finish.outcome.wanted_state();
             if !state.may_become(wanted) {
                 return Err(StoreError::InvalidTransition {
                     attempt_id: finish.attempt_id,
@@ -230,8 +225,10 @@ macro_rules! store_ops {
                 detail,
                 at,
             };
-            match &finish.end {
-                AttemptEnd::Succeeded { output, usage, provider_request_id } => {
+            match &finish.outcome {
+                AttemptOutcome::Succeeded(success) => {
+                    let (output, provider_request_id) = (&success.output, &success.provider_request_id);
+                    let usage = success.usage.and_then(|u| serde_json::to_string(&u).ok());
                     // Invariant 5: exactly one winner.
                     let won = sqlx::query(
                         "UPDATE jobs SET state = 'succeeded', result = $3, completed_by = $4, \
@@ -255,7 +252,7 @@ macro_rules! store_ops {
                         )
                         .bind(&finish.attempt_id)
                         .bind(output)
-                        .bind(usage)
+                        .bind(&usage)
                         .bind(provider_request_id)
                         .bind(at)
                         .execute(&mut *conn)
@@ -273,7 +270,7 @@ macro_rules! store_ops {
                          finished_at = $4 WHERE id = $1",
                     )
                     .bind(&finish.attempt_id)
-                    .bind(usage)
+                    .bind(&usage)
                     .bind(provider_request_id)
                     .bind(at)
                     .execute(&mut *conn)
@@ -296,7 +293,7 @@ macro_rules! store_ops {
                     insert_event(conn, &event_for(event::CAS_LOST, Some(detail))).await?;
                     Ok(FinishOutcome::Lost)
                 }
-                AttemptEnd::Abandoned { reason } => {
+                AttemptOutcome::Abandoned { reason } => {
                     sqlx::query(
                         "UPDATE attempts SET state = 'discarded', error_kind = 'abandoned', error_message = $2, \
                          finished_at = $3 WHERE id = $1",
@@ -310,7 +307,8 @@ macro_rules! store_ops {
                     insert_event(conn, &event_for(event::ATTEMPT_ABANDONED, Some(detail))).await?;
                     Ok(FinishOutcome::Lost)
                 }
-                AttemptEnd::Failed { error_kind, message } | AttemptEnd::Unknown { error_kind, message } => {
+                AttemptOutcome::Failed(Failure { kind: error_kind, message, .. })
+                | AttemptOutcome::Unknown(Ambiguous { kind: error_kind, message }) => {
                     let (kind, finished_at) = match wanted {
                         AttemptState::Failed => (event::ATTEMPT_FAILED, Some(at)),
                         // An unknown attempt has not finished; it awaits settlement.

@@ -7,7 +7,7 @@
 
 use async_trait::async_trait;
 use onejob::providers::{
-    Ambiguous, CallOutcome, ChatRequest, Failure, Lookup, Provider, Success, Usage,
+    Ambiguous, AttemptOutcome, ChatRequest, Failure, Lookup, Provider, Success, Usage,
 };
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -208,15 +208,15 @@ impl Scripted {
     }
 }
 
-fn unknown(kind: &str, message: &str) -> CallOutcome {
-    CallOutcome::Unknown(Ambiguous {
+fn unknown(kind: &str, message: &str) -> AttemptOutcome {
+    AttemptOutcome::Unknown(Ambiguous {
         kind: kind.to_string(),
         message: message.to_string(),
     })
 }
 
-fn failed(retryable: bool, kind: &str, status: u16, retry_after: Option<u64>) -> CallOutcome {
-    CallOutcome::Failed(Failure {
+fn failed(retryable: bool, kind: &str, status: u16, retry_after: Option<u64>) -> AttemptOutcome {
+    AttemptOutcome::Failed(Failure {
         retryable,
         retry_after: retry_after.map(Duration::from_millis),
         kind: kind.to_string(),
@@ -231,7 +231,7 @@ impl Provider for Scripted {
         &self.name
     }
 
-    async fn call(&self, request: &ChatRequest) -> CallOutcome {
+    async fn call(&self, request: &ChatRequest) -> AttemptOutcome {
         let key = request.idempotency_key.clone();
         let behaviour = self.draw();
         let seen = {
@@ -249,7 +249,7 @@ impl Provider for Scripted {
                 // A repeat of finished work: the recorded answer, no second execution.
                 (_, Some(answer)) => {
                     tokio::time::sleep(Duration::from_millis(5)).await;
-                    return CallOutcome::Succeeded(answer);
+                    return AttemptOutcome::Succeeded(answer);
                 }
                 // The first is still running: a conflict, retry later.
                 (running, None) if running > 0 => {
@@ -261,7 +261,7 @@ impl Provider for Scripted {
         }
         match behaviour {
             Behaviour::Answer { ms } => match self.execute(&key, ms).await {
-                Ok(answer) => CallOutcome::Succeeded(answer),
+                Ok(answer) => AttemptOutcome::Succeeded(answer),
                 Err(_) => std::future::pending().await,
             },
             Behaviour::Silence => std::future::pending().await,

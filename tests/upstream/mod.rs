@@ -8,7 +8,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use onejob::providers::config::ProviderConfig;
-use onejob::providers::{build_provider, CallOutcome, ChatRequest, Provider};
+use onejob::providers::{build_provider, AttemptOutcome, ChatRequest, Provider};
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -271,20 +271,20 @@ pub async fn run_rows(kind: &str, rows: Vec<Row>) {
         let up = upstream(row.reply.clone()).await;
         let outcome = provider(kind, &up.base_url).call(&request()).await;
         let ok = match (&row.expect, &outcome) {
-            (Expect::Succeeded { output }, CallOutcome::Succeeded(s)) => s.output == *output,
+            (Expect::Succeeded { output }, AttemptOutcome::Succeeded(s)) => s.output == *output,
             (
                 Expect::Failed {
                     retryable,
                     kind,
                     retry_after,
                 },
-                CallOutcome::Failed(f),
+                AttemptOutcome::Failed(f),
             ) => {
                 f.retryable == *retryable
                     && f.kind == *kind
                     && (retry_after.is_none() || f.retry_after == *retry_after)
             }
-            (Expect::Unknown { kind }, CallOutcome::Unknown(a)) => a.kind == *kind,
+            (Expect::Unknown { kind }, AttemptOutcome::Unknown(a)) => a.kind == *kind,
             _ => false,
         };
         assert!(

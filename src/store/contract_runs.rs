@@ -94,7 +94,7 @@ macro_rules! contract_run_ops {
 
         pub(crate) async fn insert_contract_run(
             conn: &mut $conn,
-            run: &NewContractRun,
+            run: NewContractRun,
         ) -> Result<(), StoreError> {
             sqlx::query(
                 "INSERT INTO contract_runs (id, contract, contract_digest, provider, provider_digest, \

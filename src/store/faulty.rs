@@ -20,16 +20,8 @@
 //! [`StoreError::is_transient`] reports as transient, like a real dropped
 //! connection.
 
-use super::tenants::{KeyRecord, OwnerLimitsRow, OwnerLoad, Rotation, TenantAuditEntry, UsageRow};
-use super::{
-    console, ApiKey, AttemptResolution, CreateOutcome, FinishAttempt, FinishOutcome, JobEvent,
-    JobResolution, JobTransition, NewEvent, ProviderAuditEntry, ProviderSwitch, Refusal,
-    ReviewItem, Store, StoreError,
-};
-use super::{ContractRun, ContractRunSummary, NewContractRun};
-use crate::domain::attempt::NewAttempt;
-use crate::domain::job::NewJob;
-use crate::domain::{Attempt, GuardRefusal, Job, Millis};
+use super::signature::*;
+use super::Store;
 use async_trait::async_trait;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -218,17 +210,31 @@ async fn park(hold: &Hold) {
     let _ = open.wait_for(|open| *open).await;
 }
 
-/// Forward one call through the fault points.
-macro_rules! forward {
-    ($self:ident, $name:literal, $call:expr) => {{
-        $self.before($name).await?;
-        let result = $call.await;
-        $self.after($name, result).await
-    }};
+/// Every listed query forwarded through the fault points, under its name.
+macro_rules! faulty_store {
+    (
+        { $($extra:tt)* }
+        $(
+            $(#[$meta:meta])*
+            $conn:ident fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty;
+        )*
+    ) => {
+        #[async_trait]
+        impl Store for FaultyStore {
+            $($extra)*
+
+            $(
+                async fn $name(&self, $($arg: $ty),*) -> Result<$ret, StoreError> {
+                    self.before(stringify!($name)).await?;
+                    let result = self.inner.$name($($arg),*).await;
+                    self.after(stringify!($name), result).await
+                }
+            )*
+        }
+    };
 }
 
-#[async_trait]
-impl Store for FaultyStore {
+crate::store_methods!(faulty_store {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }
@@ -251,366 +257,14 @@ impl Store for FaultyStore {
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
-        forward!(self, "migrate", self.inner.migrate())
+        self.before("migrate").await?;
+        let result = self.inner.migrate().await;
+        self.after("migrate", result).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        forward!(self, "ping", self.inner.ping())
+        self.before("ping").await?;
+        let result = self.inner.ping().await;
+        self.after("ping", result).await
     }
-
-    async fn create_job(&self, job: NewJob) -> Result<CreateOutcome, StoreError> {
-        forward!(self, "create_job", self.inner.create_job(job))
-    }
-
-    async fn find_job_by_key(&self, owner_id: &str, key: &str) -> Result<Option<Job>, StoreError> {
-        forward!(
-            self,
-            "find_job_by_key",
-            self.inner.find_job_by_key(owner_id, key)
-        )
-    }
-
-    async fn get_job(&self, id: &str) -> Result<Option<Job>, StoreError> {
-        forward!(self, "get_job", self.inner.get_job(id))
-    }
-
-    async fn list_attempts(&self, job_id: &str) -> Result<Vec<Attempt>, StoreError> {
-        forward!(self, "list_attempts", self.inner.list_attempts(job_id))
-    }
-
-    async fn start_attempt(
-        &self,
-        attempt: NewAttempt,
-    ) -> Result<Result<Attempt, GuardRefusal>, StoreError> {
-        forward!(self, "start_attempt", self.inner.start_attempt(attempt))
-    }
-
-    async fn finish_attempt(&self, finish: FinishAttempt) -> Result<FinishOutcome, StoreError> {
-        forward!(self, "finish_attempt", self.inner.finish_attempt(finish))
-    }
-
-    async fn record_event(&self, event: NewEvent) -> Result<(), StoreError> {
-        forward!(self, "record_event", self.inner.record_event(event))
-    }
-
-    async fn record_events(&self, events: Vec<NewEvent>) -> Result<(), StoreError> {
-        forward!(self, "record_events", self.inner.record_events(events))
-    }
-
-    async fn list_events(&self, job_id: &str) -> Result<Vec<JobEvent>, StoreError> {
-        forward!(self, "list_events", self.inner.list_events(job_id))
-    }
-
-    async fn count_jobs(&self) -> Result<i64, StoreError> {
-        forward!(self, "count_jobs", self.inner.count_jobs())
-    }
-
-    async fn insert_api_key(&self, key: ApiKey) -> Result<(), StoreError> {
-        forward!(self, "insert_api_key", self.inner.insert_api_key(key))
-    }
-
-    async fn find_api_key(&self, key_hash: &str) -> Result<Option<ApiKey>, StoreError> {
-        forward!(self, "find_api_key", self.inner.find_api_key(key_hash))
-    }
-
-    async fn claim_jobs(
-        &self,
-        owner: &str,
-        now: Millis,
-        lease_until: Millis,
-        limit: i64,
-        reclaim_own: bool,
-    ) -> Result<Vec<Job>, StoreError> {
-        forward!(
-            self,
-            "claim_jobs",
-            self.inner
-                .claim_jobs(owner, now, lease_until, limit, reclaim_own)
-        )
-    }
-
-    async fn renew_lease(
-        &self,
-        job_id: &str,
-        owner: &str,
-        lease_until: Millis,
-    ) -> Result<bool, StoreError> {
-        forward!(
-            self,
-            "renew_lease",
-            self.inner.renew_lease(job_id, owner, lease_until)
-        )
-    }
-
-    async fn transition_job(
-        &self,
-        job_id: &str,
-        lease_owner: Option<&str>,
-        transition: JobTransition,
-        at: Millis,
-    ) -> Result<bool, StoreError> {
-        forward!(
-            self,
-            "transition_job",
-            self.inner
-                .transition_job(job_id, lease_owner, transition, at)
-        )
-    }
-
-    async fn wake_job(&self, job_id: &str, at: Millis) -> Result<(), StoreError> {
-        forward!(self, "wake_job", self.inner.wake_job(job_id, at))
-    }
-
-    async fn list_unknown_attempts(
-        &self,
-        after: Option<(Millis, &str)>,
-        limit: i64,
-    ) -> Result<Vec<Attempt>, StoreError> {
-        forward!(
-            self,
-            "list_unknown_attempts",
-            self.inner.list_unknown_attempts(after, limit)
-        )
-    }
-
-    async fn list_stale_started(
-        &self,
-        started_before: Millis,
-        limit: i64,
-    ) -> Result<Vec<Attempt>, StoreError> {
-        forward!(
-            self,
-            "list_stale_started",
-            self.inner.list_stale_started(started_before, limit)
-        )
-    }
-
-    async fn cancel_job(
-        &self,
-        job_id: &str,
-        actor: &str,
-        reason: &str,
-        at: Millis,
-    ) -> Result<Result<Job, Refusal>, StoreError> {
-        forward!(
-            self,
-            "cancel_job",
-            self.inner.cancel_job(job_id, actor, reason, at)
-        )
-    }
-
-    async fn request_retry(
-        &self,
-        job_id: &str,
-        actor: &str,
-        at: Millis,
-    ) -> Result<Result<Job, Refusal>, StoreError> {
-        forward!(
-            self,
-            "request_retry",
-            self.inner.request_retry(job_id, actor, at)
-        )
-    }
-
-    async fn resolve_job(
-        &self,
-        job_id: &str,
-        resolution: JobResolution,
-        actor: &str,
-        reason: &str,
-        at: Millis,
-    ) -> Result<Result<Job, Refusal>, StoreError> {
-        forward!(
-            self,
-            "resolve_job",
-            self.inner
-                .resolve_job(job_id, resolution, actor, reason, at)
-        )
-    }
-
-    async fn resolve_attempt(
-        &self,
-        attempt_id: &str,
-        resolution: AttemptResolution,
-        actor: &str,
-        reason: &str,
-        at: Millis,
-    ) -> Result<Result<Job, Refusal>, StoreError> {
-        forward!(
-            self,
-            "resolve_attempt",
-            self.inner
-                .resolve_attempt(attempt_id, resolution, actor, reason, at)
-        )
-    }
-
-    async fn list_review(&self, limit: i64) -> Result<Vec<ReviewItem>, StoreError> {
-        forward!(self, "list_review", self.inner.list_review(limit))
-    }
-
-    async fn set_provider_enabled(
-        &self,
-        name: &str,
-        enabled: bool,
-        actor: &str,
-        reason: &str,
-        at: Millis,
-    ) -> Result<(), StoreError> {
-        forward!(
-            self,
-            "set_provider_enabled",
-            self.inner
-                .set_provider_enabled(name, enabled, actor, reason, at)
-        )
-    }
-
-    async fn provider_switches(&self) -> Result<Vec<ProviderSwitch>, StoreError> {
-        forward!(self, "provider_switches", self.inner.provider_switches())
-    }
-
-    async fn provider_audit(
-        &self,
-        name: Option<&str>,
-        limit: i64,
-    ) -> Result<Vec<ProviderAuditEntry>, StoreError> {
-        forward!(
-            self,
-            "provider_audit",
-            self.inner.provider_audit(name, limit)
-        )
-    }
-
-    async fn insert_contract_run(&self, run: NewContractRun) -> Result<(), StoreError> {
-        forward!(
-            self,
-            "insert_contract_run",
-            self.inner.insert_contract_run(run)
-        )
-    }
-
-    async fn latest_contract_runs(&self) -> Result<Vec<ContractRunSummary>, StoreError> {
-        forward!(
-            self,
-            "latest_contract_runs",
-            self.inner.latest_contract_runs()
-        )
-    }
-
-    async fn contract_run(&self, id: &str) -> Result<Option<ContractRun>, StoreError> {
-        forward!(self, "contract_run", self.inner.contract_run(id))
-    }
-
-    async fn review_queue_depth(&self) -> Result<i64, StoreError> {
-        forward!(self, "review_queue_depth", self.inner.review_queue_depth())
-    }
-
-    async fn list_jobs(
-        &self,
-        filter: &console::JobFilter,
-        limit: i64,
-    ) -> Result<Vec<Job>, StoreError> {
-        forward!(self, "list_jobs", self.inner.list_jobs(filter, limit))
-    }
-
-    async fn window_stats(
-        &self,
-        from: Millis,
-        to: Millis,
-        column_ms: i64,
-    ) -> Result<console::WindowStats, StoreError> {
-        forward!(
-            self,
-            "window_stats",
-            self.inner.window_stats(from, to, column_ms)
-        )
-    }
-
-    async fn list_api_keys(&self, owner: Option<&str>) -> Result<Vec<KeyRecord>, StoreError> {
-        forward!(self, "list_api_keys", self.inner.list_api_keys(owner))
-    }
-
-    async fn get_api_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError> {
-        forward!(self, "get_api_key", self.inner.get_api_key(id))
-    }
-
-    async fn revoke_api_key(&self, id: &str, actor: &str, at: Millis) -> Result<bool, StoreError> {
-        forward!(
-            self,
-            "revoke_api_key",
-            self.inner.revoke_api_key(id, actor, at)
-        )
-    }
-
-    async fn rotate_api_key(&self, rotation: Rotation, actor: &str) -> Result<bool, StoreError> {
-        forward!(
-            self,
-            "rotate_api_key",
-            self.inner.rotate_api_key(rotation, actor)
-        )
-    }
-
-    async fn touch_api_keys(&self, used: Vec<(String, Millis)>) -> Result<(), StoreError> {
-        forward!(self, "touch_api_keys", self.inner.touch_api_keys(used))
-    }
-
-    async fn tenant_changes(&self) -> Result<i64, StoreError> {
-        forward!(self, "tenant_changes", self.inner.tenant_changes())
-    }
-
-    async fn owner_limits(&self) -> Result<Vec<OwnerLimitsRow>, StoreError> {
-        forward!(self, "owner_limits", self.inner.owner_limits())
-    }
-
-    async fn set_owner_limits(&self, row: OwnerLimitsRow) -> Result<(), StoreError> {
-        forward!(self, "set_owner_limits", self.inner.set_owner_limits(row))
-    }
-
-    async fn tenant_audit(&self, limit: i64) -> Result<Vec<TenantAuditEntry>, StoreError> {
-        forward!(self, "tenant_audit", self.inner.tenant_audit(limit))
-    }
-
-    async fn heartbeat(
-        &self,
-        instance: &str,
-        at: Millis,
-        since: Millis,
-    ) -> Result<i64, StoreError> {
-        forward!(self, "heartbeat", self.inner.heartbeat(instance, at, since))
-    }
-
-    async fn leave_instances(&self, instance: &str) -> Result<(), StoreError> {
-        forward!(
-            self,
-            "leave_instances",
-            self.inner.leave_instances(instance)
-        )
-    }
-
-    async fn owner_load(
-        &self,
-        owner: &str,
-        key: Option<&str>,
-        day: i64,
-    ) -> Result<OwnerLoad, StoreError> {
-        forward!(self, "owner_load", self.inner.owner_load(owner, key, day))
-    }
-
-    async fn set_key_limits(
-        &self,
-        id: &str,
-        limits: Option<String>,
-        actor: &str,
-        reason: &str,
-        at: Millis,
-    ) -> Result<bool, StoreError> {
-        forward!(
-            self,
-            "set_key_limits",
-            self.inner.set_key_limits(id, limits, actor, reason, at)
-        )
-    }
-
-    async fn usage(&self, owner: Option<&str>, from_day: i64) -> Result<Vec<UsageRow>, StoreError> {
-        forward!(self, "usage", self.inner.usage(owner, from_day))
-    }
-}
+});

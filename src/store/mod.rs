@@ -3,13 +3,56 @@
 //! Every operation that an invariant depends on is one atomic step here:
 //! idempotent create (the UNIQUE constraint decides), the guarded attempt
 //! insert (invariant 4) and the compare-and-swap finish (invariant 5). SQL is
-//! kept per dialect in the backend files and never built with `format!`.
+//! never built with `format!`.
+//!
+//! # The queries are declared once
+//!
+//! [`store_methods!`](crate::store_methods) lists every query of the [`Store`] trait once, grouped
+//! by resource, with the connection it needs (`reader`, `writer`,
+//! `transaction`). From that list are generated: the trait itself, the
+//! SQLite impl (`sqlite.rs`: reader connection or group-commit write queue),
+//! the PostgreSQL impl (`postgres.rs`: pool or `in_tx!`), the
+//! fault-injecting [`faulty::FaultyStore`] (which knows each method by its
+//! name, as `fail_next("claim_jobs", 1)` does) and the simulation's
+//! `SyncStore` (`tests/simulation/store.rs`). Only `backend`, `migrate`,
+//! `ping`, `record_event_detached` and `close` are written by hand in each.
+//!
+//! ## Adding a query
+//!
+//! 1. Declare it in [`store_methods!`](crate::store_methods), in its resource's section:
+//!    `reader fn my_query(job_id: &str, limit: i64) -> Vec<Job>;`
+//!    (a new type in the signature is also re-exported from [`signature`]).
+//! 2. Write `pub(crate) async fn my_query(conn, job_id: &str, limit: i64)
+//!    -> Result<Vec<Job>, StoreError>` next to the other SQL of that resource:
+//!    the same name, the same parameters, the connection first. It is
+//!    compiled once per dialect.
+//! 3. A write whose parameters include a type not yet carried through
+//!    SQLite's write queue adds it to `carry_owned!` in `sqlite.rs` (the
+//!    compiler says so).
+//!
+//! Nothing else changes: both backends, `FaultyStore` and `SyncStore` pick
+//! it up.
+//!
+//! ## Where the dialects differ
+//!
+//! The SQL text is shared: both accept `$N` placeholders, `ON CONFLICT … DO
+//! NOTHING / DO UPDATE SET … = excluded.…` upserts and `COUNT(*) FILTER
+//! (WHERE …)`. What differs:
+//!
+//! | | SQLite | PostgreSQL |
+//! |---|---|---|
+//! | atomic write | write queue: `BEGIN IMMEDIATE` per batch, a savepoint per write | `in_tx!`: a READ COMMITTED transaction per `transaction` query |
+//! | row lock in a guarded step | none (`BEGIN IMMEDIATE` excludes every writer) | `FOR UPDATE` |
+//! | concurrent claims | none (writes are serialised) | `FOR UPDATE SKIP LOCKED` |
+//! | byte order of keys | `idempotency_key` (BINARY collation) | `idempotency_key COLLATE "C"` |
+//!
+//! The row-lock, skip-locked and key-order fragments are the arguments the
+//! backends pass when they expand the operations (`mod ops` in `sqlite.rs`
+//! and `postgres.rs`).
 
 use crate::config::DatabaseUrl;
 pub use crate::domain::attempt::AttemptOutcome;
-use crate::domain::attempt::NewAttempt;
-use crate::domain::job::NewJob;
-use crate::domain::{Attempt, GuardRefusal, Job, Millis};
+use crate::domain::{Job, Millis};
 use async_trait::async_trait;
 use std::sync::Arc;
 
@@ -24,7 +67,6 @@ pub mod sqlite;
 pub mod tenants;
 
 pub use contract_runs::{ContractRun, ContractRunSummary, NewContractRun};
-use tenants::{KeyRecord, OwnerLimitsRow, OwnerLoad, Rotation, TenantAuditEntry, UsageRow};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -262,8 +304,271 @@ impl ApiKey {
     }
 }
 
-#[async_trait]
-pub trait Store: Send + Sync + 'static {
+/// Every type a [`store_methods!`](crate::store_methods) signature names: the files that expand
+/// the list (the trait, each backend, the wrappers) glob-import this, so a
+/// method with a new type in its signature adds that type here.
+#[doc(hidden)]
+pub mod signature {
+    pub use super::console::{JobFilter, WindowStats};
+    pub use super::tenants::{
+        KeyRecord, OwnerLimitsRow, OwnerLoad, Rotation, TenantAuditEntry, UsageRow,
+    };
+    pub use super::{
+        ApiKey, AttemptResolution, ContractRun, ContractRunSummary, CreateOutcome, FinishAttempt,
+        FinishOutcome, JobEvent, JobResolution, JobTransition, NewContractRun, NewEvent,
+        ProviderAuditEntry, ProviderSwitch, Refusal, ReviewItem, StoreError,
+    };
+    pub use crate::domain::attempt::NewAttempt;
+    pub use crate::domain::job::NewJob;
+    pub use crate::domain::{Attempt, GuardRefusal, Job, Millis};
+}
+
+/// The store's queries, each declared once: which connection it needs, its
+/// name and parameters, and what it answers (inside `Result<_, StoreError>`).
+///
+/// `store_methods!(then { extra })` expands to `then! { { extra } list }`:
+/// the [`Store`] trait, both backends and every wrapper are generated from
+/// this one list by their own `then` macro. The connection kinds:
+///
+/// - `reader`: a read (SQLite: one of the reader connections, never waiting
+///   for the writer; PostgreSQL: a pooled connection).
+/// - `writer`: a write of one statement (SQLite: the group-commit write
+///   queue; PostgreSQL: a pooled connection, autocommit).
+/// - `transaction`: a write of several statements that commit together
+///   (SQLite: the write queue, whose batch is one transaction and each write
+///   its own savepoint; PostgreSQL: its own READ COMMITTED transaction).
+///
+/// Each backend calls `ops::NAME(connection, arguments…)`: the operation of
+/// the same name, taking exactly these parameters, written once for both
+/// dialects (see the module docs).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! store_methods {
+    ($then:ident { $($extra:tt)* }) => {
+        $then! {
+            { $($extra)* }
+
+            // Jobs.
+
+            /// Insert the job unless (owner, key) exists; the database decides.
+            /// Writes the `created` event in the same commit.
+            transaction fn create_job(job: NewJob) -> CreateOutcome;
+
+            /// The replay path: one indexed read.
+            reader fn find_job_by_key(owner_id: &str, key: &str) -> Option<Job>;
+
+            reader fn get_job(id: &str) -> Option<Job>;
+
+            reader fn count_jobs() -> i64;
+
+            /// Take up to `limit` jobs that want a driver now and whose lease is free
+            /// or expired (`FOR UPDATE SKIP LOCKED` on PostgreSQL). With
+            /// `reclaim_own`, jobs already leased to `owner` are taken too (their
+            /// lease is never shortened): after a claim whose acknowledgement was
+            /// lost, the jobs it leased to `owner` are found again at once instead
+            /// of waiting out a lease nobody drives under.
+            transaction fn claim_jobs(
+                owner: &str,
+                now: Millis,
+                lease_until: Millis,
+                limit: i64,
+                reclaim_own: bool,
+            ) -> Vec<Job>;
+
+            /// Extend a held lease; false when it was lost.
+            writer fn renew_lease(job_id: &str, owner: &str, lease_until: Millis) -> bool;
+
+            /// Apply an engine step; false when the job is final or the lease was lost.
+            transaction fn transition_job(
+                job_id: &str,
+                lease_owner: Option<&str>,
+                transition: JobTransition,
+                at: Millis,
+            ) -> bool;
+
+            /// Make a job without a driver runnable at `at` (after an unknown attempt is settled).
+            writer fn wake_job(job_id: &str, at: Millis) -> ();
+
+            // User and admin decisions; each bumps the version where it ends the job.
+
+            transaction fn cancel_job(
+                job_id: &str,
+                actor: &str,
+                reason: &str,
+                at: Millis,
+            ) -> Result<Job, Refusal>;
+
+            /// `POST /v1/jobs/{id}/retry`: refused while an attempt is started or unknown.
+            transaction fn request_retry(job_id: &str, actor: &str, at: Millis) -> Result<Job, Refusal>;
+
+            transaction fn resolve_job(
+                job_id: &str,
+                resolution: JobResolution,
+                actor: &str,
+                reason: &str,
+                at: Millis,
+            ) -> Result<Job, Refusal>;
+
+            reader fn list_review(limit: i64) -> Vec<ReviewItem>;
+
+            // Attempts.
+
+            /// The job's attempts, oldest first.
+            reader fn list_attempts(job_id: &str) -> Vec<Attempt>;
+
+            /// The guarded insert (invariant 4): check and insert in one atomic step.
+            transaction fn start_attempt(attempt: NewAttempt) -> Result<Attempt, GuardRefusal>;
+
+            /// Record how an attempt ended; a success goes through the CAS (invariant 5).
+            transaction fn finish_attempt(finish: FinishAttempt) -> FinishOutcome;
+
+            /// Attempts awaiting settlement, oldest first, in pages: `after` is the
+            /// `(started_at, id)` of the last one of the previous page. A caller
+            /// that walks every page in turn reaches each one, however many old
+            /// attempts no provider can settle sit at the front.
+            reader fn list_unknown_attempts(
+                after: Option<(Millis, &str)>,
+                limit: i64,
+            ) -> Vec<Attempt>;
+
+            /// Attempts still `started` that began before `started_before`: older
+            /// than any lease, so no live driver can be waiting on them.
+            reader fn list_stale_started(started_before: Millis, limit: i64) -> Vec<Attempt>;
+
+            transaction fn resolve_attempt(
+                attempt_id: &str,
+                resolution: AttemptResolution,
+                actor: &str,
+                reason: &str,
+                at: Millis,
+            ) -> Result<Job, Refusal>;
+
+            // Events.
+
+            /// Append to the event log and wait for the commit.
+            writer fn record_event(event: NewEvent) -> ();
+
+            /// Append many events in one commit (the replay audit's flush).
+            transaction fn record_events(events: Vec<NewEvent>) -> ();
+
+            reader fn list_events(job_id: &str) -> Vec<JobEvent>;
+
+            // Keys and tenants: the key lifecycle, run-time limits, usage.
+
+            writer fn insert_api_key(key: ApiKey) -> ();
+
+            reader fn find_api_key(key_hash: &str) -> Option<ApiKey>;
+
+            reader fn list_api_keys(owner: Option<&str>) -> Vec<KeyRecord>;
+
+            reader fn get_api_key(id: &str) -> Option<KeyRecord>;
+
+            /// Revoke now (audited, change counter bumped); false when not found or revoked already.
+            transaction fn revoke_api_key(id: &str, actor: &str, at: Millis) -> bool;
+
+            /// Insert the successor and cut the old key's life, in one commit;
+            /// false when the old key is not live or was rotated already.
+            transaction fn rotate_api_key(rotation: Rotation, actor: &str) -> bool;
+
+            /// Write `last used` for a batch of keys.
+            transaction fn touch_api_keys(used: Vec<(String, Millis)>) -> ();
+
+            /// The counter bumped by every change running servers cache.
+            reader fn tenant_changes() -> i64;
+
+            reader fn owner_limits() -> Vec<OwnerLimitsRow>;
+
+            /// Set an owner's run-time limits (audited, change counter bumped).
+            transaction fn set_owner_limits(row: OwnerLimitsRow) -> ();
+
+            reader fn tenant_audit(limit: i64) -> Vec<TenantAuditEntry>;
+
+            /// Heartbeat `instance` at `at`; the number of instances seen since `since`.
+            transaction fn heartbeat(instance: &str, at: Millis, since: Millis) -> i64;
+
+            writer fn leave_instances(instance: &str) -> ();
+
+            /// An owner's (and, given its family id, a key's) live jobs and tokens on `day`,
+            /// in one read.
+            reader fn owner_load(owner: &str, key: Option<&str>, day: i64) -> OwnerLoad;
+
+            /// Set (or with `None` clear) the limits of key `id` and of every key
+            /// of its family, audited; false when no live key has that id.
+            transaction fn set_key_limits(
+                id: &str,
+                limits: Option<String>,
+                actor: &str,
+                reason: &str,
+                at: Millis,
+            ) -> bool;
+
+            /// Usage rows from `from_day` on, of `owner` or of everyone.
+            reader fn usage(owner: Option<&str>, from_day: i64) -> Vec<UsageRow>;
+
+            // Provider switches: ops control of providers.
+
+            transaction fn set_provider_enabled(
+                name: &str,
+                enabled: bool,
+                actor: &str,
+                reason: &str,
+                at: Millis,
+            ) -> ();
+
+            reader fn provider_switches() -> Vec<ProviderSwitch>;
+
+            /// The audit trail of provider switches (of `name`, or of all), newest first.
+            reader fn provider_audit(name: Option<&str>, limit: i64) -> Vec<ProviderAuditEntry>;
+
+            // Contract runs (provider eligibility).
+
+            writer fn insert_contract_run(run: NewContractRun) -> ();
+
+            /// The latest run of each (contract, provider) pair, by contract then provider.
+            reader fn latest_contract_runs() -> Vec<ContractRunSummary>;
+
+            reader fn contract_run(id: &str) -> Option<ContractRun>;
+
+            // The ops console and /metrics (read only; see `console.rs`).
+
+            /// Jobs waiting for a human.
+            reader fn review_queue_depth() -> i64;
+
+            /// Jobs matching `filter`, newest first, at most `limit`.
+            reader fn list_jobs(filter: &JobFilter, limit: i64) -> Vec<Job>;
+
+            /// Aggregates of jobs created and attempts started in `[from, to)`,
+            /// jobs counted in columns `column_ms` wide from `from`.
+            reader fn window_stats(from: Millis, to: Millis, column_ms: i64) -> WindowStats;
+        }
+    };
+}
+
+/// The [`Store`] trait from the list: the methods every backend writes by
+/// hand (`extra`), then one `async fn` per listed query.
+macro_rules! define_store {
+    (
+        { $($extra:tt)* }
+        $(
+            $(#[$meta:meta])*
+            $conn:ident fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty;
+        )*
+    ) => {
+        #[async_trait]
+        pub trait Store: Send + Sync + 'static {
+            $($extra)*
+
+            $(
+                $(#[$meta])*
+                async fn $name(&self, $($arg: $ty),*) -> Result<$ret, StoreError>;
+            )*
+        }
+    };
+}
+
+use signature::*;
+
+crate::store_methods!(define_store {
     /// Which backend, for logs and readiness.
     fn backend(&self) -> &'static str;
 
@@ -273,246 +578,13 @@ pub trait Store: Send + Sync + 'static {
     /// A cheap round trip, for `/readyz`.
     async fn ping(&self) -> Result<(), StoreError>;
 
-    /// Insert the job unless (owner, key) exists; the database decides.
-    /// Writes the `created` event in the same commit.
-    async fn create_job(&self, job: NewJob) -> Result<CreateOutcome, StoreError>;
-
-    /// The replay path: one indexed read.
-    async fn find_job_by_key(&self, owner_id: &str, key: &str) -> Result<Option<Job>, StoreError>;
-
-    async fn get_job(&self, id: &str) -> Result<Option<Job>, StoreError>;
-
-    /// The job's attempts, oldest first.
-    async fn list_attempts(&self, job_id: &str) -> Result<Vec<Attempt>, StoreError>;
-
-    /// The guarded insert (invariant 4): check and insert in one atomic step.
-    async fn start_attempt(
-        &self,
-        attempt: NewAttempt,
-    ) -> Result<Result<Attempt, GuardRefusal>, StoreError>;
-
-    /// Record how an attempt ended; a success goes through the CAS (invariant 5).
-    async fn finish_attempt(&self, finish: FinishAttempt) -> Result<FinishOutcome, StoreError>;
-
-    /// Append to the event log and wait for the commit.
-    async fn record_event(&self, event: NewEvent) -> Result<(), StoreError>;
-
     /// Append to the event log without waiting: for events that change no
     /// state (replays), so they never slow the request that caused them.
     fn record_event_detached(&self, event: NewEvent);
 
-    /// Append many events in one commit (the replay audit's flush).
-    async fn record_events(&self, events: Vec<NewEvent>) -> Result<(), StoreError>;
-
-    async fn list_events(&self, job_id: &str) -> Result<Vec<JobEvent>, StoreError>;
-
-    async fn count_jobs(&self) -> Result<i64, StoreError>;
-
-    async fn insert_api_key(&self, key: ApiKey) -> Result<(), StoreError>;
-
-    async fn find_api_key(&self, key_hash: &str) -> Result<Option<ApiKey>, StoreError>;
-
     /// Commit every queued write and close connections; later calls fail.
     async fn close(&self);
-
-    // The engine's job lifecycle.
-
-    /// Take up to `limit` jobs that want a driver now and whose lease is free
-    /// or expired (`FOR UPDATE SKIP LOCKED` on PostgreSQL). With
-    /// `reclaim_own`, jobs already leased to `owner` are taken too (their
-    /// lease is never shortened): after a claim whose acknowledgement was
-    /// lost, the jobs it leased to `owner` are found again at once instead
-    /// of waiting out a lease nobody drives under.
-    async fn claim_jobs(
-        &self,
-        owner: &str,
-        now: Millis,
-        lease_until: Millis,
-        limit: i64,
-        reclaim_own: bool,
-    ) -> Result<Vec<Job>, StoreError>;
-
-    /// Extend a held lease; false when it was lost.
-    async fn renew_lease(
-        &self,
-        job_id: &str,
-        owner: &str,
-        lease_until: Millis,
-    ) -> Result<bool, StoreError>;
-
-    /// Apply an engine step; false when the job is final or the lease was lost.
-    async fn transition_job(
-        &self,
-        job_id: &str,
-        lease_owner: Option<&str>,
-        transition: JobTransition,
-        at: Millis,
-    ) -> Result<bool, StoreError>;
-
-    /// Make a job without a driver runnable at `at` (after an unknown attempt is settled).
-    async fn wake_job(&self, job_id: &str, at: Millis) -> Result<(), StoreError>;
-
-    /// Attempts awaiting settlement, oldest first, in pages: `after` is the
-    /// `(started_at, id)` of the last one of the previous page. A caller
-    /// that walks every page in turn reaches each one, however many old
-    /// attempts no provider can settle sit at the front.
-    async fn list_unknown_attempts(
-        &self,
-        after: Option<(Millis, &str)>,
-        limit: i64,
-    ) -> Result<Vec<Attempt>, StoreError>;
-
-    /// Attempts still `started` that began before `started_before`: older
-    /// than any lease, so no live driver can be waiting on them.
-    async fn list_stale_started(
-        &self,
-        started_before: Millis,
-        limit: i64,
-    ) -> Result<Vec<Attempt>, StoreError>;
-
-    // User and admin decisions; each bumps the version where it ends the job.
-
-    async fn cancel_job(
-        &self,
-        job_id: &str,
-        actor: &str,
-        reason: &str,
-        at: Millis,
-    ) -> Result<Result<Job, Refusal>, StoreError>;
-
-    /// `POST /v1/jobs/{id}/retry`: refused while an attempt is started or unknown.
-    async fn request_retry(
-        &self,
-        job_id: &str,
-        actor: &str,
-        at: Millis,
-    ) -> Result<Result<Job, Refusal>, StoreError>;
-
-    async fn resolve_job(
-        &self,
-        job_id: &str,
-        resolution: JobResolution,
-        actor: &str,
-        reason: &str,
-        at: Millis,
-    ) -> Result<Result<Job, Refusal>, StoreError>;
-
-    async fn resolve_attempt(
-        &self,
-        attempt_id: &str,
-        resolution: AttemptResolution,
-        actor: &str,
-        reason: &str,
-        at: Millis,
-    ) -> Result<Result<Job, Refusal>, StoreError>;
-
-    async fn list_review(&self, limit: i64) -> Result<Vec<ReviewItem>, StoreError>;
-
-    // Ops control of providers.
-
-    async fn set_provider_enabled(
-        &self,
-        name: &str,
-        enabled: bool,
-        actor: &str,
-        reason: &str,
-        at: Millis,
-    ) -> Result<(), StoreError>;
-
-    async fn provider_switches(&self) -> Result<Vec<ProviderSwitch>, StoreError>;
-
-    /// The audit trail of provider switches (of `name`, or of all), newest first.
-    async fn provider_audit(
-        &self,
-        name: Option<&str>,
-        limit: i64,
-    ) -> Result<Vec<ProviderAuditEntry>, StoreError>;
-
-    // Contract runs (provider eligibility).
-
-    async fn insert_contract_run(&self, run: NewContractRun) -> Result<(), StoreError>;
-
-    /// The latest run of each (contract, provider) pair, by contract then provider.
-    async fn latest_contract_runs(&self) -> Result<Vec<ContractRunSummary>, StoreError>;
-
-    async fn contract_run(&self, id: &str) -> Result<Option<ContractRun>, StoreError>;
-
-    // The ops console and /metrics (read only; see `console.rs`).
-
-    /// Jobs waiting for a human.
-    async fn review_queue_depth(&self) -> Result<i64, StoreError>;
-
-    /// Jobs matching `filter`, newest first, at most `limit`.
-    async fn list_jobs(
-        &self,
-        filter: &console::JobFilter,
-        limit: i64,
-    ) -> Result<Vec<Job>, StoreError>;
-
-    /// Aggregates of jobs created and attempts started in `[from, to)`,
-    /// jobs counted in columns `column_ms` wide from `from`.
-    async fn window_stats(
-        &self,
-        from: Millis,
-        to: Millis,
-        column_ms: i64,
-    ) -> Result<console::WindowStats, StoreError>;
-
-    // Tenants: the key lifecycle, run-time limits, usage (`store/tenants.rs`).
-
-    async fn list_api_keys(&self, owner: Option<&str>) -> Result<Vec<KeyRecord>, StoreError>;
-
-    async fn get_api_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError>;
-
-    /// Revoke now (audited, change counter bumped); false when not found or revoked already.
-    async fn revoke_api_key(&self, id: &str, actor: &str, at: Millis) -> Result<bool, StoreError>;
-
-    /// Insert the successor and cut the old key's life, in one commit;
-    /// false when the old key is not live or was rotated already.
-    async fn rotate_api_key(&self, rotation: Rotation, actor: &str) -> Result<bool, StoreError>;
-
-    /// Write `last used` for a batch of keys.
-    async fn touch_api_keys(&self, used: Vec<(String, Millis)>) -> Result<(), StoreError>;
-
-    /// The counter bumped by every change running servers cache.
-    async fn tenant_changes(&self) -> Result<i64, StoreError>;
-
-    async fn owner_limits(&self) -> Result<Vec<OwnerLimitsRow>, StoreError>;
-
-    /// Set an owner's run-time limits (audited, change counter bumped).
-    async fn set_owner_limits(&self, row: OwnerLimitsRow) -> Result<(), StoreError>;
-
-    async fn tenant_audit(&self, limit: i64) -> Result<Vec<TenantAuditEntry>, StoreError>;
-
-    /// Heartbeat `instance` at `at`; the number of instances seen since `since`.
-    async fn heartbeat(&self, instance: &str, at: Millis, since: Millis)
-        -> Result<i64, StoreError>;
-
-    async fn leave_instances(&self, instance: &str) -> Result<(), StoreError>;
-
-    /// The owner's live jobs and today's tokens, in one read.
-    /// An owner's (and, given its family id, a key's) live jobs and tokens on `day`.
-    async fn owner_load(
-        &self,
-        owner: &str,
-        key: Option<&str>,
-        day: i64,
-    ) -> Result<OwnerLoad, StoreError>;
-
-    /// Set (or with `None` clear) the limits of key `id` and of every key
-    /// of its family, audited; false when no live key has that id.
-    async fn set_key_limits(
-        &self,
-        id: &str,
-        limits: Option<String>,
-        actor: &str,
-        reason: &str,
-        at: Millis,
-    ) -> Result<bool, StoreError>;
-
-    /// Usage rows from `from_day` on, of `owner` or of everyone.
-    async fn usage(&self, owner: Option<&str>, from_day: i64) -> Result<Vec<UsageRow>, StoreError>;
-}
+});
 
 /// Open the store a URL names, without migrating.
 pub async fn connect(url: &DatabaseUrl) -> Result<Arc<dyn Store>, StoreError> {

@@ -401,6 +401,14 @@ macro_rules! store_ops {
             Ok(())
         }
 
+        pub(crate) async fn record_event(conn: &mut $conn, event: NewEvent) -> Result<(), StoreError> {
+            insert_event(conn, &event).await
+        }
+
+        pub(crate) async fn record_events(conn: &mut $conn, events: Vec<NewEvent>) -> Result<(), StoreError> {
+            insert_events(conn, &events).await
+        }
+
         pub(crate) async fn list_events(conn: &mut $conn, job_id: &str) -> Result<Vec<JobEvent>, StoreError> {
             let rows: Vec<EventRow> = sqlx::query_as(
                 "SELECT id, job_id, attempt_id, kind, actor, detail, at FROM job_events \
@@ -417,7 +425,7 @@ macro_rules! store_ops {
             Ok(n)
         }
 
-        pub(crate) async fn insert_api_key(conn: &mut $conn, key: &ApiKey) -> Result<(), StoreError> {
+        pub(crate) async fn insert_api_key(conn: &mut $conn, key: ApiKey) -> Result<(), StoreError> {
             sqlx::query(
                 "INSERT INTO api_keys (id, owner_id, key_hash, prefix, is_admin, created_at, expires_at, revoked_at, \
                  limits, family_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",

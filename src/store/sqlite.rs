@@ -9,15 +9,8 @@
 //! on the same file too (they wait up to the busy timeout). Reads use a small
 //! pool of their own connections and never wait for the writer.
 
-use super::tenants::{KeyRecord, OwnerLimitsRow, OwnerLoad, Rotation, TenantAuditEntry, UsageRow};
-use super::{
-    ApiKey, AttemptResolution, CreateOutcome, FinishAttempt, FinishOutcome, JobEvent,
-    JobResolution, JobTransition, NewEvent, ProviderSwitch, Refusal, ReviewItem, Store, StoreError,
-};
-use super::{ContractRun, ContractRunSummary, NewContractRun};
-use crate::domain::attempt::NewAttempt;
-use crate::domain::job::NewJob;
-use crate::domain::{Attempt, GuardRefusal, Job, Millis};
+use super::signature::*;
+use super::Store;
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
@@ -291,8 +284,46 @@ async fn commit_batch(conn: &mut SqliteConnection, batch: &mut Vec<WriteFn>) {
     }
 }
 
-#[async_trait]
-impl Store for SqliteStore {
+/// The body of one listed query on SQLite: reads on a reader connection;
+/// writes (one statement or several) through the write queue, their
+/// arguments carried there owned.
+macro_rules! sqlite_call {
+    (reader $self:ident $name:ident($($arg:ident: $ty:ty),*)) => {
+        ops::$name(&mut *$self.read.get().await?, $($arg),*).await
+    };
+    ($writer_or_transaction:ident $self:ident $name:ident($($arg:ident: $ty:ty),*)) => {{
+        $(let $arg = <$ty as Carry>::carry($arg);)*
+        $self
+            .write(move |c| {
+                Box::pin(async move {
+                    ops::$name(c, $($arg.lend()),*).await
+                })
+            })
+            .await
+    }};
+}
+
+macro_rules! sqlite_store {
+    (
+        { $($extra:tt)* }
+        $(
+            $(#[$meta:meta])*
+            $conn:ident fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty;
+        )*
+    ) => {
+        #[async_trait]
+        impl Store for SqliteStore {
+            $($extra)*
+            $(
+                async fn $name(&self, $($arg: $ty),*) -> Result<$ret, StoreError> {
+                    sqlite_call!($conn self $name($($arg: $ty),*))
+                }
+            )*
+        }
+    };
+}
+
+crate::store_methods!(sqlite_store {
     fn backend(&self) -> &'static str {
         "sqlite"
     }
@@ -309,40 +340,6 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    async fn create_job(&self, job: NewJob) -> Result<CreateOutcome, StoreError> {
-        self.write(move |c| Box::pin(ops::create_job(c, job))).await
-    }
-
-    async fn find_job_by_key(&self, owner_id: &str, key: &str) -> Result<Option<Job>, StoreError> {
-        ops::find_job_by_key(&mut *self.read.get().await?, owner_id, key).await
-    }
-
-    async fn get_job(&self, id: &str) -> Result<Option<Job>, StoreError> {
-        ops::get_job(&mut *self.read.get().await?, id).await
-    }
-
-    async fn list_attempts(&self, job_id: &str) -> Result<Vec<Attempt>, StoreError> {
-        ops::list_attempts(&mut *self.read.get().await?, job_id).await
-    }
-
-    async fn start_attempt(
-        &self,
-        attempt: NewAttempt,
-    ) -> Result<Result<Attempt, GuardRefusal>, StoreError> {
-        self.write(move |c| Box::pin(ops::start_attempt(c, attempt)))
-            .await
-    }
-
-    async fn finish_attempt(&self, finish: FinishAttempt) -> Result<FinishOutcome, StoreError> {
-        self.write(move |c| Box::pin(ops::finish_attempt(c, finish)))
-            .await
-    }
-
-    async fn record_event(&self, event: NewEvent) -> Result<(), StoreError> {
-        self.write(move |c| Box::pin(async move { ops::insert_event(c, &event).await }))
-            .await
-    }
-
     fn record_event_detached(&self, event: NewEvent) {
         let op = wrap::<(), _>(
             move |c| Box::pin(async move { ops::insert_event(c, &event).await }),
@@ -357,28 +354,6 @@ impl Store for SqliteStore {
         }
     }
 
-    async fn record_events(&self, events: Vec<NewEvent>) -> Result<(), StoreError> {
-        self.write(move |c| Box::pin(async move { ops::insert_events(c, &events).await }))
-            .await
-    }
-
-    async fn list_events(&self, job_id: &str) -> Result<Vec<JobEvent>, StoreError> {
-        ops::list_events(&mut *self.read.get().await?, job_id).await
-    }
-
-    async fn count_jobs(&self) -> Result<i64, StoreError> {
-        ops::count_jobs(&mut *self.read.get().await?).await
-    }
-
-    async fn insert_api_key(&self, key: ApiKey) -> Result<(), StoreError> {
-        self.write(move |c| Box::pin(async move { ops::insert_api_key(c, &key).await }))
-            .await
-    }
-
-    async fn find_api_key(&self, key_hash: &str) -> Result<Option<ApiKey>, StoreError> {
-        ops::find_api_key(&mut *self.read.get().await?, key_hash).await
-    }
-
     async fn close(&self) {
         let (done, closed) = oneshot::channel();
         if self.writer.send(WriteCmd::Close(done)).await.is_ok() {
@@ -386,296 +361,96 @@ impl Store for SqliteStore {
         }
         self.read.close().await;
     }
+});
 
-    async fn claim_jobs(
-        &self,
-        owner: &str,
-        now: Millis,
-        lease_until: Millis,
-        limit: i64,
-        reclaim_own: bool,
-    ) -> Result<Vec<Job>, StoreError> {
-        let owner = owner.to_string();
-        self.write(move |c| {
-            Box::pin(async move {
-                ops::claim_jobs(c, &owner, now, lease_until, limit, reclaim_own).await
-            })
-        })
-        .await
-    }
+/// An argument of a write on its way through the write queue: the caller
+/// may go away while the write waits, so the queue holds it owned
+/// (`carry`), and the operation gets it back as the type the [`Store`]
+/// method takes (`held.lend()`: moved out when the method takes it owned,
+/// borrowed from the queued write when it takes a reference).
+trait Carry {
+    type Owned: Send + 'static;
+    fn carry(self) -> Self::Owned;
+}
 
-    async fn renew_lease(
-        &self,
-        job_id: &str,
-        owner: &str,
-        lease_until: Millis,
-    ) -> Result<bool, StoreError> {
-        let (job_id, owner) = (job_id.to_string(), owner.to_string());
-        self.write(move |c| {
-            Box::pin(async move { ops::renew_lease(c, &job_id, &owner, lease_until).await })
-        })
-        .await
-    }
+trait Lend {
+    type Out;
+    fn lend(self) -> Self::Out;
+}
 
-    async fn transition_job(
-        &self,
-        job_id: &str,
-        lease_owner: Option<&str>,
-        transition: JobTransition,
-        at: Millis,
-    ) -> Result<bool, StoreError> {
-        let (job_id, owner) = (job_id.to_string(), lease_owner.map(str::to_string));
-        self.write(move |c| {
-            Box::pin(async move {
-                ops::transition_job(c, &job_id, owner.as_deref(), transition, at).await
-            })
-        })
-        .await
-    }
+/// A `&str` argument, held while its write waits.
+struct Str(String);
 
-    async fn wake_job(&self, job_id: &str, at: Millis) -> Result<(), StoreError> {
-        let job_id = job_id.to_string();
-        self.write(move |c| Box::pin(async move { ops::wake_job(c, &job_id, at).await }))
-            .await
-    }
+/// An `Option<&str>` argument, held while its write waits.
+struct OptStr(Option<String>);
 
-    async fn list_stale_started(
-        &self,
-        started_before: Millis,
-        limit: i64,
-    ) -> Result<Vec<Attempt>, StoreError> {
-        ops::list_stale_started(&mut *self.read.get().await?, started_before, limit).await
-    }
-
-    async fn list_unknown_attempts(
-        &self,
-        after: Option<(Millis, &str)>,
-        limit: i64,
-    ) -> Result<Vec<Attempt>, StoreError> {
-        ops::list_unknown_attempts(&mut *self.read.get().await?, after, limit).await
-    }
-
-    async fn cancel_job(
-        &self,
-        job_id: &str,
-        actor: &str,
-        reason: &str,
-        at: Millis,
-    ) -> Result<Result<Job, Refusal>, StoreError> {
-        let (job_id, actor, reason) = (job_id.to_string(), actor.to_string(), reason.to_string());
-        self.write(move |c| {
-            Box::pin(async move { ops::cancel_job(c, &job_id, &actor, &reason, at).await })
-        })
-        .await
-    }
-
-    async fn request_retry(
-        &self,
-        job_id: &str,
-        actor: &str,
-        at: Millis,
-    ) -> Result<Result<Job, Refusal>, StoreError> {
-        let (job_id, actor) = (job_id.to_string(), actor.to_string());
-        self.write(move |c| {
-            Box::pin(async move { ops::request_retry(c, &job_id, &actor, at).await })
-        })
-        .await
-    }
-
-    async fn resolve_job(
-        &self,
-        job_id: &str,
-        resolution: JobResolution,
-        actor: &str,
-        reason: &str,
-        at: Millis,
-    ) -> Result<Result<Job, Refusal>, StoreError> {
-        let (job_id, actor, reason) = (job_id.to_string(), actor.to_string(), reason.to_string());
-        self.write(move |c| {
-            Box::pin(
-                async move { ops::resolve_job(c, &job_id, resolution, &actor, &reason, at).await },
-            )
-        })
-        .await
-    }
-
-    async fn resolve_attempt(
-        &self,
-        attempt_id: &str,
-        resolution: AttemptResolution,
-        actor: &str,
-        reason: &str,
-        at: Millis,
-    ) -> Result<Result<Job, Refusal>, StoreError> {
-        let (attempt_id, actor, reason) = (
-            attempt_id.to_string(),
-            actor.to_string(),
-            reason.to_string(),
-        );
-        self.write(move |c| {
-            Box::pin(async move {
-                ops::resolve_attempt(c, &attempt_id, resolution, &actor, &reason, at).await
-            })
-        })
-        .await
-    }
-
-    async fn list_review(&self, limit: i64) -> Result<Vec<ReviewItem>, StoreError> {
-        ops::list_review(&mut *self.read.get().await?, limit).await
-    }
-
-    async fn set_provider_enabled(
-        &self,
-        name: &str,
-        enabled: bool,
-        actor: &str,
-        reason: &str,
-        at: Millis,
-    ) -> Result<(), StoreError> {
-        let (name, actor, reason) = (name.to_string(), actor.to_string(), reason.to_string());
-        self.write(move |c| {
-            Box::pin(async move {
-                ops::set_provider_enabled(c, &name, enabled, &actor, &reason, at).await
-            })
-        })
-        .await
-    }
-
-    async fn provider_switches(&self) -> Result<Vec<ProviderSwitch>, StoreError> {
-        ops::provider_switches(&mut *self.read.get().await?).await
-    }
-
-    async fn provider_audit(
-        &self,
-        name: Option<&str>,
-        limit: i64,
-    ) -> Result<Vec<super::ProviderAuditEntry>, StoreError> {
-        ops::provider_audit(&mut *self.read.get().await?, name, limit).await
-    }
-
-    async fn insert_contract_run(&self, run: NewContractRun) -> Result<(), StoreError> {
-        self.write(move |c| Box::pin(async move { ops::insert_contract_run(c, &run).await }))
-            .await
-    }
-
-    async fn latest_contract_runs(&self) -> Result<Vec<ContractRunSummary>, StoreError> {
-        ops::latest_contract_runs(&mut *self.read.get().await?).await
-    }
-
-    async fn contract_run(&self, id: &str) -> Result<Option<ContractRun>, StoreError> {
-        ops::contract_run(&mut *self.read.get().await?, id).await
-    }
-
-    async fn review_queue_depth(&self) -> Result<i64, StoreError> {
-        ops::review_queue_depth(&mut *self.read.get().await?).await
-    }
-
-    async fn list_jobs(
-        &self,
-        filter: &super::console::JobFilter,
-        limit: i64,
-    ) -> Result<Vec<Job>, StoreError> {
-        ops::list_jobs(&mut *self.read.get().await?, filter, limit).await
-    }
-
-    async fn window_stats(
-        &self,
-        from: Millis,
-        to: Millis,
-        column_ms: i64,
-    ) -> Result<super::console::WindowStats, StoreError> {
-        ops::window_stats(&mut *self.read.get().await?, from, to, column_ms).await
-    }
-
-    async fn list_api_keys(&self, owner: Option<&str>) -> Result<Vec<KeyRecord>, StoreError> {
-        ops::list_keys(&mut *self.read.get().await?, owner).await
-    }
-
-    async fn get_api_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError> {
-        ops::get_key(&mut *self.read.get().await?, id).await
-    }
-
-    async fn revoke_api_key(&self, id: &str, actor: &str, at: Millis) -> Result<bool, StoreError> {
-        let (id, actor) = (id.to_string(), actor.to_string());
-        self.write(move |c| Box::pin(async move { ops::revoke_key(c, &id, &actor, at).await }))
-            .await
-    }
-
-    async fn rotate_api_key(&self, rotation: Rotation, actor: &str) -> Result<bool, StoreError> {
-        let actor = actor.to_string();
-        self.write(move |c| Box::pin(async move { ops::rotate_key(c, &rotation, &actor).await }))
-            .await
-    }
-
-    async fn touch_api_keys(&self, used: Vec<(String, Millis)>) -> Result<(), StoreError> {
-        self.write(move |c| Box::pin(async move { ops::touch_keys(c, &used).await }))
-            .await
-    }
-
-    async fn tenant_changes(&self) -> Result<i64, StoreError> {
-        ops::tenant_changes(&mut *self.read.get().await?).await
-    }
-
-    async fn owner_limits(&self) -> Result<Vec<OwnerLimitsRow>, StoreError> {
-        ops::owner_limits(&mut *self.read.get().await?).await
-    }
-
-    async fn set_owner_limits(&self, row: OwnerLimitsRow) -> Result<(), StoreError> {
-        self.write(move |c| Box::pin(async move { ops::set_owner_limits(c, &row).await }))
-            .await
-    }
-
-    async fn tenant_audit(&self, limit: i64) -> Result<Vec<TenantAuditEntry>, StoreError> {
-        ops::tenant_audit(&mut *self.read.get().await?, limit).await
-    }
-
-    async fn heartbeat(
-        &self,
-        instance: &str,
-        at: Millis,
-        since: Millis,
-    ) -> Result<i64, StoreError> {
-        let instance = instance.to_string();
-        self.write(move |c| Box::pin(async move { ops::heartbeat(c, &instance, at, since).await }))
-            .await
-    }
-
-    async fn leave_instances(&self, instance: &str) -> Result<(), StoreError> {
-        let instance = instance.to_string();
-        self.write(move |c| Box::pin(async move { ops::leave(c, &instance).await }))
-            .await
-    }
-
-    async fn owner_load(
-        &self,
-        owner: &str,
-        key: Option<&str>,
-        day: i64,
-    ) -> Result<OwnerLoad, StoreError> {
-        ops::owner_load(&mut *self.read.get().await?, owner, key, day).await
-    }
-
-    async fn set_key_limits(
-        &self,
-        id: &str,
-        limits: Option<String>,
-        actor: &str,
-        reason: &str,
-        at: Millis,
-    ) -> Result<bool, StoreError> {
-        let (id, actor, reason) = (id.to_string(), actor.to_string(), reason.to_string());
-        self.write(move |c| {
-            Box::pin(async move {
-                ops::set_key_limits(c, &id, limits.as_deref(), &actor, &reason, at).await
-            })
-        })
-        .await
-    }
-
-    async fn usage(&self, owner: Option<&str>, from_day: i64) -> Result<Vec<UsageRow>, StoreError> {
-        ops::usage(&mut *self.read.get().await?, owner, from_day).await
+impl Carry for &str {
+    type Owned = Str;
+    fn carry(self) -> Str {
+        Str(self.to_string())
     }
 }
+
+impl<'a> Lend for &'a Str {
+    type Out = &'a str;
+    fn lend(self) -> &'a str {
+        &self.0
+    }
+}
+
+impl Carry for Option<&str> {
+    type Owned = OptStr;
+    fn carry(self) -> OptStr {
+        OptStr(self.map(str::to_string))
+    }
+}
+
+impl<'a> Lend for &'a OptStr {
+    type Out = Option<&'a str>;
+    fn lend(self) -> Option<&'a str> {
+        self.0.as_deref()
+    }
+}
+
+/// Owned arguments are moved into the queue and out again.
+macro_rules! carry_owned {
+    ($($t:ty),* $(,)?) => {
+        $(
+            impl Carry for $t {
+                type Owned = $t;
+                fn carry(self) -> $t {
+                    self
+                }
+            }
+
+            impl Lend for $t {
+                type Out = $t;
+                fn lend(self) -> $t {
+                    self
+                }
+            }
+        )*
+    };
+}
+
+carry_owned!(
+    i64,
+    bool,
+    Option<String>,
+    NewJob,
+    NewAttempt,
+    FinishAttempt,
+    NewEvent,
+    Vec<NewEvent>,
+    ApiKey,
+    JobTransition,
+    JobResolution,
+    AttemptResolution,
+    NewContractRun,
+    Rotation,
+    Vec<(String, Millis)>,
+    OwnerLimitsRow,
+);
 
 #[cfg(test)]
 mod tests {

@@ -144,7 +144,7 @@ macro_rules! tenant_ops {
             .await?)
         }
 
-        pub(crate) async fn list_keys(
+        pub(crate) async fn list_api_keys(
             conn: &mut $conn,
             owner: Option<&str>,
         ) -> Result<Vec<KeyRecord>, StoreError> {
@@ -158,7 +158,7 @@ macro_rules! tenant_ops {
             .await?)
         }
 
-        pub(crate) async fn get_key(conn: &mut $conn, id: &str) -> Result<Option<KeyRecord>, StoreError> {
+        pub(crate) async fn get_api_key(conn: &mut $conn, id: &str) -> Result<Option<KeyRecord>, StoreError> {
             Ok(sqlx::query_as(
                 "SELECT id, owner_id, prefix, is_admin, created_at, expires_at, revoked_at, \
                  last_used_at, replaced_by, limits, COALESCE(family_id, id) AS family FROM api_keys WHERE id = $1",
@@ -169,7 +169,7 @@ macro_rules! tenant_ops {
         }
 
         /// Revoke a key now; false when it does not exist or was revoked already.
-        pub(crate) async fn revoke_key(
+        pub(crate) async fn revoke_api_key(
             conn: &mut $conn,
             id: &str,
             actor: &str,
@@ -191,9 +191,9 @@ macro_rules! tenant_ops {
 
         /// Insert the new key and cut the old one's life to the grace
         /// period, in one commit; false when the old key is not live.
-        pub(crate) async fn rotate_key(
+        pub(crate) async fn rotate_api_key(
             conn: &mut $conn,
-            rotation: &Rotation,
+            rotation: Rotation,
             actor: &str,
         ) -> Result<bool, StoreError> {
             let at = rotation.new.created_at;
@@ -213,7 +213,7 @@ macro_rules! tenant_ops {
             if n == 0 {
                 return Ok(false);
             }
-            insert_api_key(conn, &rotation.new).await?;
+            insert_api_key(conn, rotation.new.clone()).await?;
             bump_tenant_changes(conn).await?;
             let detail = serde_json::json!({
                 "new_key": rotation.new.id,
@@ -227,8 +227,8 @@ macro_rules! tenant_ops {
 
         /// Record when keys were last used: one statement per key, never
         /// moving the time back.
-        pub(crate) async fn touch_keys(conn: &mut $conn, used: &[(String, Millis)]) -> Result<(), StoreError> {
-            for (id, at) in used {
+        pub(crate) async fn touch_api_keys(conn: &mut $conn, used: Vec<(String, Millis)>) -> Result<(), StoreError> {
+            for (id, at) in &used {
                 sqlx::query(
                     "UPDATE api_keys SET last_used_at = $2 WHERE id = $1 \
                      AND (last_used_at IS NULL OR last_used_at < $2)",
@@ -243,7 +243,7 @@ macro_rules! tenant_ops {
 
         pub(crate) async fn set_owner_limits(
             conn: &mut $conn,
-            row: &OwnerLimitsRow,
+            row: OwnerLimitsRow,
         ) -> Result<(), StoreError> {
             sqlx::query(
                 "INSERT INTO owner_limits (owner_id, limits, changed_by, reason, changed_at) \
@@ -307,7 +307,7 @@ macro_rules! tenant_ops {
             Ok(n)
         }
 
-        pub(crate) async fn leave(conn: &mut $conn, instance: &str) -> Result<(), StoreError> {
+        pub(crate) async fn leave_instances(conn: &mut $conn, instance: &str) -> Result<(), StoreError> {
             sqlx::query("DELETE FROM instances WHERE id = $1")
                 .bind(instance)
                 .execute(&mut *conn)
@@ -350,11 +350,12 @@ macro_rules! tenant_ops {
         pub(crate) async fn set_key_limits(
             conn: &mut $conn,
             id: &str,
-            limits: Option<&str>,
+            limits: Option<String>,
             actor: &str,
             reason: &str,
             at: Millis,
         ) -> Result<bool, StoreError> {
+            let limits = limits.as_deref();
             let n = sqlx::query(
                 "UPDATE api_keys SET limits = $2 WHERE COALESCE(family_id, id) = \
                  (SELECT COALESCE(family_id, id) FROM api_keys WHERE id = $1 AND revoked_at IS NULL \

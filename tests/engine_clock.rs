@@ -82,6 +82,7 @@ struct Bench {
     clock: Arc<SimClock>,
     config: Arc<Config>,
     providers: BTreeMap<String, Arc<Scripted>>,
+    metrics: Arc<Metrics>,
     stop: watch::Sender<bool>,
     _db: TestDb,
 }
@@ -123,6 +124,7 @@ async fn bench(
     config.engine.rng_seed = Some(42);
     tune(&mut config);
     let config = Arc::new(config);
+    let metrics = Arc::new(Metrics::default());
     let mut catalog = Catalog::default();
     let mut providers = BTreeMap::new();
     for spec in specs {
@@ -153,7 +155,7 @@ async fn bench(
         Arc::new(catalog),
         Arc::new(BTreeMap::new()),
         Arc::new(AdmitAll),
-        Arc::new(Metrics::default()),
+        metrics.clone(),
     );
     let (stop, stop_rx) = watch::channel(false);
     {
@@ -166,12 +168,23 @@ async fn bench(
         clock,
         config,
         providers,
+        metrics,
         stop,
         _db: db,
     })
 }
 
 impl Bench {
+    /// `onejob_attempts_total` for `provider` and `outcome`, as `/metrics` shows it.
+    fn attempts_total(&self, provider: &str, outcome: &str) -> u64 {
+        let series =
+            format!("onejob_attempts_total{{provider=\"{provider}\",outcome=\"{outcome}\"}} ");
+        let text = self.metrics.render("");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&series))
+            .map_or(0, |v| v.trim().parse().unwrap())
+    }
+
     async fn submit(&self, key: &str) -> Job {
         let caller = Caller {
             owner_id: OWNER.to_string(),
@@ -322,6 +335,11 @@ async fn a_timeout_is_unknown_and_blocks_retries_until_reconciled(backend: Backe
     );
     assert_eq!(job.completed_by.as_deref(), Some(attempts[1].id.as_str()));
     assert_eq!(bench.executions(&job.id, "primary"), 1);
+    // Each ending is counted where it is recorded: unknown by the driver,
+    // failed when the reconciler settled it, succeeded by the retry.
+    for outcome in ["unknown", "failed", "succeeded"] {
+        assert_eq!(bench.attempts_total("primary", outcome), 1, "{outcome}");
+    }
     bench.stop();
 }
 

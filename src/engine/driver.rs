@@ -564,11 +564,10 @@ pub(super) enum Source {
     Reconciled,
 }
 
-/// An attempt's end, recorded: the one place where how an attempt ended
-/// becomes the attempt's state (through the CAS for an answer), its
-/// metrics and the provider's breaker; used by the driver, the streamed
-/// rounds (for answers and for the attempts they abandon) and the
-/// reconciler. An answer is first checked against the job's contract.
+/// An attempt's end, settled: an answer is checked against the job's
+/// contract and then, like every other ending, [`record`]ed. Used by the
+/// driver, the streamed rounds (for answers and for the attempts they
+/// abandon) and the reconciler.
 pub(super) async fn settle(
     inner: &Inner,
     plan: &JobPlan,
@@ -576,26 +575,9 @@ pub(super) async fn settle(
     outcome: AttemptOutcome,
     source: Source,
 ) -> Settled {
-    let provider = attempt.provider.as_str();
-    let abandoned = matches!(outcome, AttemptOutcome::Abandoned { .. });
-    // A dropped request said nothing about the provider.
-    let live = source == Source::Live && !abandoned;
-    if live {
-        let elapsed_ms = inner.clock.now_ms() - attempt.started_at;
-        inner.metrics.observe_provider_latency(provider, elapsed_ms);
-    }
-    // The provider itself refused, retryably, as its adapter classified it.
+    // The provider itself refused, retryably, as its adapter classified it
+    // (a contract violation, found below, is not the provider's refusal).
     let refusal = matches!(&outcome, AttemptOutcome::Failed(f) if f.retryable);
-    if refusal && live {
-        let now = inner.clock.now_ms();
-        inner.with_breaker(provider, |b| b.on_retryable_failure(now));
-    }
-    let tokens = match &outcome {
-        AttemptOutcome::Succeeded(Success { usage: Some(u), .. }) => {
-            u64::from(u.prompt_tokens) + u64::from(u.completion_tokens)
-        }
-        _ => 0,
-    };
     // An answer is recorded as the job's result it makes. Output that
     // breaks the contract is never a result; another provider may keep
     // it, so the job may fail over.
@@ -615,6 +597,39 @@ pub(super) async fn settle(
             }),
         },
         other => other,
+    };
+    record(inner, attempt, outcome, refusal, source).await
+}
+
+/// The one place where how an attempt ended becomes the attempt's state
+/// (through the CAS for an answer), its metrics and the provider's
+/// breaker. `refusal`: the provider refused retryably, so it may be asked
+/// again first. Only an answer already checked against the job's contract
+/// (by [`settle`]) comes here directly, or no answer at all.
+pub(super) async fn record(
+    inner: &Inner,
+    attempt: &Attempt,
+    outcome: AttemptOutcome,
+    refusal: bool,
+    source: Source,
+) -> Settled {
+    let provider = attempt.provider.as_str();
+    let abandoned = matches!(outcome, AttemptOutcome::Abandoned { .. });
+    // A dropped request said nothing about the provider.
+    let live = source == Source::Live && !abandoned;
+    if live {
+        let elapsed_ms = inner.clock.now_ms() - attempt.started_at;
+        inner.metrics.observe_provider_latency(provider, elapsed_ms);
+    }
+    if refusal && live {
+        let now = inner.clock.now_ms();
+        inner.with_breaker(provider, |b| b.on_retryable_failure(now));
+    }
+    let tokens = match &outcome {
+        AttemptOutcome::Succeeded(Success { usage: Some(u), .. }) => {
+            u64::from(u.prompt_tokens) + u64::from(u.completion_tokens)
+        }
+        _ => 0,
     };
     let failure = match &outcome {
         AttemptOutcome::Failed(f) => Some(f.clone()),

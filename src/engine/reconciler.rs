@@ -4,7 +4,7 @@
 //! may retry. Cannot tell: it stays unknown; past the route's
 //! `unknown_deadline_ms` the job goes to review.
 
-use super::driver::{settle, Settled, Source};
+use super::driver::{record, settle, Settled, Source};
 use super::plan::JobPlan;
 use super::Inner;
 use crate::domain::Attempt;
@@ -132,36 +132,21 @@ async fn reconcile(inner: &Arc<Inner>, attempt: &Attempt) -> Result<(), crate::s
         )),
     };
     let now = inner.clock.now_ms();
-    let actor = "reconciler".to_string();
-    match lookup {
+    // Found or not, the attempt is settled like a live one, through the
+    // same step; a failure makes a parked job runnable in the same commit,
+    // and the dispatcher looks now.
+    let settled = match lookup {
         Lookup::Found(success) => {
             Metrics::inc(&inner.metrics.reconciled_found);
-            // The provider's recorded answer settles the attempt as a live
-            // one would: the contract check, then the CAS. A failure (the
-            // answer breaks the contract) makes a parked job runnable in
-            // the same commit.
+            // The provider's recorded answer: the contract check, then the CAS.
             match JobPlan::new(&job.id, &job.request, &inner.contracts) {
                 Ok(plan) => {
                     let outcome = AttemptOutcome::Succeeded(success);
-                    match settle(inner, &plan, attempt, outcome, Source::Reconciled).await {
-                        Settled::Won => {
-                            tracing::info!("unknown attempt found executed; job succeeded")
-                        }
-                        Settled::Failed(_) => inner.wake.notify_one(),
-                        Settled::Lost | Settled::Unknown => {}
-                    }
+                    settle(inner, &plan, attempt, outcome, Source::Reconciled).await
                 }
                 Err(e) => {
-                    let finish = FinishAttempt {
-                        attempt_id: attempt.id.clone(),
-                        outcome: AttemptOutcome::failed("invalid_request", e.0),
-                        at: now,
-                        actor,
-                    };
-                    if let Err(e) = inner.store.finish_attempt(finish).await {
-                        tracing::debug!(error = %e, "attempt already settled");
-                    }
-                    inner.wake.notify_one();
+                    let outcome = AttemptOutcome::failed("invalid_request", e.0);
+                    record(inner, attempt, outcome, false, Source::Reconciled).await
                 }
             }
         }
@@ -171,24 +156,7 @@ async fn reconcile(inner: &Arc<Inner>, attempt: &Attempt) -> Result<(), crate::s
                 "not_executed",
                 "reconciled: the provider has no record of the key",
             );
-            match inner
-                .store
-                .finish_attempt(FinishAttempt {
-                    attempt_id: attempt.id.clone(),
-                    outcome,
-                    at: now,
-                    actor,
-                })
-                .await
-            {
-                // Recording the failure made a parked job runnable in the
-                // same commit; the dispatcher looks now.
-                Ok(_) => {
-                    tracing::info!("unknown attempt found not executed; the job may retry");
-                    inner.wake.notify_one();
-                }
-                Err(e) => tracing::debug!(error = %e, "attempt already settled"),
-            }
+            record(inner, attempt, outcome, false, Source::Reconciled).await
         }
         Lookup::CannotTell(why) => {
             Metrics::inc(&inner.metrics.reconciled_cannot_tell);
@@ -211,7 +179,16 @@ async fn reconcile(inner: &Arc<Inner>, attempt: &Attempt) -> Result<(), crate::s
                     Metrics::inc(&inner.metrics.jobs_to_review);
                 }
             }
+            Settled::Unknown
         }
+    };
+    match settled {
+        Settled::Won => tracing::info!("unknown attempt found executed; job succeeded"),
+        Settled::Failed(f) => {
+            tracing::info!(reason = %f.reason, "unknown attempt settled as failed; the job may retry");
+            inner.wake.notify_one();
+        }
+        Settled::Lost | Settled::Unknown => {}
     }
     inner.notify(&job.id);
     Ok(())

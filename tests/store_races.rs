@@ -186,7 +186,13 @@ async fn reverse_order_finish_lets_the_later_attempt_lose(backend: Backend) {
         .finish_attempt(finish(&b.id, succeeded(r#"{"answer":"B"}"#)))
         .await
         .unwrap();
-    assert_eq!(won, FinishOutcome::Won { version: 1 });
+    let FinishOutcome::Won {
+        version: 1,
+        job: Some(handed),
+    } = won
+    else {
+        panic!("B wins at version 1, with the job as committed: {won:?}");
+    };
     let lost = store
         .finish_attempt(finish(&a.id, succeeded(r#"{"answer":"A"}"#)))
         .await
@@ -194,6 +200,10 @@ async fn reverse_order_finish_lets_the_later_attempt_lose(backend: Backend) {
     assert_eq!(lost, FinishOutcome::Lost);
 
     let job = store.get_job(&job_id).await.unwrap().unwrap();
+    assert_eq!(
+        *handed, job,
+        "the winner's outcome carries the job exactly as stored (what a waiter is handed)"
+    );
     assert_eq!(job.state, JobState::Succeeded);
     assert_eq!(job.result.as_deref(), Some(r#"{"answer":"B"}"#));
     assert_eq!(job.completed_by.as_deref(), Some(b.id.as_str()));
@@ -248,7 +258,7 @@ async fn twenty_concurrent_finishes_have_exactly_one_winner(backend: Backend) {
     for task in tasks {
         let (id, outcome) = task.await.unwrap();
         match outcome {
-            FinishOutcome::Won { version } => winners.push((id, version)),
+            FinishOutcome::Won { version, .. } => winners.push((id, version)),
             FinishOutcome::Lost => {}
             FinishOutcome::Recorded => panic!("a success must win or lose"),
         }

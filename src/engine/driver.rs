@@ -646,7 +646,12 @@ pub(super) async fn record(
         actor,
     };
     match durable::finish_attempt(inner, &attempt.job_id, finish).await {
-        Ok(FinishOutcome::Won { .. }) => {
+        Ok(FinishOutcome::Won { job, .. }) => {
+            // Whoever waits for the job (`Prefer: wait`) gets it as the
+            // commit left it, instead of reading it back.
+            if let Some(job) = job {
+                inner.hand_over(*job);
+            }
             if live {
                 inner.with_breaker(provider, |b| b.on_success());
             }

@@ -145,6 +145,7 @@ fn recorded(attempt: &Attempt, end: &AttemptOutcome) -> Option<FinishOutcome> {
     match (end, attempt.state) {
         (AttemptOutcome::Succeeded(_), AttemptState::Succeeded) => Some(FinishOutcome::Won {
             version: attempt.read_version + 1,
+            job: None,
         }),
         (
             AttemptOutcome::Succeeded(_) | AttemptOutcome::Abandoned { .. },

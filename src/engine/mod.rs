@@ -44,6 +44,10 @@ pub trait Gate: Send + Sync {
     ) -> Result<(), String>;
 }
 
+/// One `Prefer: wait` client: told with the settled job when a commit
+/// handed it over, with `None` when it must read the job itself.
+type Waiter = oneshot::Sender<Option<Arc<Job>>>;
+
 /// Everything the engine's tasks share.
 pub(crate) struct Inner {
     pub instance: String,
@@ -60,7 +64,9 @@ pub(crate) struct Inner {
     active: Mutex<HashSet<String>>,
     slots: Semaphore,
     wake: Notify,
-    waiters: Mutex<HashMap<String, Vec<oneshot::Sender<()>>>>,
+    /// Who waits for a job to settle; told with the settled job when its
+    /// driver has it (the winner's commit), else only woken to read it.
+    waiters: Mutex<HashMap<String, Vec<Waiter>>>,
     /// Streamed jobs' events, by (owner, idempotency key).
     hubs: Mutex<HashMap<(String, String), Arc<stream::StreamHub>>>,
     /// Turned true by [`Engine::kill`]: every task of this engine stops.
@@ -186,7 +192,12 @@ impl Engine {
             let recheck = deadline
                 .saturating_duration_since(now)
                 .min(Duration::from_millis(250));
-            let _ = tokio::time::timeout(recheck, rx).await;
+            if let Ok(Ok(Some(job))) = tokio::time::timeout(recheck, rx).await {
+                // Handed over by the commit that settled it: no read.
+                if settled(&job) {
+                    return Some(Job::clone(&job));
+                }
+            }
         }
     }
 
@@ -321,7 +332,19 @@ impl Inner {
     pub(crate) fn notify(&self, job_id: &str) {
         let waiting = self.waiters.lock().ok().and_then(|mut w| w.remove(job_id));
         for tx in waiting.into_iter().flatten() {
-            let _ = tx.send(());
+            let _ = tx.send(None);
+        }
+    }
+
+    /// Hand a job as a commit left it to whoever waits for it.
+    pub(crate) fn hand_over(&self, job: Job) {
+        let waiting = self.waiters.lock().ok().and_then(|mut w| w.remove(&job.id));
+        let Some(waiting) = waiting else {
+            return;
+        };
+        let job = Arc::new(job);
+        for tx in waiting {
+            let _ = tx.send(Some(job.clone()));
         }
     }
 

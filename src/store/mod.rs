@@ -241,10 +241,12 @@ pub struct ProviderAuditEntry {
 }
 
 /// What finishing an attempt did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum FinishOutcome {
     /// The CAS succeeded: the job is succeeded with this attempt's output.
-    Won { version: i64 },
+    /// `job`: the job as that commit left it (`None` when the win was read
+    /// back after a lost acknowledgement), handed to whoever waits for it.
+    Won { version: i64, job: Option<Box<Job>> },
     /// The CAS touched no row: another attempt won or the job was cancelled.
     /// The attempt is `discarded` and the race is in the event log.
     Lost,

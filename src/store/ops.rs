@@ -230,22 +230,23 @@ macro_rules! store_ops {
                     let (output, provider_request_id) = (&success.output, &success.provider_request_id);
                     let usage = success.usage.and_then(|u| serde_json::to_string(&u).ok());
                     // Invariant 5: exactly one winner.
-                    let won = sqlx::query(
+                    // The won job comes back as committed, for whoever
+                    // waits for it (no read after the commit).
+                    let won: Option<JobRow> = sqlx::query_as(concat!(
                         "UPDATE jobs SET state = 'succeeded', result = $3, completed_by = $4, \
                          version = version + 1, last_error = NULL, updated_at = $5, \
                          next_run_at = NULL, lease_owner = NULL, lease_until = NULL \
-                         WHERE id = $1 AND version = $2 AND completed_by IS NULL",
-                    )
+                         WHERE id = $1 AND version = $2 AND completed_by IS NULL RETURNING ",
+                        job_columns!()
+                    ))
                     .bind(&job_id)
                     .bind(read_version)
                     .bind(output)
                     .bind(&finish.attempt_id)
                     .bind(at)
-                    .execute(&mut *conn)
-                    .await?
-                    .rows_affected()
-                        == 1;
-                    if won {
+                    .fetch_optional(&mut *conn)
+                    .await?;
+                    if let Some(won) = won {
                         sqlx::query(
                             "UPDATE attempts SET state = 'succeeded', output = $2, usage = $3, \
                              provider_request_id = $4, finished_at = $5 WHERE id = $1",
@@ -261,7 +262,7 @@ macro_rules! store_ops {
                         let version = read_version + 1;
                         let detail = serde_json::json!({ "version": version }).to_string();
                         insert_event(conn, &event_for(event::ATTEMPT_SUCCEEDED, Some(detail))).await?;
-                        return Ok(FinishOutcome::Won { version });
+                        return Ok(FinishOutcome::Won { version, job: Some(Box::new(Job::try_from(won)?)) });
                     }
                     // The late result is discarded, not merged; its usage is
                     // kept so the cost of the race stays visible.

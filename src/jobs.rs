@@ -131,17 +131,30 @@ pub async fn submit(
     }
     let now = clock.now_ms();
     check_new_job(store.as_ref(), now, admission, request.params.max_tokens).await?;
+    let (id, stored_request) = (new_id(), canonical_json(&normalised));
+    // Created, claimed and its primary attempt started in one commit where
+    // the route allows: this process drives it at once.
+    let prestart = engine.and_then(|e| {
+        e.prestart(
+            &id,
+            &caller.owner_id,
+            key.as_str(),
+            &stored_request,
+            route,
+            now,
+        )
+    });
     let new = NewJob {
-        id: new_id(),
+        id,
         owner_id: caller.owner_id.clone(),
         idempotency_key: key.as_str().to_string(),
         fingerprint: fingerprint.clone(),
-        request: canonical_json(&normalised),
+        request: stored_request,
         route: request.route.clone(),
         created_at: now,
-        // Created and claimed in one commit: this process drives it at once.
         lease: engine.map(|e| e.lease_for_new_job(route, now)),
         key_id: Some(caller.key_family.clone()),
+        primary: prestart.as_ref().map(|p| p.attempt().clone()),
     };
     // The job is committed with this process's lease: whoever commits it
     // must hand it to the engine, even if the client goes away meanwhile.
@@ -162,8 +175,10 @@ pub async fn submit(
                     .ok_or(e)?,
                 Err(e) => return Err(e),
             };
+            // A job read back with this request's id was committed by this
+            // create, with its primary attempt if it had one.
             if let (CreateOutcome::Created(job), Some(engine)) = (&outcome, engine) {
-                engine.adopt(job.clone());
+                engine.adopt(job.clone(), prestart);
             }
             Ok::<_, StoreError>(outcome)
         }

@@ -110,6 +110,7 @@ async fn the_overview_over_a_week_counts_every_attempt_once_and_its_latency(back
                 created_at: created,
                 lease: None,
                 key_id: None,
+                primary: None,
             })
             .await
             .unwrap()

@@ -473,6 +473,7 @@ async fn orphaned_attempt(bench: &Bench, key: &str, finished: bool) -> (String, 
         // Held by a process that is gone; it runs out a minute from now.
         lease: Some(("dead-process".into(), now + 60_000)),
         key_id: None,
+        primary: None,
     };
     let job_id = job.id.clone();
     bench.store.create_job(job).await.unwrap();
@@ -622,6 +623,7 @@ async fn unknowns_nobody_can_settle_do_not_starve_the_rest(backend: Backend) {
                 created_at: now - age,
                 lease: None,
                 key_id: None,
+                primary: None,
             };
             let job_id = job.id.clone();
             store.create_job(job).await.unwrap();

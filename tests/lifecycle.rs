@@ -89,6 +89,7 @@ async fn job_of(db: &TestDb, store: &dyn Store, state: JobState, owner: &str) ->
         created_at: 1,
         lease: None,
         key_id: Some(format!("key-of-{owner}")),
+        primary: None,
     };
     let CreateOutcome::Created(job) = store.create_job(job).await.unwrap() else {
         panic!("a new key creates")

@@ -37,6 +37,7 @@ async fn job_in_review(store: &dyn Store) -> (String, String) {
         created_at: 1,
         lease: None,
         key_id: None,
+        primary: None,
     };
     let job_id = job.id.clone();
     store.create_job(job).await.unwrap();

@@ -107,11 +107,22 @@ async fn a_create_whose_acknowledgement_is_lost_is_read_back_and_driven_at_once(
     assert_eq!(world.store.count_jobs().await.unwrap(), 1);
     assert_eq!(world.executions(id, "sim"), 1);
     assert_eq!(faulty.calls("create_job"), 1, "created once, not again");
+    assert_eq!(
+        faulty.calls("start_attempt"),
+        0,
+        "the primary attempt was started by the create's own commit"
+    );
     world.stop().await;
 }
 
 async fn a_failure_starting_the_attempt_is_retried_at_once(backend: Backend) {
-    let (world, faulty) = world(backend, HEALTHY).await;
+    // A job's primary attempt is started by its create's own commit; the
+    // retry after the provider's 503 is the one started on its own.
+    let failing_once = &[ProviderSpec {
+        name: "sim",
+        model: "fail:503,times=1",
+    }];
+    let (world, faulty) = world(backend, failing_once).await;
     // Once before the database is reached, once with the insert committed
     // and the acknowledgement lost.
     faulty.fail_next("start_attempt", 1);
@@ -120,8 +131,13 @@ async fn a_failure_starting_the_attempt_is_retried_at_once(backend: Backend) {
     assert_eq!(status, 201, "{job}");
     let id = job["id"].as_str().unwrap();
     let (_, attempts) = succeeded(&world, id).await;
-    assert_eq!(attempts.len(), 1, "one attempt row: {attempts:?}");
-    assert_eq!(attempts[0]["state"], "succeeded");
+    assert_eq!(
+        attempts.len(),
+        2,
+        "the primary and one retry row: {attempts:?}"
+    );
+    assert_eq!(attempts[0]["state"], "failed");
+    assert_eq!(attempts[1]["state"], "succeeded");
     assert_eq!(world.executions(id, "sim"), 1);
     assert!(faulty.calls("start_attempt") >= 2);
     world.stop().await;

@@ -32,6 +32,7 @@ fn new_job(key: &str) -> NewJob {
         created_at: 1,
         lease: None,
         key_id: None,
+        primary: None,
     }
 }
 

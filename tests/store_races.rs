@@ -33,6 +33,7 @@ async fn new_job(store: &dyn Store) -> String {
         created_at: 1,
         lease: None,
         key_id: None,
+        primary: None,
     };
     match store.create_job(job).await.unwrap() {
         CreateOutcome::Created(job) => job.id,
@@ -321,6 +322,7 @@ async fn an_unknown_settled_before_its_driver_blocks_leaves_the_job_runnable(bac
         created_at: 1,
         lease: Some(("driver".into(), 1_000)),
         key_id: None,
+        primary: None,
     };
     let CreateOutcome::Created(job) = store.create_job(job).await.unwrap() else {
         panic!("expected a new job");

@@ -1,5 +1,6 @@
 //! The job: the durable record of one intent.
 
+use super::attempt::NewAttempt;
 use super::Millis;
 use serde::Serialize;
 
@@ -99,11 +100,16 @@ pub struct NewJob {
     /// The key (family, see `ApiKey::family`) that created it; `None` for
     /// jobs made without a key.
     pub key_id: Option<String>,
+    /// Its primary attempt, started in the same commit (create, claim and
+    /// start in one write): the job is created `running` with this attempt
+    /// `started` (seq 1, read version 0). `None`: created `pending`.
+    pub primary: Option<NewAttempt>,
 }
 
 impl NewJob {
     /// The job row this creates, before anything else happened to it.
     pub fn into_job(self) -> Job {
+        let started = self.primary.is_some();
         Job {
             id: self.id,
             owner_id: self.owner_id,
@@ -111,12 +117,16 @@ impl NewJob {
             fingerprint: self.fingerprint,
             request: self.request,
             route: self.route,
-            state: JobState::Pending,
+            state: if started {
+                JobState::Running
+            } else {
+                JobState::Pending
+            },
             version: 0,
             result: None,
             completed_by: None,
             last_error: None,
-            attempt_count: 0,
+            attempt_count: i64::from(started),
             created_at: self.created_at,
             updated_at: self.created_at,
             next_run_at: Some(self.created_at),

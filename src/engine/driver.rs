@@ -19,7 +19,7 @@ use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub(crate) fn spawn(inner: Arc<Inner>, job: Job) {
+pub(crate) fn spawn(inner: Arc<Inner>, job: Job, prestart: Option<super::Prestart>) {
     if !inner.begin_driving(&job.id) {
         return;
     }
@@ -28,8 +28,12 @@ pub(crate) fn spawn(inner: Arc<Inner>, job: Job) {
     let span = tracing::info_span!(parent: None, "job", job_id = %job.id);
     crate::telemetry::continue_trace(&span);
     // Taken now, before the submitter answers: a streaming client then
-    // knows this driver streams to it.
-    let hub = inner.claim_hub(&job);
+    // knows this driver streams to it. A job whose create started its
+    // attempt was created for no streaming client (`Engine::prestart`).
+    let hub = match prestart {
+        Some(_) => None,
+        None => inner.claim_hub(&job),
+    };
     let inner_for_spawn = inner.clone();
     let task = async move {
         let _driving = Driving {
@@ -43,7 +47,7 @@ pub(crate) fn spawn(inner: Arc<Inner>, job: Job) {
         );
         if let Ok(_permit) = inner.slots.acquire().await {
             if still_ours(&inner, &job).await {
-                drive(&inner, job, hub.clone()).await;
+                drive(&inner, job, hub.clone(), prestart).await;
             }
         }
         if let Some(hub) = hub {
@@ -163,7 +167,12 @@ pub(super) enum RoundEnd {
 /// The error kind with which a provider says the prompt does not fit.
 const CONTEXT_LENGTH_EXCEEDED: &str = "context_length_exceeded";
 
-async fn drive(inner: &Arc<Inner>, mut job: Job, hub: Option<Arc<super::stream::StreamHub>>) {
+async fn drive(
+    inner: &Arc<Inner>,
+    mut job: Job,
+    hub: Option<Arc<super::stream::StreamHub>>,
+    prestart: Option<super::Prestart>,
+) {
     let owner = inner.instance.clone();
     let transition = |job_id: String, t: JobTransition| {
         let inner = inner.clone();
@@ -193,18 +202,23 @@ async fn drive(inner: &Arc<Inner>, mut job: Job, hub: Option<Arc<super::stream::
         Metrics::inc(&inner.metrics.jobs_to_review);
         return;
     };
-    let plan = match JobPlan::new(&job.id, &job.request, &inner.contracts) {
-        Ok(plan) => plan,
-        Err(e) => {
-            transition(job.id.clone(), JobTransition::Fail { reason: e.0 }).await;
-            Metrics::inc(&inner.metrics.jobs_failed);
-            return;
-        }
+    // The primary attempt the job's create started: the first round sends
+    // it as chosen, without starting another.
+    let (plan, mut prestarted) = match prestart {
+        Some(p) => (p.plan, Some(p.attempt)),
+        None => match JobPlan::new(&job.id, &job.request, &inner.contracts) {
+            Ok(plan) => (plan, None),
+            Err(e) => {
+                transition(job.id.clone(), JobTransition::Fail { reason: e.0 }).await;
+                Metrics::inc(&inner.metrics.jobs_failed);
+                return;
+            }
+        },
     };
     // The job's attempts so far: who was tried, who is unknown. Read again
     // after every round that did not finish the job (retries are rare).
     let mut history: Vec<Attempt> = Vec::new();
-    if job.attempt_count > 0 {
+    if job.attempt_count > 0 && prestarted.is_none() {
         match recover_orphans(inner, &job).await {
             Some(attempts) => history = attempts,
             None => {
@@ -222,7 +236,7 @@ async fn drive(inner: &Arc<Inner>, mut job: Job, hub: Option<Arc<super::stream::
     let mut same_provider_streak = 0u32;
     let mut idle_rounds = 0u32;
     loop {
-        if job.attempts_in_budget() >= i64::from(route.max_attempts) {
+        if prestarted.is_none() && job.attempts_in_budget() >= i64::from(route.max_attempts) {
             let reason = format!(
                 "retries exhausted after {} attempts; last error: {}",
                 job.attempts_in_budget(),
@@ -233,7 +247,7 @@ async fn drive(inner: &Arc<Inner>, mut job: Job, hub: Option<Arc<super::stream::
             }
             return;
         }
-        let kind = if job.attempt_count == 0 {
+        let kind = if job.attempt_count == 0 || prestarted.is_some() {
             AttemptKind::Primary
         } else {
             AttemptKind::Retry
@@ -250,9 +264,15 @@ async fn drive(inner: &Arc<Inner>, mut job: Job, hub: Option<Arc<super::stream::
         let rescue = (unknown_left && hedges_made < route.max_hedges as usize)
             .then(|| choose_hedge(inner, &route, &plan, &tried))
             .flatten();
-        let choice = match rescue {
-            Some(entry) => Choice::Provider(entry),
-            None => choose_provider(inner, &route, &plan, kind, &steer),
+        let choice = match (&prestarted, rescue) {
+            // The catalog is the engine's for its life: the provider the
+            // attempt was started for is in it.
+            (Some(started), _) => inner.catalog.get(&started.provider).map_or_else(
+                || Choice::NoneAdmitted(format!("{}: not configured", started.provider)),
+                Choice::Provider,
+            ),
+            (None, Some(entry)) => Choice::Provider(entry),
+            (None, None) => choose_provider(inner, &route, &plan, kind, &steer),
         };
         let kind = if rescue.is_some() {
             AttemptKind::Hedge
@@ -267,7 +287,10 @@ async fn drive(inner: &Arc<Inner>, mut job: Job, hub: Option<Arc<super::stream::
                     )
                     .await
                 }
-                _ => run_round(inner, &job, &route, &plan, entry, kind, tried).await,
+                _ => {
+                    let started = prestarted.take();
+                    run_round(inner, &job, &route, &plan, entry, kind, tried, started).await
+                }
             },
             Choice::NoneFits(reason) => {
                 let reason = match steer.window_above {
@@ -722,7 +745,12 @@ async fn hedge(
 
 /// One round: the first attempt, hedges after the silence threshold or at
 /// once when an attempt ends unknown (the rescue, within `max_hedges`), until
-/// one wins or all have ended. `tried`: providers the job has attempted.
+/// one wins or all have ended. `tried`: providers the job has attempted;
+/// `started`: the first attempt, when the job's create started it.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the round's inputs, each used; bundling them would only rename them"
+)]
 async fn run_round(
     inner: &Arc<Inner>,
     job: &Job,
@@ -731,6 +759,7 @@ async fn run_round(
     first: &ProviderEntry,
     kind: AttemptKind,
     mut tried: Vec<String>,
+    started: Option<NewAttempt>,
 ) -> RoundEnd {
     let timeout = Duration::from_millis(route.attempt_timeout_ms);
     let mut flights: FuturesUnordered<Flight> = FuturesUnordered::new();
@@ -748,7 +777,28 @@ async fn run_round(
             }
         }
     };
-    match start(inner, job, route, first, kind).await {
+    let attempt = match started {
+        // Committed with the job: the first attempt of a job, seq 1, read
+        // at version 0.
+        Some(new) => Ok(Attempt {
+            id: new.id,
+            job_id: new.job_id,
+            seq: 1,
+            provider: new.provider,
+            kind: new.kind,
+            state: AttemptState::Started,
+            read_version: 0,
+            started_at: new.started_at,
+            finished_at: None,
+            error_kind: None,
+            error_message: None,
+            output: None,
+            usage: None,
+            provider_request_id: None,
+        }),
+        None => start(inner, job, route, first, kind).await,
+    };
+    match attempt {
         Ok(attempt) => {
             tried.push(first.name.clone());
             flights.push(launch(first, attempt, request, timeout));

@@ -19,8 +19,9 @@ pub mod stream;
 use crate::clock::Clock;
 use crate::config::{Config, RouteConfig};
 use crate::contracts::Contract;
+use crate::domain::attempt::NewAttempt;
 use crate::domain::breaker::{Breaker, BreakerPolicy, BreakerState};
-use crate::domain::{Job, Millis};
+use crate::domain::{new_id, AttemptKind, Job, Millis};
 use crate::metrics::Metrics;
 use crate::providers::catalog::Catalog;
 use crate::store::Store;
@@ -71,6 +72,21 @@ pub(crate) struct Inner {
     hubs: Mutex<HashMap<(String, String), Arc<stream::StreamHub>>>,
     /// Turned true by [`Engine::kill`]: every task of this engine stops.
     killed: watch::Sender<bool>,
+}
+
+/// A primary attempt chosen before its job is created, started by the
+/// create's commit; the driver sends it without another write.
+#[derive(Clone)]
+pub struct Prestart {
+    attempt: NewAttempt,
+    plan: plan::JobPlan,
+}
+
+impl Prestart {
+    /// The attempt to write with the job.
+    pub fn attempt(&self) -> &NewAttempt {
+        &self.attempt
+    }
 }
 
 #[derive(Clone)]
@@ -129,9 +145,51 @@ impl Engine {
         )
     }
 
-    /// Drive a job this process has just created (and holds the lease of).
-    pub fn adopt(&self, job: Job) {
-        driver::spawn(self.inner.clone(), job);
+    /// The primary attempt of a job about to be created here, to be
+    /// started in the create's own commit ([`NewJob::primary`]); `None`
+    /// when the job must start as before: a streaming client waits for it
+    /// (the streamed round starts its own attempt), its request cannot be
+    /// planned, or no provider may take it now.
+    ///
+    /// [`NewJob::primary`]: crate::domain::job::NewJob::primary
+    pub fn prestart(
+        &self,
+        job_id: &str,
+        owner: &str,
+        key: &str,
+        request: &str,
+        route: &RouteConfig,
+        now: Millis,
+    ) -> Option<Prestart> {
+        if self.inner.has_hub(owner, key) {
+            return None;
+        }
+        let plan = plan::JobPlan::new(job_id, request, &self.inner.contracts).ok()?;
+        let routing::Choice::Provider(entry) = routing::choose_provider(
+            &self.inner,
+            route,
+            &plan,
+            AttemptKind::Primary,
+            &routing::Steer::default(),
+        ) else {
+            return None;
+        };
+        let attempt = NewAttempt {
+            id: new_id(),
+            job_id: job_id.to_string(),
+            provider: entry.name.clone(),
+            kind: AttemptKind::Primary,
+            max_hedges: i64::from(route.max_hedges),
+            reuses_key: entry.config.honours_idempotency_key,
+            started_at: now,
+        };
+        Some(Prestart { attempt, plan })
+    }
+
+    /// Drive a job this process has just created (and holds the lease of);
+    /// `prestart`: the primary attempt its create started.
+    pub fn adopt(&self, job: Job, prestart: Option<Prestart>) {
+        driver::spawn(self.inner.clone(), job, prestart);
     }
 
     /// Dispatcher and reconciler, until `stop` turns true.
@@ -404,7 +462,7 @@ async fn dispatch_loop(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
                 Ok(jobs) => {
                     reclaim_own = false;
                     for job in jobs {
-                        driver::spawn(inner.clone(), job);
+                        driver::spawn(inner.clone(), job, None);
                     }
                 }
                 Err(e) => {

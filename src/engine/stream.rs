@@ -160,6 +160,12 @@ impl Inner {
             .clone()
     }
 
+    /// Whether a streaming client waits for the job `(owner, key)` names.
+    pub(crate) fn has_hub(&self, owner: &str, key: &str) -> bool {
+        self.hubs()
+            .contains_key(&(owner.to_string(), key.to_string()))
+    }
+
     /// Forget `hub` unless a driver took it.
     pub(crate) fn release_hub(&self, owner: &str, key: &str, hub: &Arc<StreamHub>) {
         let mut hubs = self.hubs();

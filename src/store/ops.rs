@@ -24,10 +24,14 @@ macro_rules! store_ops {
         };
 
         pub(crate) async fn create_job(conn: &mut $conn, job: NewJob) -> Result<CreateOutcome, StoreError> {
+            let (state, attempt_count) = match &job.primary {
+                Some(_) => ("running", 1i64),
+                None => ("pending", 0i64),
+            };
             let inserted = sqlx::query(
                 "INSERT INTO jobs (id, owner_id, idempotency_key, fingerprint, request, route, state, \
                  version, attempt_count, created_at, updated_at, next_run_at, lease_owner, lease_until, key_id) \
-                 VALUES ($1, $2, $3, $4, $5, $6, 'pending', 0, 0, $7, $7, $7, $8, $9, $10) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $11, 0, $12, $7, $7, $7, $8, $9, $10) \
                  ON CONFLICT (owner_id, idempotency_key) DO NOTHING",
             )
             .bind(&job.id)
@@ -40,6 +44,8 @@ macro_rules! store_ops {
             .bind(job.lease.as_ref().map(|(owner, _)| owner.as_str()))
             .bind(job.lease.as_ref().map(|(_, until)| *until))
             .bind(job.key_id.as_deref())
+            .bind(state)
+            .bind(attempt_count)
             .execute(&mut *conn)
             .await?
             .rows_affected();
@@ -56,6 +62,12 @@ macro_rules! store_ops {
                     },
                 )
                 .await?;
+                if let Some(primary) = &job.primary {
+                    // The job was created by this very statement: it takes
+                    // attempts and has none, so the guard of `start_attempt`
+                    // (invariant 4) admits a primary without reading anything.
+                    insert_started_attempt(conn, primary, 1, 0).await?;
+                }
                 return Ok(CreateOutcome::Created(job.into_job()));
             }
             // The UNIQUE constraint said no: the job exists and is committed
@@ -140,6 +152,42 @@ macro_rules! store_ops {
                 return Ok(Err(refusal));
             }
             let seq = attempt_count + 1;
+            // Starting an attempt does not bump the version (invariant 5).
+            sqlx::query(
+                "UPDATE jobs SET attempt_count = $2, updated_at = $3, \
+                 state = CASE WHEN state = 'pending' THEN 'running' ELSE state END WHERE id = $1",
+            )
+            .bind(&new.job_id)
+            .bind(seq)
+            .bind(new.started_at)
+            .execute(&mut *conn)
+            .await?;
+            insert_started_attempt(conn, &new, seq, version).await?;
+            Ok(Ok(Attempt {
+                id: new.id,
+                job_id: new.job_id,
+                seq,
+                provider: new.provider,
+                kind: new.kind,
+                state: AttemptState::Started,
+                read_version: version,
+                started_at: new.started_at,
+                finished_at: None,
+                error_kind: None,
+                error_message: None,
+                output: None,
+                usage: None,
+                provider_request_id: None,
+            }))
+        }
+
+        /// The attempt row of a start the guard admitted, and its event.
+        async fn insert_started_attempt(
+            conn: &mut $conn,
+            new: &NewAttempt,
+            seq: i64,
+            version: i64,
+        ) -> Result<(), StoreError> {
             sqlx::query(
                 "INSERT INTO attempts (id, job_id, seq, provider, kind, state, read_version, started_at) \
                  VALUES ($1, $2, $3, $4, $5, 'started', $6, $7)",
@@ -150,16 +198,6 @@ macro_rules! store_ops {
             .bind(&new.provider)
             .bind(new.kind.as_str())
             .bind(version)
-            .bind(new.started_at)
-            .execute(&mut *conn)
-            .await?;
-            // Starting an attempt does not bump the version (invariant 5).
-            sqlx::query(
-                "UPDATE jobs SET attempt_count = $2, updated_at = $3, \
-                 state = CASE WHEN state = 'pending' THEN 'running' ELSE state END WHERE id = $1",
-            )
-            .bind(&new.job_id)
-            .bind(seq)
             .bind(new.started_at)
             .execute(&mut *conn)
             .await?;
@@ -177,23 +215,7 @@ macro_rules! store_ops {
                     at: new.started_at,
                 },
             )
-            .await?;
-            Ok(Ok(Attempt {
-                id: new.id,
-                job_id: new.job_id,
-                seq,
-                provider: new.provider,
-                kind: new.kind,
-                state: AttemptState::Started,
-                read_version: version,
-                started_at: new.started_at,
-                finished_at: None,
-                error_kind: None,
-                error_message: None,
-                output: None,
-                usage: None,
-                provider_request_id: None,
-            }))
+            .await
         }
 
         pub(crate) async fn finish_attempt(conn: &mut $conn, finish: FinishAttempt) -> Result<FinishOutcome, StoreError> {

@@ -22,10 +22,14 @@
 //! 1. Declare it in [`store_methods!`](crate::store_methods), in its resource's section:
 //!    `reader fn my_query(job_id: &str, limit: i64) -> Vec<Job>;`
 //!    (a new type in the signature is also re-exported from [`signature`]).
-//! 2. Write `pub(crate) async fn my_query(conn, job_id: &str, limit: i64)
-//!    -> Result<Vec<Job>, StoreError>` next to the other SQL of that resource:
-//!    the same name, the same parameters, the connection first. It is
-//!    compiled once per dialect.
+//! 2. Write `pub(crate) async fn my_query(conn: &mut Conn, job_id: &str,
+//!    limit: i64) -> Result<Vec<Job>, StoreError>` in that resource's file
+//!    under `sql/` (`jobs.rs`, `attempts.rs`, `events.rs`, `keys.rs`,
+//!    `switches.rs`, `contract_runs.rs`, `console.rs`): the same name, the
+//!    same parameters, the connection first. It is compiled once per dialect
+//!    and re-exported from the dialect's module, so both backends find it.
+//!    A new resource file is declared in both `sql/sqlite.rs` and
+//!    `sql/postgres.rs`, with the others.
 //! 3. A write whose parameters include a type not yet carried through
 //!    SQLite's write queue adds it to `carry_owned!` in `sqlite.rs` (the
 //!    compiler says so).
@@ -46,9 +50,13 @@
 //! | concurrent claims | none (writes are serialised) | `FOR UPDATE SKIP LOCKED` |
 //! | byte order of keys | `idempotency_key` (BINARY collation) | `idempotency_key COLLATE "C"` |
 //!
-//! The row-lock, skip-locked and key-order fragments are the arguments the
-//! backends pass when they expand the operations (`mod ops` in `sqlite.rs`
-//! and `postgres.rs`).
+//! The row-lock, skip-locked and key-order fragments are stated once per
+//! dialect, in `sql/sqlite.rs` and `sql/postgres.rs`: each names its
+//! connection type (`Conn`) and defines the fragments as macros
+//! (`for_update!()`, `skip_locked!()`, `key_indexed!()`,
+//! `key_unindexed!()`, each a literal for `concat!`) before it declares the
+//! resource files, which use them and compile once under each. The SQL
+//! files name no dialect.
 
 use crate::config::DatabaseUrl;
 pub use crate::domain::attempt::AttemptOutcome;
@@ -59,10 +67,9 @@ use std::sync::Arc;
 pub mod console;
 mod contract_runs;
 pub mod faulty;
-mod lifecycle;
-mod ops;
 pub mod postgres;
 mod rows;
+mod sql;
 pub mod sqlite;
 pub mod tenants;
 
@@ -342,7 +349,7 @@ pub mod signature {
 ///
 /// Each backend calls `ops::NAME(connection, arguments…)`: the operation of
 /// the same name, taking exactly these parameters, written once for both
-/// dialects (see the module docs).
+/// dialects in `sql/` (see the module docs).
 #[doc(hidden)]
 #[macro_export]
 macro_rules! store_methods {

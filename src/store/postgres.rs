@@ -11,21 +11,7 @@ use sqlx::{PgConnection, PgPool};
 use std::str::FromStr;
 use std::time::Duration;
 
-mod ops {
-    crate::store::ops::store_ops!(sqlx::PgConnection, " FOR UPDATE");
-    crate::store::lifecycle::lifecycle_ops!(
-        sqlx::PgConnection,
-        " FOR UPDATE",
-        " FOR UPDATE SKIP LOCKED"
-    );
-    crate::store::contract_runs::contract_run_ops!(sqlx::PgConnection);
-    crate::store::console::console_ops!(
-        sqlx::PgConnection,
-        "idempotency_key COLLATE \"C\"",
-        "idempotency_key COLLATE \"C\""
-    );
-    crate::store::tenants::tenant_ops!(sqlx::PgConnection);
-}
+use super::sql::postgres as ops;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 

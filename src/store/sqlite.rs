@@ -20,17 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, MappedMutexGuard, Mutex, MutexGuard};
 
-mod ops {
-    crate::store::ops::store_ops!(sqlx::SqliteConnection, "");
-    crate::store::lifecycle::lifecycle_ops!(sqlx::SqliteConnection, "", "");
-    crate::store::contract_runs::contract_run_ops!(sqlx::SqliteConnection);
-    crate::store::console::console_ops!(
-        sqlx::SqliteConnection,
-        "idempotency_key",
-        "+idempotency_key"
-    );
-    crate::store::tenants::tenant_ops!(sqlx::SqliteConnection);
-}
+use super::sql::sqlite as ops;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 

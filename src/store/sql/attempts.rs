@@ -1,0 +1,433 @@
+//! Attempts: the guarded start (invariant 4), the finish and its CAS
+//! (invariant 5), the reconciler's lists and an admin's settlement.
+
+use super::events::{decision_event, insert_event};
+use super::jobs::{reload, restart};
+use super::keys::add_usage;
+use super::Conn;
+use crate::domain::attempt::{may_start, Ambiguous, AttemptOutcome, Failure, NewAttempt};
+use crate::domain::{Attempt, AttemptState, GuardRefusal, Job, LiveAttempts, Millis};
+use crate::store::rows::{attempt_columns, job_columns, AttemptRow, JobRow, LiveRow};
+use crate::store::{
+    event, AttemptResolution, FinishAttempt, FinishOutcome, NewEvent, Refusal, StoreError,
+};
+use crate::{
+    attempt_state_awaiting_settlement, attempt_states_live, job_states_settled_for_good,
+    job_states_taking_attempts,
+};
+
+pub(crate) async fn list_attempts(
+    conn: &mut Conn,
+    job_id: &str,
+) -> Result<Vec<Attempt>, StoreError> {
+    let rows: Vec<AttemptRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        attempt_columns!(),
+        " FROM attempts WHERE job_id = $1 ORDER BY seq"
+    ))
+    .bind(job_id)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.into_iter().map(Attempt::try_from).collect()
+}
+
+pub(crate) async fn start_attempt(
+    conn: &mut Conn,
+    new: NewAttempt,
+) -> Result<Result<Attempt, GuardRefusal>, StoreError> {
+    let job: Option<(String, i64, i64)> = sqlx::query_as(concat!(
+        "SELECT state, version, attempt_count FROM jobs WHERE id = $1",
+        for_update!()
+    ))
+    .bind(&new.job_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some((state, version, attempt_count)) = job else {
+        return Ok(Err(GuardRefusal::NoSuchJob));
+    };
+    let state = crate::store::parse_job_state(&state)?;
+    let live: LiveRow = sqlx::query_as(
+        "SELECT COUNT(*) FILTER (WHERE state = 'started') AS started, \
+         COUNT(*) FILTER (WHERE state = 'unknown') AS unknown, \
+         COUNT(*) FILTER (WHERE kind = 'hedge') AS hedges, \
+         COUNT(*) FILTER (WHERE state = 'started' AND provider = $2) AS started_here, \
+         COUNT(*) FILTER (WHERE state = 'unknown' AND provider = $2) AS unknown_here \
+         FROM attempts WHERE job_id = $1",
+    )
+    .bind(&new.job_id)
+    .bind(&new.provider)
+    .fetch_one(&mut *conn)
+    .await?;
+    if let Err(refusal) = may_start(
+        new.kind,
+        !state.takes_attempts(),
+        LiveAttempts::from(live),
+        new.max_hedges,
+        new.reuses_key,
+    ) {
+        return Ok(Err(refusal));
+    }
+    let seq = attempt_count + 1;
+    // Starting an attempt does not bump the version (invariant 5).
+    sqlx::query(
+        "UPDATE jobs SET attempt_count = $2, updated_at = $3, \
+         state = CASE WHEN state = 'pending' THEN 'running' ELSE state END WHERE id = $1",
+    )
+    .bind(&new.job_id)
+    .bind(seq)
+    .bind(new.started_at)
+    .execute(&mut *conn)
+    .await?;
+    insert_started_attempt(conn, &new, seq, version).await?;
+    Ok(Ok(Attempt {
+        id: new.id,
+        job_id: new.job_id,
+        seq,
+        provider: new.provider,
+        kind: new.kind,
+        state: AttemptState::Started,
+        read_version: version,
+        started_at: new.started_at,
+        finished_at: None,
+        error_kind: None,
+        error_message: None,
+        output: None,
+        usage: None,
+        provider_request_id: None,
+    }))
+}
+
+/// The attempt row of a start the guard admitted, and its event.
+pub(super) async fn insert_started_attempt(
+    conn: &mut Conn,
+    new: &NewAttempt,
+    seq: i64,
+    version: i64,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO attempts (id, job_id, seq, provider, kind, state, read_version, started_at) \
+         VALUES ($1, $2, $3, $4, $5, 'started', $6, $7)",
+    )
+    .bind(&new.id)
+    .bind(&new.job_id)
+    .bind(seq)
+    .bind(&new.provider)
+    .bind(new.kind.as_str())
+    .bind(version)
+    .bind(new.started_at)
+    .execute(&mut *conn)
+    .await?;
+    let detail = serde_json::json!({
+        "provider": new.provider, "kind": new.kind.as_str(), "seq": seq, "read_version": version,
+    });
+    insert_event(
+        conn,
+        &NewEvent {
+            job_id: new.job_id.clone(),
+            attempt_id: Some(new.id.clone()),
+            kind: event::ATTEMPT_STARTED,
+            actor: "engine".to_string(),
+            detail: Some(detail.to_string()),
+            at: new.started_at,
+        },
+    )
+    .await
+}
+
+pub(crate) async fn finish_attempt(
+    conn: &mut Conn,
+    finish: FinishAttempt,
+) -> Result<FinishOutcome, StoreError> {
+    let row: Option<(String, String, i64)> = sqlx::query_as(concat!(
+        "SELECT job_id, state, read_version FROM attempts WHERE id = $1",
+        for_update!()
+    ))
+    .bind(&finish.attempt_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some((job_id, state, read_version)) = row else {
+        return Err(StoreError::NotFound("attempt"));
+    };
+    let state = crate::store::parse_attempt_state(&state)?;
+    let wanted = finish.outcome.wanted_state();
+    if !state.may_become(wanted) {
+        return Err(StoreError::InvalidTransition {
+            attempt_id: finish.attempt_id,
+            state: state.as_str().to_string(),
+            wanted: wanted.as_str(),
+        });
+    }
+    let at = finish.at;
+    let event_for = |kind: &'static str, detail: Option<String>| NewEvent {
+        job_id: job_id.clone(),
+        attempt_id: Some(finish.attempt_id.clone()),
+        kind,
+        actor: finish.actor.clone(),
+        detail,
+        at,
+    };
+    match &finish.outcome {
+        AttemptOutcome::Succeeded(success) => {
+            let (output, provider_request_id) = (&success.output, &success.provider_request_id);
+            let usage = success.usage.and_then(|u| serde_json::to_string(&u).ok());
+            // Invariant 5: exactly one winner.
+            // The won job comes back as committed, for whoever
+            // waits for it (no read after the commit).
+            let won: Option<JobRow> = sqlx::query_as(concat!(
+                "UPDATE jobs SET state = 'succeeded', result = $3, completed_by = $4, \
+                 version = version + 1, last_error = NULL, updated_at = $5, \
+                 next_run_at = NULL, lease_owner = NULL, lease_until = NULL \
+                 WHERE id = $1 AND version = $2 AND completed_by IS NULL RETURNING ",
+                job_columns!()
+            ))
+            .bind(&job_id)
+            .bind(read_version)
+            .bind(output)
+            .bind(&finish.attempt_id)
+            .bind(at)
+            .fetch_optional(&mut *conn)
+            .await?;
+            if let Some(won) = won {
+                sqlx::query(
+                    "UPDATE attempts SET state = 'succeeded', output = $2, usage = $3, \
+                     provider_request_id = $4, finished_at = $5 WHERE id = $1",
+                )
+                .bind(&finish.attempt_id)
+                .bind(output)
+                .bind(&usage)
+                .bind(provider_request_id)
+                .bind(at)
+                .execute(&mut *conn)
+                .await?;
+                add_usage(conn, &finish.attempt_id, usage.as_deref(), true, at).await?;
+                let version = read_version + 1;
+                let detail = serde_json::json!({ "version": version }).to_string();
+                insert_event(conn, &event_for(event::ATTEMPT_SUCCEEDED, Some(detail))).await?;
+                return Ok(FinishOutcome::Won {
+                    version,
+                    job: Some(Box::new(Job::try_from(won)?)),
+                });
+            }
+            // The late result is discarded, not merged; its usage is
+            // kept so the cost of the race stays visible.
+            sqlx::query(
+                "UPDATE attempts SET state = 'discarded', usage = $2, provider_request_id = $3, \
+                 finished_at = $4 WHERE id = $1",
+            )
+            .bind(&finish.attempt_id)
+            .bind(&usage)
+            .bind(provider_request_id)
+            .bind(at)
+            .execute(&mut *conn)
+            .await?;
+            // A lost race is paid for all the same.
+            add_usage(conn, &finish.attempt_id, usage.as_deref(), false, at).await?;
+            let current: Option<(i64, Option<String>, String)> =
+                sqlx::query_as("SELECT version, completed_by, state FROM jobs WHERE id = $1")
+                    .bind(&job_id)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+            let (current_version, completed_by, job_state) =
+                current.unwrap_or((-1, None, String::new()));
+            let detail = serde_json::json!({
+                "read_version": read_version,
+                "current_version": current_version,
+                "completed_by": completed_by,
+                "job_state": job_state,
+            })
+            .to_string();
+            insert_event(conn, &event_for(event::CAS_LOST, Some(detail))).await?;
+            Ok(FinishOutcome::Lost)
+        }
+        AttemptOutcome::Abandoned { reason } => {
+            sqlx::query(
+                "UPDATE attempts SET state = 'discarded', error_kind = 'abandoned', error_message = $2, \
+                 finished_at = $3 WHERE id = $1",
+            )
+            .bind(&finish.attempt_id)
+            .bind(reason)
+            .bind(at)
+            .execute(&mut *conn)
+            .await?;
+            let detail = serde_json::json!({ "reason": reason }).to_string();
+            insert_event(conn, &event_for(event::ATTEMPT_ABANDONED, Some(detail))).await?;
+            Ok(FinishOutcome::Lost)
+        }
+        AttemptOutcome::Failed(Failure {
+            kind: error_kind,
+            message,
+            ..
+        })
+        | AttemptOutcome::Unknown(Ambiguous {
+            kind: error_kind,
+            message,
+        }) => {
+            let (kind, finished_at) = match wanted {
+                AttemptState::Failed => (event::ATTEMPT_FAILED, Some(at)),
+                // An unknown attempt has not finished; it awaits settlement.
+                _ => (event::ATTEMPT_UNKNOWN, None),
+            };
+            sqlx::query(
+                "UPDATE attempts SET state = $2, error_kind = $3, error_message = $4, \
+                 finished_at = $5 WHERE id = $1",
+            )
+            .bind(&finish.attempt_id)
+            .bind(wanted.as_str())
+            .bind(error_kind)
+            .bind(message)
+            .bind(finished_at)
+            .execute(&mut *conn)
+            .await?;
+            let last_error = format!("{error_kind}: {message}");
+            // A succeeded or cancelled job never changes again (a late
+            // loser's error stays on the attempt): replays of it are
+            // answered from memory (`crate::replays`).
+            sqlx::query(concat!(
+                "UPDATE jobs SET last_error = $2, updated_at = $3 \
+                 WHERE id = $1 AND state NOT IN (",
+                job_states_settled_for_good!(),
+                ")",
+            ))
+            .bind(&job_id)
+            .bind(&last_error)
+            .bind(at)
+            .execute(&mut *conn)
+            .await?;
+            if wanted == AttemptState::Failed {
+                // A job parked on its unknown attempts (no
+                // `next_run_at`) whose last live one just failed may
+                // run again: in the same commit, so no store error
+                // between settling and waking can strand it.
+                sqlx::query(concat!(
+                    "UPDATE jobs SET next_run_at = $2 WHERE id = $1 AND next_run_at IS NULL AND state IN (",
+                    job_states_taking_attempts!(),
+                    ") AND NOT EXISTS (SELECT 1 FROM attempts WHERE job_id = $1 AND state IN (",
+                    attempt_states_live!(),
+                    "))"
+                ))
+                .bind(&job_id)
+                .bind(at)
+                .execute(&mut *conn)
+                .await?;
+            }
+            let detail =
+                serde_json::json!({ "error_kind": error_kind, "message": message }).to_string();
+            insert_event(conn, &event_for(kind, Some(detail))).await?;
+            Ok(FinishOutcome::Recorded)
+        }
+    }
+}
+
+pub(crate) async fn list_unknown_attempts(
+    conn: &mut Conn,
+    after: Option<(Millis, &str)>,
+    limit: i64,
+) -> Result<Vec<Attempt>, StoreError> {
+    let (after_at, after_id) = after.unwrap_or((Millis::MIN, ""));
+    let rows: Vec<AttemptRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        attempt_columns!(),
+        " FROM attempts WHERE state = ",
+        attempt_state_awaiting_settlement!(),
+        " AND (started_at > $1 OR (started_at = $1 AND id > $2))",
+        " ORDER BY started_at, id LIMIT $3"
+    ))
+    .bind(after_at)
+    .bind(after_id)
+    .bind(limit)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.into_iter().map(Attempt::try_from).collect()
+}
+
+pub(crate) async fn list_stale_started(
+    conn: &mut Conn,
+    started_before: Millis,
+    limit: i64,
+) -> Result<Vec<Attempt>, StoreError> {
+    let rows: Vec<AttemptRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        attempt_columns!(),
+        " FROM attempts WHERE state = 'started' AND started_at < $1 ORDER BY started_at LIMIT $2"
+    ))
+    .bind(started_before)
+    .bind(limit)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.into_iter().map(Attempt::try_from).collect()
+}
+
+pub(super) async fn live_attempts(conn: &mut Conn, job_id: &str) -> Result<i64, StoreError> {
+    let (n,): (i64,) = sqlx::query_as(concat!(
+        "SELECT COUNT(*) FROM attempts WHERE job_id = $1 AND state IN (",
+        attempt_states_live!(),
+        ")"
+    ))
+    .bind(job_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(n)
+}
+
+pub(crate) async fn resolve_attempt(
+    conn: &mut Conn,
+    attempt_id: &str,
+    resolution: AttemptResolution,
+    actor: &str,
+    reason: &str,
+    at: Millis,
+) -> Result<Result<Job, Refusal>, StoreError> {
+    let row: Option<(String, String)> = sqlx::query_as(concat!(
+        "SELECT job_id, state FROM attempts WHERE id = $1",
+        for_update!()
+    ))
+    .bind(attempt_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some((job_id, state)) = row else {
+        return Ok(Err(Refusal::NotFound));
+    };
+    let state = crate::store::parse_attempt_state(&state)?;
+    if state != AttemptState::Unknown {
+        return Ok(Err(Refusal::NotUnknown(state.as_str())));
+    }
+    let action = match resolution {
+        AttemptResolution::Executed { result } => {
+            let finish = FinishAttempt {
+                attempt_id: attempt_id.to_string(),
+                outcome: AttemptOutcome::succeeded(result),
+                at,
+                actor: actor.to_string(),
+            };
+            finish_attempt(conn, finish).await?;
+            "executed"
+        }
+        AttemptResolution::NotExecuted => {
+            sqlx::query("UPDATE attempts SET state = 'cancelled', finished_at = $2 WHERE id = $1")
+                .bind(attempt_id)
+                .bind(at)
+                .execute(&mut *conn)
+                .await?;
+            "not_executed"
+        }
+    };
+    let detail = serde_json::json!({ "action": action, "reason": reason });
+    decision_event(
+        conn,
+        &job_id,
+        Some(attempt_id),
+        event::ATTEMPT_RESOLVED,
+        actor,
+        detail,
+        at,
+    )
+    .await?;
+    // A human said it never ran: once nothing else is live, the job may go again.
+    if action == "not_executed" {
+        let job = reload(conn, &job_id).await?;
+        if !job.state.is_final() && live_attempts(conn, &job_id).await? == 0 {
+            restart(conn, &job_id, at).await?;
+        }
+    }
+    Ok(Ok(reload(conn, &job_id).await?))
+}

@@ -1,0 +1,454 @@
+//! Jobs: the idempotent create, claims and leases, the engine's job steps,
+//! user and admin decisions, and the review queue.
+
+use super::attempts::{insert_started_attempt, live_attempts};
+use super::events::{decision_event, insert_event};
+use super::Conn;
+use crate::domain::job::NewJob;
+use crate::domain::{Job, Millis};
+use crate::store::rows::{job_columns, JobRow};
+use crate::store::{
+    event, CreateOutcome, JobResolution, JobTransition, NewEvent, Refusal, ReviewItem, StoreError,
+};
+use crate::{attempt_states_live, job_state_awaiting_decision, job_states_taking_attempts};
+
+pub(crate) async fn create_job(conn: &mut Conn, job: NewJob) -> Result<CreateOutcome, StoreError> {
+    let (state, attempt_count) = match &job.primary {
+        Some(_) => ("running", 1i64),
+        None => ("pending", 0i64),
+    };
+    let inserted = sqlx::query(
+        "INSERT INTO jobs (id, owner_id, idempotency_key, fingerprint, request, route, state, \
+         version, attempt_count, created_at, updated_at, next_run_at, lease_owner, lease_until, key_id) \
+         VALUES ($1, $2, $3, $4, $5, $6, $11, 0, $12, $7, $7, $7, $8, $9, $10) \
+         ON CONFLICT (owner_id, idempotency_key) DO NOTHING",
+    )
+    .bind(&job.id)
+    .bind(&job.owner_id)
+    .bind(&job.idempotency_key)
+    .bind(&job.fingerprint)
+    .bind(&job.request)
+    .bind(&job.route)
+    .bind(job.created_at)
+    .bind(job.lease.as_ref().map(|(owner, _)| owner.as_str()))
+    .bind(job.lease.as_ref().map(|(_, until)| *until))
+    .bind(job.key_id.as_deref())
+    .bind(state)
+    .bind(attempt_count)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if inserted == 1 {
+        insert_event(
+            conn,
+            &NewEvent {
+                job_id: job.id.clone(),
+                attempt_id: None,
+                kind: event::CREATED,
+                actor: job.owner_id.clone(),
+                detail: None,
+                at: job.created_at,
+            },
+        )
+        .await?;
+        if let Some(primary) = &job.primary {
+            // The job was created by this very statement: it takes
+            // attempts and has none, so the guard of `start_attempt`
+            // (invariant 4) admits a primary without reading anything.
+            insert_started_attempt(conn, primary, 1, 0).await?;
+        }
+        return Ok(CreateOutcome::Created(job.into_job()));
+    }
+    // The UNIQUE constraint said no: the job exists and is committed
+    // (PostgreSQL's ON CONFLICT waited for its inserter to finish).
+    match find_job_by_key(conn, &job.owner_id, &job.idempotency_key).await? {
+        Some(existing) => Ok(CreateOutcome::Existing(existing)),
+        None => Err(StoreError::NotFound("job that blocked the insert")),
+    }
+}
+
+pub(crate) async fn find_job_by_key(
+    conn: &mut Conn,
+    owner_id: &str,
+    key: &str,
+) -> Result<Option<Job>, StoreError> {
+    let row: Option<JobRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        job_columns!(),
+        " FROM jobs WHERE owner_id = $1 AND idempotency_key = $2"
+    ))
+    .bind(owner_id)
+    .bind(key)
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.map(Job::try_from).transpose()
+}
+
+pub(crate) async fn get_job(conn: &mut Conn, id: &str) -> Result<Option<Job>, StoreError> {
+    let row: Option<JobRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        job_columns!(),
+        " FROM jobs WHERE id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.map(Job::try_from).transpose()
+}
+
+pub(crate) async fn count_jobs(conn: &mut Conn) -> Result<i64, StoreError> {
+    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM jobs")
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(n)
+}
+
+pub(crate) async fn claim_jobs(
+    conn: &mut Conn,
+    owner: &str,
+    now: Millis,
+    lease_until: Millis,
+    limit: i64,
+    reclaim_own: bool,
+) -> Result<Vec<Job>, StoreError> {
+    let rows: Vec<JobRow> = sqlx::query_as(concat!(
+        "UPDATE jobs SET lease_owner = $1, lease_until = CASE ",
+        "WHEN lease_owner = $1 AND lease_until > $3 THEN lease_until ELSE $3 END ",
+        "WHERE id IN (",
+        "SELECT id FROM jobs WHERE next_run_at IS NOT NULL AND next_run_at <= $2 ",
+        "AND (lease_until IS NULL OR lease_until < $2 OR ($5 AND lease_owner = $1)) ",
+        "AND state IN (",
+        job_states_taking_attempts!(),
+        ") ",
+        "ORDER BY next_run_at LIMIT $4",
+        skip_locked!(),
+        ") RETURNING ",
+        job_columns!()
+    ))
+    .bind(owner)
+    .bind(now)
+    .bind(lease_until)
+    .bind(limit)
+    .bind(reclaim_own)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.into_iter().map(Job::try_from).collect()
+}
+
+pub(crate) async fn renew_lease(
+    conn: &mut Conn,
+    job_id: &str,
+    owner: &str,
+    lease_until: Millis,
+) -> Result<bool, StoreError> {
+    let n = sqlx::query("UPDATE jobs SET lease_until = $3 WHERE id = $1 AND lease_owner = $2")
+        .bind(job_id)
+        .bind(owner)
+        .bind(lease_until)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+    Ok(n == 1)
+}
+
+pub(crate) async fn transition_job(
+    conn: &mut Conn,
+    job_id: &str,
+    lease_owner: Option<&str>,
+    transition: JobTransition,
+    at: Millis,
+) -> Result<bool, StoreError> {
+    // One statement per transition; all share the guard "the job takes
+    // attempts and, when fenced, is still ours" (a job in review waits
+    // for a human: no engine step moves it).
+    let (query, kind, detail) = match &transition {
+        JobTransition::Backoff { next_run_at, lease_until, reason } => (
+            sqlx::query(concat!(
+                "UPDATE jobs SET state = 'pending', next_run_at = $3, lease_until = $4, updated_at = $5 \
+                 WHERE id = $1 AND ($2 IS NULL OR lease_owner = $2) \
+                 AND state IN (", job_states_taking_attempts!(), ")",
+            ))
+            .bind(job_id)
+            .bind(lease_owner)
+            .bind(*next_run_at)
+            .bind(*lease_until)
+            .bind(at),
+            event::RETRY_SCHEDULED,
+            serde_json::json!({ "next_run_at": next_run_at, "reason": reason }),
+        ),
+        JobTransition::BlockOnUnknown => (
+            // The reconciler may have settled the attempt between the
+            // driver recording it unknown and this step; its wake-up
+            // found the job still held and did nothing. Only a live
+            // attempt may park the job; without one it is runnable now.
+            sqlx::query(concat!(
+                "UPDATE jobs SET next_run_at = CASE WHEN EXISTS (SELECT 1 FROM attempts \
+                 WHERE job_id = $1 AND state IN (", attempt_states_live!(), ")) THEN NULL ELSE $3 END, \
+                 lease_owner = NULL, lease_until = NULL, updated_at = $3 \
+                 WHERE id = $1 AND ($2 IS NULL OR lease_owner = $2) \
+                 AND state IN (", job_states_taking_attempts!(), ")",
+            ))
+            .bind(job_id)
+            .bind(lease_owner)
+            .bind(at),
+            event::BLOCKED_ON_UNKNOWN,
+            serde_json::json!({}),
+        ),
+        JobTransition::Fail { reason } => (
+            sqlx::query(concat!(
+                "UPDATE jobs SET state = 'failed', version = version + 1, last_error = $3, \
+                 next_run_at = NULL, lease_owner = NULL, lease_until = NULL, updated_at = $4 \
+                 WHERE id = $1 AND ($2 IS NULL OR lease_owner = $2) \
+                 AND state IN (", job_states_taking_attempts!(), ")",
+            ))
+            .bind(job_id)
+            .bind(lease_owner)
+            .bind(reason)
+            .bind(at),
+            event::JOB_FAILED,
+            serde_json::json!({ "reason": reason }),
+        ),
+        JobTransition::Review { reason } => (
+            sqlx::query(concat!(
+                "UPDATE jobs SET state = 'needs_review', last_error = $3, \
+                 next_run_at = NULL, lease_owner = NULL, lease_until = NULL, updated_at = $4 \
+                 WHERE id = $1 AND ($2 IS NULL OR lease_owner = $2) \
+                 AND state IN (", job_states_taking_attempts!(), ")",
+            ))
+            .bind(job_id)
+            .bind(lease_owner)
+            .bind(reason)
+            .bind(at),
+            event::NEEDS_REVIEW,
+            serde_json::json!({ "reason": reason }),
+        ),
+        JobTransition::Release { next_run_at } => (
+            sqlx::query(concat!(
+                "UPDATE jobs SET next_run_at = $3, lease_owner = NULL, lease_until = NULL \
+                 WHERE id = $1 AND ($2 IS NULL OR lease_owner = $2) \
+                 AND state IN (", job_states_taking_attempts!(), ")",
+            ))
+            .bind(job_id)
+            .bind(lease_owner)
+            .bind(*next_run_at),
+            "",
+            serde_json::json!({}),
+        ),
+    };
+    if transition == JobTransition::BlockOnUnknown {
+        // PostgreSQL: wait for a settlement in flight (it updates the
+        // job row too), so the statement below, on a fresh snapshot,
+        // sees it. SQLite writes are already serialised.
+        locked_job(conn, job_id).await?;
+    }
+    let applied = query.execute(&mut *conn).await?.rows_affected() == 1;
+    if applied && !kind.is_empty() {
+        insert_event(
+            conn,
+            &NewEvent {
+                job_id: job_id.to_string(),
+                attempt_id: None,
+                kind,
+                actor: lease_owner
+                    .map(|o| format!("engine:{o}"))
+                    .unwrap_or_else(|| "engine".into()),
+                detail: Some(detail.to_string()),
+                at,
+            },
+        )
+        .await?;
+    }
+    Ok(applied)
+}
+
+pub(crate) async fn wake_job(conn: &mut Conn, job_id: &str, at: Millis) -> Result<(), StoreError> {
+    sqlx::query(concat!(
+        "UPDATE jobs SET next_run_at = $2, updated_at = $2 \
+         WHERE id = $1 AND next_run_at IS NULL AND state IN (",
+        job_states_taking_attempts!(),
+        ")"
+    ))
+    .bind(job_id)
+    .bind(at)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+async fn locked_job(conn: &mut Conn, job_id: &str) -> Result<Option<Job>, StoreError> {
+    let row: Option<JobRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        job_columns!(),
+        " FROM jobs WHERE id = $1",
+        for_update!()
+    ))
+    .bind(job_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.map(Job::try_from).transpose()
+}
+
+/// Start a fresh retry budget now: the job is `pending` and runnable.
+pub(super) async fn restart(conn: &mut Conn, job_id: &str, at: Millis) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE jobs SET state = 'pending', next_run_at = $2, budget_start = attempt_count, \
+         lease_owner = NULL, lease_until = NULL, updated_at = $2 WHERE id = $1",
+    )
+    .bind(job_id)
+    .bind(at)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+pub(super) async fn reload(conn: &mut Conn, job_id: &str) -> Result<Job, StoreError> {
+    get_job(conn, job_id)
+        .await?
+        .ok_or(StoreError::NotFound("job"))
+}
+
+pub(crate) async fn cancel_job(
+    conn: &mut Conn,
+    job_id: &str,
+    actor: &str,
+    reason: &str,
+    at: Millis,
+) -> Result<Result<Job, Refusal>, StoreError> {
+    let Some(job) = locked_job(conn, job_id).await? else {
+        return Ok(Err(Refusal::NotFound));
+    };
+    if !job.state.accepts_cancel() {
+        return Ok(Err(Refusal::Finished(job.state.as_str())));
+    }
+    // The version bump makes every in-flight attempt's CAS fail.
+    sqlx::query(
+        "UPDATE jobs SET state = 'cancelled', version = version + 1, next_run_at = NULL, \
+         lease_owner = NULL, lease_until = NULL, updated_at = $2 WHERE id = $1",
+    )
+    .bind(job_id)
+    .bind(at)
+    .execute(&mut *conn)
+    .await?;
+    decision_event(
+        conn,
+        job_id,
+        None,
+        event::CANCELLED,
+        actor,
+        serde_json::json!({ "reason": reason }),
+        at,
+    )
+    .await?;
+    Ok(Ok(reload(conn, job_id).await?))
+}
+
+pub(crate) async fn request_retry(
+    conn: &mut Conn,
+    job_id: &str,
+    actor: &str,
+    at: Millis,
+) -> Result<Result<Job, Refusal>, StoreError> {
+    let Some(job) = locked_job(conn, job_id).await? else {
+        return Ok(Err(Refusal::NotFound));
+    };
+    if !job.state.accepts_retry() {
+        return Ok(Err(Refusal::Finished(job.state.as_str())));
+    }
+    if live_attempts(conn, job_id).await? > 0 {
+        return Ok(Err(Refusal::OutcomeUnknown));
+    }
+    restart(conn, job_id, at).await?;
+    decision_event(
+        conn,
+        job_id,
+        None,
+        event::RETRY_REQUESTED,
+        actor,
+        serde_json::json!({}),
+        at,
+    )
+    .await?;
+    Ok(Ok(reload(conn, job_id).await?))
+}
+
+pub(crate) async fn resolve_job(
+    conn: &mut Conn,
+    job_id: &str,
+    resolution: JobResolution,
+    actor: &str,
+    reason: &str,
+    at: Millis,
+) -> Result<Result<Job, Refusal>, StoreError> {
+    let Some(job) = locked_job(conn, job_id).await? else {
+        return Ok(Err(Refusal::NotFound));
+    };
+    if !job.state.accepts_retry() {
+        return Ok(Err(Refusal::Finished(job.state.as_str())));
+    }
+    let action = match &resolution {
+        JobResolution::Complete { result } => {
+            sqlx::query(
+                "UPDATE jobs SET state = 'succeeded', result = $2, completed_by = $3, version = version + 1, \
+                 next_run_at = NULL, lease_owner = NULL, lease_until = NULL, updated_at = $4 \
+                 WHERE id = $1 AND completed_by IS NULL",
+            )
+            .bind(job_id)
+            .bind(result)
+            .bind(format!("resolution:{actor}"))
+            .bind(at)
+            .execute(&mut *conn)
+            .await?;
+            "complete"
+        }
+        JobResolution::Retry => {
+            if live_attempts(conn, job_id).await? > 0 {
+                return Ok(Err(Refusal::OutcomeUnknown));
+            }
+            restart(conn, job_id, at).await?;
+            "retry"
+        }
+        JobResolution::Close => {
+            sqlx::query(
+                "UPDATE jobs SET state = 'cancelled', version = version + 1, next_run_at = NULL, \
+                 lease_owner = NULL, lease_until = NULL, updated_at = $2 WHERE id = $1",
+            )
+            .bind(job_id)
+            .bind(at)
+            .execute(&mut *conn)
+            .await?;
+            "close"
+        }
+    };
+    let detail =
+        serde_json::json!({ "action": action, "reason": reason, "from_state": job.state.as_str() });
+    decision_event(conn, job_id, None, event::RESOLVED, actor, detail, at).await?;
+    Ok(Ok(reload(conn, job_id).await?))
+}
+
+pub(crate) async fn list_review(
+    conn: &mut Conn,
+    limit: i64,
+) -> Result<Vec<ReviewItem>, StoreError> {
+    // One statement: each item's last attempt time comes from a
+    // subquery over the attempts' (job_id, seq) index, not a round
+    // trip per item (200 round trips took 550 ms on PostgreSQL).
+    let rows: Vec<crate::store::rows::ReviewRow> = sqlx::query_as(concat!(
+        "SELECT ",
+        job_columns!(),
+        ", (SELECT MAX(a.started_at) FROM attempts a WHERE a.job_id = jobs.id) AS last_attempt_at",
+        " FROM jobs WHERE state = ",
+        job_state_awaiting_decision!(),
+        " ORDER BY updated_at LIMIT $1"
+    ))
+    .bind(limit)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.into_iter()
+        .map(|row| {
+            Ok(ReviewItem {
+                job: Job::try_from(row.job)?,
+                last_attempt_at: row.last_attempt_at,
+            })
+        })
+        .collect()
+}

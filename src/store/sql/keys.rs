@@ -1,0 +1,405 @@
+//! Tenants: API keys and their lifecycle (list, revoke, rotate, last use),
+//! limits set at run time with their audit trail, the change counter,
+//! the instance heartbeat, and usage by owner and day.
+
+use super::Conn;
+use crate::domain::Millis;
+use crate::store::rows::ApiKeyRow;
+use crate::store::tenants::{
+    KeyRecord, OwnerLimitsRow, OwnerLoad, Rotation, TenantAuditEntry, UsageRow,
+};
+use crate::store::{ApiKey, StoreError};
+
+pub(crate) async fn insert_api_key(conn: &mut Conn, key: ApiKey) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO api_keys (id, owner_id, key_hash, prefix, is_admin, created_at, expires_at, revoked_at, \
+         limits, family_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+    )
+    .bind(&key.id)
+    .bind(&key.owner_id)
+    .bind(&key.key_hash)
+    .bind(&key.prefix)
+    .bind(key.is_admin)
+    .bind(key.created_at)
+    .bind(key.expires_at)
+    .bind(key.revoked_at)
+    .bind(&key.limits)
+    .bind(&key.family_id)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+pub(crate) async fn find_api_key(
+    conn: &mut Conn,
+    key_hash: &str,
+) -> Result<Option<ApiKey>, StoreError> {
+    let row: Option<ApiKeyRow> = sqlx::query_as(
+        "SELECT id, owner_id, key_hash, prefix, is_admin, created_at, expires_at, revoked_at, \
+         limits, family_id FROM api_keys WHERE key_hash = $1",
+    )
+    .bind(key_hash)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(row.map(ApiKey::from))
+}
+
+pub(crate) async fn bump_tenant_changes(conn: &mut Conn) -> Result<(), StoreError> {
+    sqlx::query("UPDATE tenant_changes SET version = version + 1 WHERE id = 1")
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+pub(crate) async fn tenant_changes(conn: &mut Conn) -> Result<i64, StoreError> {
+    let (v,): (i64,) = sqlx::query_as("SELECT version FROM tenant_changes WHERE id = 1")
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(v)
+}
+
+pub(crate) async fn insert_tenant_audit(
+    conn: &mut Conn,
+    subject: &str,
+    action: &str,
+    actor: &str,
+    detail: Option<&str>,
+    at: Millis,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO tenant_audit (subject, action, actor, detail, at) VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(subject)
+    .bind(action)
+    .bind(actor)
+    .bind(detail)
+    .bind(at)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+pub(crate) async fn tenant_audit(
+    conn: &mut Conn,
+    limit: i64,
+) -> Result<Vec<TenantAuditEntry>, StoreError> {
+    Ok(sqlx::query_as(
+        "SELECT id, subject, action, actor, detail, at FROM tenant_audit ORDER BY id DESC LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(&mut *conn)
+    .await?)
+}
+
+pub(crate) async fn list_api_keys(
+    conn: &mut Conn,
+    owner: Option<&str>,
+) -> Result<Vec<KeyRecord>, StoreError> {
+    Ok(sqlx::query_as(
+        "SELECT id, owner_id, prefix, is_admin, created_at, expires_at, revoked_at, \
+         last_used_at, replaced_by, limits, COALESCE(family_id, id) AS family FROM api_keys \
+         WHERE ($1 IS NULL OR owner_id = $1) ORDER BY owner_id, created_at, id",
+    )
+    .bind(owner)
+    .fetch_all(&mut *conn)
+    .await?)
+}
+
+pub(crate) async fn get_api_key(
+    conn: &mut Conn,
+    id: &str,
+) -> Result<Option<KeyRecord>, StoreError> {
+    Ok(sqlx::query_as(
+        "SELECT id, owner_id, prefix, is_admin, created_at, expires_at, revoked_at, \
+         last_used_at, replaced_by, limits, COALESCE(family_id, id) AS family FROM api_keys WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(&mut *conn)
+    .await?)
+}
+
+/// Revoke a key now; false when it does not exist or was revoked already.
+pub(crate) async fn revoke_api_key(
+    conn: &mut Conn,
+    id: &str,
+    actor: &str,
+    at: Millis,
+) -> Result<bool, StoreError> {
+    let n = sqlx::query("UPDATE api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL")
+        .bind(id)
+        .bind(at)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+    if n == 0 {
+        return Ok(false);
+    }
+    bump_tenant_changes(conn).await?;
+    insert_tenant_audit(conn, &format!("key:{id}"), "revoke", actor, None, at).await?;
+    Ok(true)
+}
+
+/// Insert the new key and cut the old one's life to the grace
+/// period, in one commit; false when the old key is not live.
+pub(crate) async fn rotate_api_key(
+    conn: &mut Conn,
+    rotation: Rotation,
+    actor: &str,
+) -> Result<bool, StoreError> {
+    let at = rotation.new.created_at;
+    let n = sqlx::query(
+        "UPDATE api_keys SET replaced_by = $2, \
+         expires_at = CASE WHEN expires_at IS NULL OR expires_at > $3 THEN $3 ELSE expires_at END \
+         WHERE id = $1 AND revoked_at IS NULL AND replaced_by IS NULL \
+         AND (expires_at IS NULL OR expires_at > $4)",
+    )
+    .bind(&rotation.old_id)
+    .bind(&rotation.new.id)
+    .bind(rotation.old_expires_at)
+    .bind(at)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if n == 0 {
+        return Ok(false);
+    }
+    insert_api_key(conn, rotation.new.clone()).await?;
+    bump_tenant_changes(conn).await?;
+    let detail = serde_json::json!({
+        "new_key": rotation.new.id,
+        "old_expires_at": rotation.old_expires_at,
+    })
+    .to_string();
+    insert_tenant_audit(
+        conn,
+        &format!("key:{}", rotation.old_id),
+        "rotate",
+        actor,
+        Some(&detail),
+        at,
+    )
+    .await?;
+    Ok(true)
+}
+
+/// Record when keys were last used: one statement per key, never
+/// moving the time back.
+pub(crate) async fn touch_api_keys(
+    conn: &mut Conn,
+    used: Vec<(String, Millis)>,
+) -> Result<(), StoreError> {
+    for (id, at) in &used {
+        sqlx::query(
+            "UPDATE api_keys SET last_used_at = $2 WHERE id = $1 \
+             AND (last_used_at IS NULL OR last_used_at < $2)",
+        )
+        .bind(id)
+        .bind(*at)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+pub(crate) async fn set_owner_limits(
+    conn: &mut Conn,
+    row: OwnerLimitsRow,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO owner_limits (owner_id, limits, changed_by, reason, changed_at) \
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (owner_id) DO UPDATE SET \
+         limits = excluded.limits, changed_by = excluded.changed_by, \
+         reason = excluded.reason, changed_at = excluded.changed_at",
+    )
+    .bind(&row.owner_id)
+    .bind(&row.limits)
+    .bind(&row.changed_by)
+    .bind(&row.reason)
+    .bind(row.changed_at)
+    .execute(&mut *conn)
+    .await?;
+    bump_tenant_changes(conn).await?;
+    let detail = serde_json::json!({ "limits": row.limits, "reason": row.reason }).to_string();
+    insert_tenant_audit(
+        conn,
+        &format!("owner:{}", row.owner_id),
+        "set_limits",
+        &row.changed_by,
+        Some(&detail),
+        row.changed_at,
+    )
+    .await?;
+    Ok(())
+}
+
+pub(crate) async fn owner_limits(conn: &mut Conn) -> Result<Vec<OwnerLimitsRow>, StoreError> {
+    Ok(sqlx::query_as(
+        "SELECT owner_id, limits, changed_by, reason, changed_at FROM owner_limits ORDER BY owner_id",
+    )
+    .fetch_all(&mut *conn)
+    .await?)
+}
+
+/// Heartbeat this instance and count those seen since `since`.
+pub(crate) async fn heartbeat(
+    conn: &mut Conn,
+    instance: &str,
+    at: Millis,
+    since: Millis,
+) -> Result<i64, StoreError> {
+    sqlx::query(
+        "INSERT INTO instances (id, seen_at) VALUES ($1, $2) \
+         ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at",
+    )
+    .bind(instance)
+    .bind(at)
+    .execute(&mut *conn)
+    .await?;
+    // Long-gone instances are forgotten.
+    sqlx::query("DELETE FROM instances WHERE seen_at < $1")
+        .bind(at - 3_600_000)
+        .execute(&mut *conn)
+        .await?;
+    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM instances WHERE seen_at >= $1")
+        .bind(since)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(n)
+}
+
+pub(crate) async fn leave_instances(conn: &mut Conn, instance: &str) -> Result<(), StoreError> {
+    sqlx::query("DELETE FROM instances WHERE id = $1")
+        .bind(instance)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// One query; each count is served by an index (`jobs_active_by_owner`,
+/// `jobs_active_by_key`, `usage_daily`'s primary key).
+pub(crate) async fn owner_load(
+    conn: &mut Conn,
+    owner: &str,
+    key: Option<&str>,
+    day: i64,
+) -> Result<OwnerLoad, StoreError> {
+    let (active_jobs, tokens_today, key_active_jobs, key_tokens_today): (
+        i64,
+        Option<i64>,
+        i64,
+        Option<i64>,
+    ) = sqlx::query_as(concat!(
+        "SELECT (SELECT COUNT(*) FROM jobs WHERE owner_id = $1 AND state IN (",
+        crate::job_states_taking_attempts!(),
+        ")), (SELECT CAST(SUM(prompt_tokens + completion_tokens) AS BIGINT) FROM usage_daily \
+              WHERE owner_id = $1 AND day = $2), \
+             (SELECT COUNT(*) FROM jobs WHERE key_id = $3 AND state IN (",
+        crate::job_states_taking_attempts!(),
+        ")), (SELECT CAST(SUM(prompt_tokens + completion_tokens) AS BIGINT) FROM usage_daily \
+              WHERE owner_id = $1 AND day = $2 AND key_id = $3)"
+    ))
+    .bind(owner)
+    .bind(day)
+    .bind(key)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(OwnerLoad {
+        active_jobs,
+        tokens_today: tokens_today.unwrap_or(0),
+        key_active_jobs,
+        key_tokens_today: key_tokens_today.unwrap_or(0),
+    })
+}
+
+pub(crate) async fn set_key_limits(
+    conn: &mut Conn,
+    id: &str,
+    limits: Option<String>,
+    actor: &str,
+    reason: &str,
+    at: Millis,
+) -> Result<bool, StoreError> {
+    let limits = limits.as_deref();
+    let n = sqlx::query(
+        "UPDATE api_keys SET limits = $2 WHERE COALESCE(family_id, id) = \
+         (SELECT COALESCE(family_id, id) FROM api_keys WHERE id = $1 AND revoked_at IS NULL \
+          AND (expires_at IS NULL OR expires_at > $3))",
+    )
+    .bind(id)
+    .bind(limits)
+    .bind(at)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if n == 0 {
+        return Ok(false);
+    }
+    bump_tenant_changes(conn).await?;
+    let detail = serde_json::json!({ "limits": limits, "reason": reason }).to_string();
+    insert_tenant_audit(
+        conn,
+        &format!("key:{id}"),
+        "set_limits",
+        actor,
+        Some(&detail),
+        at,
+    )
+    .await?;
+    Ok(true)
+}
+
+pub(crate) async fn usage(
+    conn: &mut Conn,
+    owner: Option<&str>,
+    from_day: i64,
+) -> Result<Vec<UsageRow>, StoreError> {
+    Ok(sqlx::query_as(
+        "SELECT owner_id, day, route, provider, kind, CAST(SUM(attempts) AS BIGINT) AS attempts, \
+         CAST(SUM(won) AS BIGINT) AS won, CAST(SUM(prompt_tokens) AS BIGINT) AS prompt_tokens, \
+         CAST(SUM(completion_tokens) AS BIGINT) AS completion_tokens, \
+         CAST(SUM(discarded_tokens) AS BIGINT) AS discarded_tokens FROM usage_daily \
+         WHERE ($1 IS NULL OR owner_id = $1) AND day >= $2 \
+         GROUP BY owner_id, day, route, provider, kind \
+         ORDER BY owner_id, day, route, provider, kind",
+    )
+    .bind(owner)
+    .bind(from_day)
+    .fetch_all(&mut *conn)
+    .await?)
+}
+
+/// Add an attempt's reported usage to its owner's day, in the commit
+/// that records it. `usage` is the attempt's usage JSON.
+pub(crate) async fn add_usage(
+    conn: &mut Conn,
+    attempt_id: &str,
+    usage: Option<&str>,
+    won: bool,
+    at: Millis,
+) -> Result<(), StoreError> {
+    let Some(usage) = usage else { return Ok(()) };
+    let parsed: serde_json::Value = serde_json::from_str(usage).unwrap_or_default();
+    let prompt = parsed["prompt_tokens"].as_i64().unwrap_or(0);
+    let completion = parsed["completion_tokens"].as_i64().unwrap_or(0);
+    let discarded = if won { 0 } else { prompt + completion };
+    sqlx::query(
+        "INSERT INTO usage_daily (owner_id, day, key_id, route, provider, kind, attempts, won, \
+         prompt_tokens, completion_tokens, discarded_tokens) \
+         SELECT j.owner_id, $2, COALESCE(j.key_id, ''), j.route, a.provider, a.kind, 1, $3, $4, $5, $6 \
+         FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.id = $1 \
+         ON CONFLICT (owner_id, day, key_id, route, provider, kind) DO UPDATE SET \
+         attempts = usage_daily.attempts + 1, won = usage_daily.won + excluded.won, \
+         prompt_tokens = usage_daily.prompt_tokens + excluded.prompt_tokens, \
+         completion_tokens = usage_daily.completion_tokens + excluded.completion_tokens, \
+         discarded_tokens = usage_daily.discarded_tokens + excluded.discarded_tokens",
+    )
+    .bind(attempt_id)
+    .bind(crate::store::tenants::day_of(at))
+    .bind(i64::from(won))
+    .bind(prompt)
+    .bind(completion)
+    .bind(discarded)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}

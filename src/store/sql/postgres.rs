@@ -1,0 +1,58 @@
+//! The SQL compiled for PostgreSQL. A guarded step locks the row it decides
+//! about with `FOR UPDATE` inside its READ COMMITTED transaction, so every
+//! later statement of that transaction sees what the previous holder
+//! committed; dispatchers claim with `SKIP LOCKED`.
+
+pub(crate) type Conn = sqlx::PgConnection;
+
+// The dialect's fragments, literals for `concat!`. They are defined before
+// the resource modules below, so that those see them.
+
+/// The row lock of a guarded step.
+macro_rules! for_update {
+    () => {
+        " FOR UPDATE"
+    };
+}
+
+/// Concurrent claims pass over each other's locked rows.
+macro_rules! skip_locked {
+    () => {
+        " FOR UPDATE SKIP LOCKED"
+    };
+}
+
+/// The idempotency key as its index (`jobs_by_key`) compares it, in byte
+/// order (the index is built with `COLLATE "C"`).
+macro_rules! key_indexed {
+    () => {
+        "idempotency_key COLLATE \"C\""
+    };
+}
+
+/// The same comparison where SQLite keeps it off the index: the same text
+/// here (unary `+` is not defined on text); the planner picks the plan.
+macro_rules! key_unindexed {
+    () => {
+        "idempotency_key COLLATE \"C\""
+    };
+}
+
+#[path = "attempts.rs"]
+pub(crate) mod attempts;
+#[path = "console.rs"]
+pub(crate) mod console;
+#[path = "contract_runs.rs"]
+pub(crate) mod contract_runs;
+#[path = "events.rs"]
+pub(crate) mod events;
+#[path = "jobs.rs"]
+pub(crate) mod jobs;
+#[path = "keys.rs"]
+pub(crate) mod keys;
+#[path = "switches.rs"]
+pub(crate) mod switches;
+
+pub(crate) use self::{
+    attempts::*, console::*, contract_runs::*, events::*, jobs::*, keys::*, switches::*,
+};

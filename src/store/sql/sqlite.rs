@@ -1,0 +1,56 @@
+//! The SQL compiled for SQLite. Every write runs inside `BEGIN IMMEDIATE`
+//! (the write queue), which already excludes every other writer, in this
+//! process or another: no row lock is needed and claims never race.
+
+pub(crate) type Conn = sqlx::SqliteConnection;
+
+// The dialect's fragments, literals for `concat!`. They are defined before
+// the resource modules below, so that those see them.
+
+/// The row lock of a guarded step: none (`BEGIN IMMEDIATE` excludes every writer).
+macro_rules! for_update {
+    () => {
+        ""
+    };
+}
+
+/// Concurrent claims passing over each other: none (writes are serialised).
+macro_rules! skip_locked {
+    () => {
+        ""
+    };
+}
+
+/// The idempotency key as its index (`jobs_by_key`) compares it, in byte
+/// order: SQLite's BINARY collation already is.
+macro_rules! key_indexed {
+    () => {
+        "idempotency_key"
+    };
+}
+
+/// The same comparison, kept off that index (unary `+`).
+macro_rules! key_unindexed {
+    () => {
+        "+idempotency_key"
+    };
+}
+
+#[path = "attempts.rs"]
+pub(crate) mod attempts;
+#[path = "console.rs"]
+pub(crate) mod console;
+#[path = "contract_runs.rs"]
+pub(crate) mod contract_runs;
+#[path = "events.rs"]
+pub(crate) mod events;
+#[path = "jobs.rs"]
+pub(crate) mod jobs;
+#[path = "keys.rs"]
+pub(crate) mod keys;
+#[path = "switches.rs"]
+pub(crate) mod switches;
+
+pub(crate) use self::{
+    attempts::*, console::*, contract_runs::*, events::*, jobs::*, keys::*, switches::*,
+};

@@ -14,8 +14,10 @@
 //!   chosen await, deterministically).
 //!
 //! Method names are the [`Store`] trait's (`"create_job"`, `"start_attempt"`,
-//! `"finish_attempt"`, …). [`FaultyStore::calls`] counts the calls each
-//! method received, failed ones included. The injected error is
+//! `"finish_attempt"`, …): every query of [`METHODS`](super::METHODS), and
+//! `migrate` and `ping`. A name that is none of them panics, so a misspelled
+//! one cannot silently never fire. [`FaultyStore::calls`] counts the calls
+//! each method received, failed ones included (`record_event_detached` too). The injected error is
 //! [`StoreError::Database`] with an `io::ErrorKind::ConnectionReset`, which
 //! [`StoreError::is_transient`] reports as transient, like a real dropped
 //! connection.
@@ -63,6 +65,23 @@ pub struct FaultyStore {
     faults: Mutex<Faults>,
 }
 
+/// The hand-written [`Store`] methods that pass through the fault points,
+/// besides the listed queries.
+const HAND_WRITTEN: &[&str] = &["migrate", "ping"];
+
+/// Panics unless `method` passes through the fault points (`counted`: or is
+/// at least counted, as `record_event_detached` is), naming the caller.
+fn expect_method(caller: &str, method: &str, counted: bool) {
+    let known = super::METHODS.contains(&method)
+        || HAND_WRITTEN.contains(&method)
+        || (counted && method == "record_event_detached");
+    assert!(
+        known,
+        "FaultyStore::{caller}({method:?}): no Store method of that name goes through \
+         the fault points, so this would never fire (a misspelling?)"
+    );
+}
+
 /// The error an injected fault returns: a connection reset, as when the
 /// database server goes away mid-call.
 pub fn injected_error() -> StoreError {
@@ -88,6 +107,7 @@ impl FaultyStore {
 
     /// The next `n` calls of `method` fail before reaching the database.
     pub fn fail_next(&self, method: &str, n: usize) {
+        expect_method("fail_next", method, false);
         *self
             .faults()
             .fail_before
@@ -98,6 +118,7 @@ impl FaultyStore {
     /// The next `n` calls of `method` reach the database (and commit), then
     /// return the injected error instead of the answer.
     pub fn fail_next_after_commit(&self, method: &str, n: usize) {
+        expect_method("fail_next_after_commit", method, false);
         *self
             .faults()
             .fail_after
@@ -116,6 +137,7 @@ impl FaultyStore {
 
     /// Calls of `method` park at `point` until [`FaultyStore::release`].
     pub fn hold(&self, method: &str, point: HoldPoint) {
+        expect_method("hold", method, false);
         let hold = Hold {
             point,
             parked: watch::channel(0).0,
@@ -129,6 +151,7 @@ impl FaultyStore {
     /// Wait until `n` calls of `method` are parked by its hold (counting
     /// since `hold` was called). Returns at once if `method` is not held.
     pub async fn parked(&self, method: &str, n: usize) {
+        expect_method("parked", method, false);
         let hold = self.faults().holds.get(method).cloned();
         if let Some(hold) = hold {
             let mut rx = hold.parked.subscribe();
@@ -138,6 +161,7 @@ impl FaultyStore {
 
     /// Let every parked call of `method` go on and stop holding new ones.
     pub fn release(&self, method: &str) {
+        expect_method("release", method, false);
         if let Some(hold) = self.faults().holds.remove(method) {
             hold.open.send_replace(true);
         }
@@ -145,11 +169,13 @@ impl FaultyStore {
 
     /// How many calls `method` has received (failed and held ones included).
     pub fn calls(&self, method: &str) -> usize {
+        expect_method("calls", method, true);
         self.faults().calls.get(method).copied().unwrap_or(0)
     }
 
     /// How many calls of `method` got an injected error.
     pub fn failures(&self, method: &str) -> usize {
+        expect_method("failures", method, false);
         self.faults().failed.get(method).copied().unwrap_or(0)
     }
 
@@ -268,3 +294,78 @@ crate::store_methods!(faulty_store {
         self.after("ping", result).await
     }
 });
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    #[tokio::test]
+    async fn a_name_that_is_no_store_method_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = crate::store::sqlite::SqliteStore::open(&dir.path().join("t.db"))
+            .await
+            .unwrap();
+        let faulty = FaultyStore::new(Arc::new(inner));
+        // Every listed query and the hand-written ones are accepted.
+        assert!(super::super::METHODS.contains(&"claim_jobs"));
+        assert!(super::super::METHODS.contains(&"window_stats"));
+        for method in super::super::METHODS.iter().chain(HAND_WRITTEN) {
+            faulty.fail_next(method, 0);
+            faulty.fail_next_after_commit(method, 0);
+            faulty.hold(method, HoldPoint::Before);
+            faulty.parked(method, 0).await;
+            faulty.release(method);
+            assert_eq!(faulty.calls(method), 0);
+            assert_eq!(faulty.failures(method), 0);
+        }
+        assert_eq!(faulty.calls("record_event_detached"), 0);
+
+        // A misspelled name panics, naming the call and the name.
+        type Call<'a> = Box<dyn FnOnce() + 'a>;
+        let refused: Vec<(&str, Call<'_>)> = vec![
+            ("fail_next", Box::new(|| faulty.fail_next("claim_job", 1))),
+            (
+                "fail_next_after_commit",
+                Box::new(|| faulty.fail_next_after_commit("claim_job", 1)),
+            ),
+            (
+                "hold",
+                Box::new(|| faulty.hold("claim_job", HoldPoint::After)),
+            ),
+            ("release", Box::new(|| faulty.release("claim_job"))),
+            (
+                "calls",
+                Box::new(|| {
+                    let _ = faulty.calls("claim_job");
+                }),
+            ),
+            (
+                "failures",
+                Box::new(|| {
+                    let _ = faulty.failures("claim_job");
+                }),
+            ),
+            // Counted, but no fault ever fires on it.
+            (
+                "fail_next",
+                Box::new(|| faulty.fail_next("record_event_detached", 1)),
+            ),
+        ];
+        for (caller, call) in refused {
+            let panic = catch_unwind(AssertUnwindSafe(call)).expect_err(caller);
+            let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+            assert!(
+                message.starts_with(&format!("FaultyStore::{caller}(")),
+                "{message}"
+            );
+        }
+        let parked = AssertUnwindSafe(faulty.parked("claim_job", 1));
+        let panic = futures::FutureExt::catch_unwind(parked)
+            .await
+            .expect_err("parked");
+        let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(message.contains("\"claim_job\""), "{message}");
+        faulty.close().await;
+    }
+}

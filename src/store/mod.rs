@@ -13,7 +13,8 @@
 //! SQLite impl (`sqlite.rs`: reader connection or group-commit write queue),
 //! the PostgreSQL impl (`postgres.rs`: pool or `in_tx!`), the
 //! fault-injecting [`faulty::FaultyStore`] (which knows each method by its
-//! name, as `fail_next("claim_jobs", 1)` does) and the simulation's
+//! name, as `fail_next("claim_jobs", 1)` does, and refuses a name that is
+//! none of them: see [`METHODS`]) and the simulation's
 //! `SyncStore` (`tests/simulation/store.rs`). Only `backend`, `migrate`,
 //! `ping`, `record_event_detached` and `close` are written by hand in each.
 //!
@@ -349,7 +350,7 @@ pub mod signature {
 ///
 /// Each backend calls `ops::NAME(connection, arguments…)`: the operation of
 /// the same name, taking exactly these parameters, written once for both
-/// dialects in `sql/` (see the module docs).
+/// dialects in `sql/` (see the module docs). [`METHODS`] lists their names.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! store_methods {
@@ -574,6 +575,24 @@ macro_rules! define_store {
         }
     };
 }
+
+/// [`METHODS`] from the list.
+macro_rules! method_names {
+    (
+        { $($extra:tt)* }
+        $(
+            $(#[$meta:meta])*
+            $conn:ident fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty;
+        )*
+    ) => {
+        /// The name of every query [`store_methods!`](crate::store_methods)
+        /// lists, in its order (the [`Store`] methods besides `backend`,
+        /// `migrate`, `ping`, `record_event_detached` and `close`).
+        pub const METHODS: &[&str] = &[$(stringify!($name)),*];
+    };
+}
+
+crate::store_methods!(method_names {});
 
 use signature::*;
 

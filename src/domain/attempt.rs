@@ -319,6 +319,30 @@ pub struct NewAttempt {
     pub started_at: Millis,
 }
 
+impl NewAttempt {
+    /// The attempt as its start is recorded once the guard admits it:
+    /// `started`, numbered `seq` in its job, having read job version
+    /// `read_version` (which its CAS will compare).
+    pub fn started(self, seq: i64, read_version: i64) -> Attempt {
+        Attempt {
+            id: self.id,
+            job_id: self.job_id,
+            seq,
+            provider: self.provider,
+            kind: self.kind,
+            state: AttemptState::Started,
+            read_version,
+            started_at: self.started_at,
+            finished_at: None,
+            error_kind: None,
+            error_message: None,
+            output: None,
+            usage: None,
+            provider_request_id: None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -780,22 +780,7 @@ async fn run_round(
     let attempt = match started {
         // Committed with the job: the first attempt of a job, seq 1, read
         // at version 0.
-        Some(new) => Ok(Attempt {
-            id: new.id,
-            job_id: new.job_id,
-            seq: 1,
-            provider: new.provider,
-            kind: new.kind,
-            state: AttemptState::Started,
-            read_version: 0,
-            started_at: new.started_at,
-            finished_at: None,
-            error_kind: None,
-            error_message: None,
-            output: None,
-            usage: None,
-            provider_request_id: None,
-        }),
+        Some(new) => Ok(new.started(1, 0)),
         None => start(inner, job, route, first, kind).await,
     };
     match attempt {

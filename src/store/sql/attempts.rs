@@ -79,22 +79,7 @@ pub(crate) async fn start_attempt(
     .execute(&mut *conn)
     .await?;
     insert_started_attempt(conn, &new, seq, version).await?;
-    Ok(Ok(Attempt {
-        id: new.id,
-        job_id: new.job_id,
-        seq,
-        provider: new.provider,
-        kind: new.kind,
-        state: AttemptState::Started,
-        read_version: version,
-        started_at: new.started_at,
-        finished_at: None,
-        error_kind: None,
-        error_message: None,
-        output: None,
-        usage: None,
-        provider_request_id: None,
-    }))
+    Ok(Ok(new.started(seq, version)))
 }
 
 /// The attempt row of a start the guard admitted, and its event.

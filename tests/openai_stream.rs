@@ -249,7 +249,14 @@ async fn a_stream_cut_mid_answer_is_finished_by_a_fallback_that_continues_it(bac
         spec("primary", "stream_cut:tokens=2"),
         spec("backup", "healthy"),
     ];
-    let world = start_world(backend, &providers, route("primary", &["backup"]), |_| {}).await;
+    let world = start_world(backend, &providers, route("primary", &["backup"]), |c| {
+        // The reconciler asks about the cut attempt only after the
+        // continuation has had its chance: it would find the whole answer
+        // the simulator made and win with it (a right ending, but not the
+        // one this test is about; `finish_from_winner` streams the rest).
+        c.engine.reconcile_min_age_ms = 10_000;
+    })
+    .await;
     let (status, headers, events) = stream(&world, "cut-1", &body("Explain tides")).await;
     assert_eq!(status, 200);
     let id = job_id(&headers);
@@ -280,8 +287,8 @@ async fn a_stream_cut_mid_answer_is_finished_by_a_fallback_that_continues_it(bac
     assert_eq!(result_text(&job), text);
     let attempts = world.attempts(&id).await;
     assert_eq!(attempts[0]["error_kind"], "stream_cut");
-    assert_eq!(attempts[1]["provider"], "backup");
-    assert_eq!(attempts[1]["state"], "succeeded");
+    assert_eq!(attempts[1]["provider"], "backup", "{attempts:?}");
+    assert_eq!(attempts[1]["state"], "succeeded", "{attempts:?}");
     assert_eq!(world.executions(&id, "primary"), 1);
     assert_eq!(world.executions(&id, "backup"), 1);
     world.stop().await;
@@ -361,7 +368,11 @@ async fn a_stalled_stream_is_bounded_by_stall_ms_and_continued(backend: Backend)
     ];
     let mut r = route("primary", &["backup"]);
     r.stall_ms = 300;
-    let world = start_world(backend, &providers, r, |_| {}).await;
+    let world = start_world(backend, &providers, r, |c| {
+        // As with a cut: the continuation, not the reconciler, is under test.
+        c.engine.reconcile_min_age_ms = 10_000;
+    })
+    .await;
     let (_, headers, events) = stream(&world, "stall-1", &body("Explain tides")).await;
     let id = job_id(&headers);
     assert_eq!(

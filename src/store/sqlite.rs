@@ -58,28 +58,71 @@ pub struct SqliteStore {
 /// The read connections: a few of our own rather than a sqlx pool, because
 /// the pool pings every connection given back to it (one more round trip to
 /// the connection's worker thread, in a spawned task, per read), and a
-/// connection to a local file cannot go stale. `None` once closed.
+/// connection to a local file cannot go stale.
+///
+/// Each is opened on first need: only when every open one is busy. Opening
+/// one costs SQLite a parse of the whole schema (its pragmas read it), so a
+/// CLI command that reads once, or a store whose reads never overlap, opens
+/// one, not [`READERS`].
 struct Readers {
-    conns: Vec<Mutex<Option<SqliteConnection>>>,
+    options: SqliteConnectOptions,
+    conns: Vec<Mutex<Reader>>,
     next: AtomicUsize,
 }
 
+enum Reader {
+    Unopened,
+    Open(SqliteConnection),
+    Closed,
+}
+
 impl Readers {
-    /// A free connection if there is one, else wait for one.
+    fn new(options: SqliteConnectOptions) -> Self {
+        Readers {
+            options,
+            conns: (0..READERS).map(|_| Mutex::new(Reader::Unopened)).collect(),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// A free open connection if there is one, else a free slot opened now,
+    /// else wait for one.
     async fn get(&self) -> Result<MappedMutexGuard<'_, SqliteConnection>, StoreError> {
         let n = self.conns.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
-        let free = (0..n).find_map(|i| self.conns[(start + i) % n].try_lock().ok());
-        let guard = match free {
+        let mut unopened = None;
+        let mut chosen = None;
+        for i in 0..n {
+            let Ok(guard) = self.conns[(start + i) % n].try_lock() else {
+                continue;
+            };
+            match *guard {
+                Reader::Open(_) | Reader::Closed => {
+                    chosen = Some(guard);
+                    break;
+                }
+                Reader::Unopened if unopened.is_none() => unopened = Some(guard),
+                Reader::Unopened => {}
+            }
+        }
+        let mut guard = match chosen.or(unopened) {
             Some(guard) => guard,
             None => self.conns[start].lock().await,
         };
-        MutexGuard::try_map(guard, Option::as_mut).map_err(|_| StoreError::Closed)
+        if let Reader::Unopened = *guard {
+            *guard = Reader::Open(self.options.clone().connect().await?);
+        }
+        MutexGuard::try_map(guard, |reader| match reader {
+            Reader::Open(conn) => Some(conn),
+            Reader::Unopened | Reader::Closed => None,
+        })
+        .map_err(|_| StoreError::Closed)
     }
 
     async fn close(&self) {
         for conn in &self.conns {
-            if let Some(conn) = conn.lock().await.take() {
+            let mut reader = conn.lock().await;
+            if let Reader::Open(conn) = std::mem::replace(&mut *reader, Reader::Closed) {
                 let _ = sqlx::Connection::close(conn).await;
             }
         }
@@ -96,14 +139,7 @@ impl SqliteStore {
             .busy_timeout(BUSY_TIMEOUT)
             .foreign_keys(true);
         let writer_conn = options.clone().connect().await?;
-        let mut conns = Vec::with_capacity(READERS);
-        for _ in 0..READERS {
-            conns.push(Mutex::new(Some(options.clone().connect().await?)));
-        }
-        let read = Readers {
-            conns,
-            next: AtomicUsize::new(0),
-        };
+        let read = Readers::new(options);
         let (tx, rx) = mpsc::channel(4 * MAX_BATCH);
         tokio::spawn(run_writer(writer_conn, rx));
         Ok(SqliteStore {

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::python::{python, sdk_case};
+use common::python::{python, sdk_cases};
 use common::world::{route, start_world, ProviderSpec, World};
 use common::Backend;
 use serde_json::json;
@@ -35,9 +35,20 @@ async fn the_official_sdk_works_unchanged(backend: Backend) {
         return;
     };
     let world = sdk_world(backend).await;
-    let run = |case: &'static str| sdk_case(&python, &world.address, &world.key, case);
+    let [plain, twice, tools, schema, refusals] = sdk_cases(
+        &python,
+        &world.address,
+        &world.key,
+        [
+            "plain",
+            "same_key_twice",
+            "tool_round_trip",
+            "json_schema",
+            "refusals_raise",
+        ],
+    )
+    .await;
 
-    let plain = run("plain").await;
     let job_id = plain["job_id"].as_str().unwrap();
     assert_eq!(plain["provider"], "primary");
     assert_eq!(
@@ -52,7 +63,6 @@ async fn the_official_sdk_works_unchanged(backend: Backend) {
     );
     assert_eq!(world.executions(job_id, "primary"), 1);
 
-    let twice = run("same_key_twice").await;
     let job_id = twice["job_id"].as_str().unwrap();
     assert_eq!(
         world.deliveries(job_id, "primary"),
@@ -60,7 +70,6 @@ async fn the_official_sdk_works_unchanged(backend: Backend) {
         "the second call was answered from the job, not sent again"
     );
 
-    let tools = run("tool_round_trip").await;
     assert_eq!(tools["tool"], "get_weather");
     let first = tools["job_ids"][0].as_str().unwrap();
     let stored = world.job(first).await;
@@ -69,14 +78,12 @@ async fn the_official_sdk_works_unchanged(backend: Backend) {
         "get_weather"
     );
 
-    let schema = run("json_schema").await;
     let job_id = schema["job_id"].as_str().unwrap();
     assert_eq!(
         world.job(job_id).await["result"],
         schema["answer"].to_string()
     );
 
-    let refusals = run("refusals_raise").await;
     assert_eq!(
         refusals,
         json!({"too-long": [400, "context_length_exceeded", "invalid_request_error"],

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::python::{python, sdk_case};
+use common::python::{python, sdk_cases};
 use common::world::{route, start_world, ProviderSpec};
 use common::Backend;
 use std::time::Duration;
@@ -35,9 +35,14 @@ async fn the_official_sdk_streams_unchanged(backend: Backend) {
         c.routes.insert("cut".into(), route("cutter", &["refuser"]));
     })
     .await;
-    let run = |case: &'static str| sdk_case(&python, &world.address, &world.key, case);
+    let [streamed, cut] = sdk_cases(
+        &python,
+        &world.address,
+        &world.key,
+        ["streamed", "stream_cut_raises"],
+    )
+    .await;
 
-    let streamed = run("streamed").await;
     let job_id = streamed["job_id"].as_str().unwrap();
     assert_eq!(streamed["models"], serde_json::json!(["healthy"]));
     let job = world.job(job_id).await;
@@ -52,7 +57,6 @@ async fn the_official_sdk_streams_unchanged(backend: Backend) {
         "replays ran nothing"
     );
 
-    let cut = run("stream_cut_raises").await;
     let job_id = cut["job_id"].as_str().unwrap();
     assert_eq!(cut["error"]["code"], "stream_cut", "{cut}");
     let partial = cut["partial"].as_str().unwrap();

@@ -27,14 +27,20 @@ pub fn python() -> Option<PathBuf> {
     }
 }
 
-/// Run `case` of `tests/python/sdk_cases.py` against the server at
-/// `address` as the holder of `api_key`; what it printed, as JSON. The
-/// case's own assertion failures fail the test with its stderr.
-pub async fn sdk_case(python: &PathBuf, address: &str, api_key: &str, case: &str) -> Value {
+/// Run `cases` of `tests/python/sdk_cases.py`, in order in one Python
+/// process, against the server at `address` as the holder of `api_key`;
+/// what each printed, as JSON. A case's own assertion failure fails the
+/// test with its stderr.
+pub async fn sdk_cases<const N: usize>(
+    python: &PathBuf,
+    address: &str,
+    api_key: &str,
+    cases: [&str; N],
+) -> [Value; N] {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/sdk_cases.py");
     let output = tokio::process::Command::new(python)
         .arg(script)
-        .arg(case)
+        .args(cases)
         .env("ONEJOB_BASE_URL", address)
         .env("ONEJOB_API_KEY", api_key)
         .output()
@@ -43,10 +49,14 @@ pub async fn sdk_case(python: &PathBuf, address: &str, api_key: &str, case: &str
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
-        "SDK case {case} failed ({}):\n{}\n{stdout}",
+        "SDK cases {cases:?} failed ({}):\n{}\n{stdout}",
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
-    serde_json::from_str(stdout.trim())
-        .unwrap_or_else(|e| panic!("case {case} printed {stdout:?}: {e}"))
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), N, "cases {cases:?} printed {stdout:?}");
+    std::array::from_fn(|i| {
+        serde_json::from_str(lines[i].trim())
+            .unwrap_or_else(|e| panic!("case {} printed {:?}: {e}", cases[i], lines[i]))
+    })
 }

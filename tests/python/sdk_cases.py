@@ -1,7 +1,7 @@
 """Cases run with the official `openai` Python SDK against a onejob server.
 
-Each case is a function; `python sdk_cases.py CASE` runs one and prints its
-observations as one JSON line for the Rust test (tests/openai_sdk.rs) to
+Each case is a function; `python sdk_cases.py CASE...` runs them in order and
+prints each one's observations as one JSON line for the Rust test (tests/openai_sdk.rs) to
 check against the database and the simulator's ledger. A case asserts what
 the SDK itself shows; a failed assertion exits non-zero with the reason.
 
@@ -226,9 +226,12 @@ def stream_cut_raises():
 
 
 if __name__ == "__main__":
-    try:
-        result = CASES[sys.argv[1]]()
-    except AssertionError as e:
-        print(f"case {sys.argv[1]} failed: {e!r}", file=sys.stderr)
-        sys.exit(1)
-    print(json.dumps(result))
+    # Several cases run in one process, in order (importing the SDK costs
+    # more than a case); each prints its JSON line as it finishes.
+    for name in sys.argv[1:]:
+        try:
+            result = CASES[name]()
+        except AssertionError as e:
+            print(f"case {name} failed: {e!r}", file=sys.stderr)
+            sys.exit(1)
+        print(json.dumps(result), flush=True)

@@ -91,8 +91,11 @@ async fn a_server_killed_mid_flight_loses_nothing_and_runs_nothing_twice(backend
     distrust_keys_in(providers.path(), "primary");
     distrust_keys_in(providers.path(), "fallback");
     let dir = tempfile::tempdir().unwrap();
-    // Lease = 800 + 1000 + 5000 ms. Fifty jobs driven at once keep a few
+    // Lease = 800 + 1000 + 1000 ms. Fifty jobs driven at once keep a few
     // hundred waiting, so the kill finds attempts in flight and jobs not begun.
+    // A short margin is safe here: one process lives at a time, and a
+    // process never drives a job twice itself, so a lease that runs out
+    // under a busy machine only lets B start sooner after the kill.
     let config = ServeConfig {
         providers_dir: providers.path(),
         primary: "primary",
@@ -101,6 +104,7 @@ async fn a_server_killed_mid_flight_loses_nothing_and_runs_nothing_twice(backend
         attempt_timeout_ms: 1_000,
         max_attempts: 4,
         max_concurrent_jobs: Some(50),
+        lease_margin_ms: Some(1_000),
     }
     .write(dir.path());
     let db = TestDb::new(backend).await;
@@ -242,6 +246,7 @@ async fn three_servers_on_one_postgres_share_the_work_and_make_one_job_per_key()
         attempt_timeout_ms: 5_000,
         max_attempts: 4,
         max_concurrent_jobs: None,
+        lease_margin_ms: None,
     }
     .write(dir.path());
     let db = TestDb::new(Backend::Postgres).await;
@@ -356,6 +361,7 @@ async fn every_201_survives_a_kill_the_moment_it_arrives(backend: Backend) {
         attempt_timeout_ms: 10_000,
         max_attempts: 4,
         max_concurrent_jobs: None,
+        lease_margin_ms: None,
     }
     .write(dir.path());
     let db = TestDb::new(backend).await;

@@ -47,6 +47,7 @@ async fn every_json_line_of_a_jobs_work_carries_its_ids_at_the_top_level() {
         attempt_timeout_ms: 5_000,
         max_attempts: 2,
         max_concurrent_jobs: None,
+        lease_margin_ms: None,
     }
     .write(dir.path());
     let mut text = std::fs::read_to_string(&config).unwrap();

@@ -20,6 +20,9 @@ pub struct ServeConfig<'a> {
     pub max_attempts: u32,
     /// `None`: the built-in default.
     pub max_concurrent_jobs: Option<usize>,
+    /// `None`: the built-in default (5 s). How long a killed process's jobs
+    /// wait, past silence and attempt timeout, before another takes them.
+    pub lease_margin_ms: Option<u64>,
 }
 
 impl ServeConfig<'_> {
@@ -34,6 +37,9 @@ impl ServeConfig<'_> {
         );
         if let Some(n) = self.max_concurrent_jobs {
             text.push_str(&format!("max_concurrent_jobs = {n}\n"));
+        }
+        if let Some(ms) = self.lease_margin_ms {
+            text.push_str(&format!("lease_margin_ms = {ms}\n"));
         }
         text.push_str(&format!(
             "\n[routes.default]\nprimary = {primary:?}\nfallbacks = [{fallbacks}]\n\

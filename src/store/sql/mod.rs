@@ -10,6 +10,31 @@
 //! dialect's module here: every query is re-exported from it under its
 //! [`store_methods!`](crate::store_methods) name.
 
+/// The resource files, declared (and their queries re-exported) by each
+/// dialect's module after it has defined its `Conn` and fragments.
+macro_rules! resource_modules {
+    () => {
+        #[path = "attempts.rs"]
+        pub(crate) mod attempts;
+        #[path = "console.rs"]
+        pub(crate) mod console;
+        #[path = "contract_runs.rs"]
+        pub(crate) mod contract_runs;
+        #[path = "events.rs"]
+        pub(crate) mod events;
+        #[path = "jobs.rs"]
+        pub(crate) mod jobs;
+        #[path = "keys.rs"]
+        pub(crate) mod keys;
+        #[path = "switches.rs"]
+        pub(crate) mod switches;
+
+        pub(crate) use self::{
+            attempts::*, console::*, contract_runs::*, events::*, jobs::*, keys::*, switches::*,
+        };
+    };
+}
+
 // Both include the same resource files: each is compiled once per dialect,
 // on purpose.
 #[allow(clippy::duplicate_mod)]

@@ -36,21 +36,4 @@ macro_rules! key_unindexed {
     };
 }
 
-#[path = "attempts.rs"]
-pub(crate) mod attempts;
-#[path = "console.rs"]
-pub(crate) mod console;
-#[path = "contract_runs.rs"]
-pub(crate) mod contract_runs;
-#[path = "events.rs"]
-pub(crate) mod events;
-#[path = "jobs.rs"]
-pub(crate) mod jobs;
-#[path = "keys.rs"]
-pub(crate) mod keys;
-#[path = "switches.rs"]
-pub(crate) mod switches;
-
-pub(crate) use self::{
-    attempts::*, console::*, contract_runs::*, events::*, jobs::*, keys::*, switches::*,
-};
+resource_modules!();

@@ -5,6 +5,7 @@ pub mod admin_providers;
 pub mod admin_review;
 pub mod auth;
 pub mod body;
+pub mod drain;
 pub mod error;
 pub mod job_actions;
 pub mod jobs;
@@ -57,6 +58,10 @@ pub struct AppState {
 
 pub fn router(state: AppState) -> Router {
     let body_limit = state.config.max_body_bytes;
+    let drain = drain::DrainLimits {
+        max_bytes: body_limit,
+        max_time: state.config.body_read_timeout,
+    };
     let traced = state.config.telemetry.tracing_enabled();
     let router = Router::new()
         .route("/v1/jobs", post(jobs::create))
@@ -111,6 +116,11 @@ pub fn router(state: AppState) -> Router {
         .fallback(|| async { ApiError::NotFound("route") })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(body_limit))
+        // A body answered before it was read is read to its end (bounded), so
+        // the answer arrives and the connection stays usable.
+        .layer(axum::middleware::from_fn(move |request, next| {
+            drain::drain_unread_body(drain, request, next)
+        }))
         .with_state(state);
     if traced {
         router.layer(axum::middleware::from_fn(crate::telemetry::trace_request))

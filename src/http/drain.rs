@@ -12,7 +12,8 @@
 //! before the answer is sent, so the connection stays usable. That is bounded
 //! like reading a body is: at most `max_body_bytes` more, and no later than
 //! `body_read_timeout` after the request came in. Past either bound the
-//! answer says `Connection: close`.
+//! answer says `Connection: close`, and the accept loop (`serve`) closes
+//! with a bounded linger so the answer is not destroyed by a reset.
 
 use axum::body::{Body, Bytes};
 use axum::extract::Request;

@@ -122,12 +122,9 @@ fn trace(o: &world::Outcome) -> String {
     t
 }
 
-/// Run seeds `from..to` on a few threads (each seed on one thread, so each
-/// replays the same); the failures, each with its violations.
-fn run_seeds(from: u64, to: u64) -> (Vec<(u64, Vec<String>)>, Stats) {
-    run_seeds_of(from, to, Scenario::from_seed)
-}
-
+/// Run seeds `from..to` of `make`'s scenarios on a few threads (each seed
+/// on one thread, so each replays the same); the failures, each with its
+/// violations.
 fn run_seeds_of(from: u64, to: u64, make: fn(u64) -> Scenario) -> (Vec<(u64, Vec<String>)>, Stats) {
     let threads = std::thread::available_parallelism()
         .map_or(2, |n| n.get())
@@ -234,6 +231,21 @@ fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
+/// Run seeds `from..to` of `make`'s scenarios; print what they did and fail
+/// with every failing seed's violations.
+fn assert_seeds_keep_the_invariants(what: &str, from: u64, to: u64, make: fn(u64) -> Scenario) {
+    let started = std::time::Instant::now();
+    let (failures, stats) = run_seeds_of(from, to, make);
+    println!("{what} {from}..{to}: {stats:?} in {:?}", started.elapsed());
+    assert!(
+        failures.is_empty(),
+        "{} of {} {what} failed:{}",
+        failures.len(),
+        to - from,
+        report(&failures)
+    );
+}
+
 #[test]
 fn every_seed_keeps_the_invariants() {
     if let Some(seed) = env_u64("ONEJOB_SIM_SEED") {
@@ -248,15 +260,7 @@ fn every_seed_keeps_the_invariants() {
         assert!(v.is_empty(), "{}", report(&[(seed, v)]));
         return;
     }
-    let started = std::time::Instant::now();
-    let (failures, stats) = run_seeds(0, SEEDS_IN_CARGO_TEST);
-    println!("{stats:?} in {:?}", started.elapsed());
-    assert!(
-        failures.is_empty(),
-        "{} of {SEEDS_IN_CARGO_TEST} seeds failed:{}",
-        failures.len(),
-        report(&failures)
-    );
+    assert_seeds_keep_the_invariants("seeds", 0, SEEDS_IN_CARGO_TEST, Scenario::from_seed);
 }
 
 /// The same scenarios with database errors (`store::faulty`): calls that
@@ -266,15 +270,11 @@ fn every_seed_with_store_errors_keeps_the_invariants() {
     if env_u64("ONEJOB_SIM_SEED").is_some() {
         return; // replayed by `every_seed_keeps_the_invariants`
     }
-    let started = std::time::Instant::now();
-    let n = STORE_ERROR_SEEDS_IN_CARGO_TEST;
-    let (failures, stats) = run_seeds_of(0, n, Scenario::with_store_faults);
-    println!("store-error seeds: {stats:?} in {:?}", started.elapsed());
-    assert!(
-        failures.is_empty(),
-        "{} of {n} store-error seeds failed:{}",
-        failures.len(),
-        report(&failures)
+    assert_seeds_keep_the_invariants(
+        "store-error seeds",
+        0,
+        STORE_ERROR_SEEDS_IN_CARGO_TEST,
+        Scenario::with_store_faults,
     );
 }
 
@@ -311,19 +311,7 @@ fn a_seed_replays_exactly() {
 fn many_seeds() {
     let first = env_u64("ONEJOB_SIM_FIRST").unwrap_or(SEEDS_IN_CARGO_TEST);
     let n = env_u64("ONEJOB_SIM_SEEDS").unwrap_or(2_000);
-    let started = std::time::Instant::now();
-    let (failures, stats) = run_seeds(first, first + n);
-    println!(
-        "seeds {first}..{}: {stats:?} in {:?}",
-        first + n,
-        started.elapsed()
-    );
-    assert!(
-        failures.is_empty(),
-        "{} of {n} seeds failed:{}",
-        failures.len(),
-        report(&failures)
-    );
+    assert_seeds_keep_the_invariants("seeds", first, first + n, Scenario::from_seed);
 }
 
 /// Many more seeds with database errors: `ONEJOB_SIM_SEEDS=N` (default
@@ -335,17 +323,10 @@ fn many_seeds() {
 fn seeds_with_store_errors() {
     let first = env_u64("ONEJOB_SIM_FIRST").unwrap_or(STORE_ERROR_SEEDS_IN_CARGO_TEST);
     let n = env_u64("ONEJOB_SIM_SEEDS").unwrap_or(2_000);
-    let started = std::time::Instant::now();
-    let (failures, stats) = run_seeds_of(first, first + n, Scenario::with_store_faults);
-    println!(
-        "store-error seeds {first}..{}: {stats:?} in {:?}",
+    assert_seeds_keep_the_invariants(
+        "store-error seeds",
+        first,
         first + n,
-        started.elapsed()
-    );
-    assert!(
-        failures.is_empty(),
-        "{} of {n} seeds failed:{}",
-        failures.len(),
-        report(&failures)
+        Scenario::with_store_faults,
     );
 }

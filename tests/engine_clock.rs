@@ -454,60 +454,91 @@ async fn the_lost_response_is_found_by_reconciliation(backend: Backend) {
 }
 
 /// What a process that died mid-attempt leaves behind, made through the store.
-async fn orphaned_attempt(bench: &Bench, key: &str, finished: bool) -> (String, String) {
-    use onejob::domain::attempt::NewAttempt;
-    use onejob::domain::job::NewJob;
-    use onejob::domain::new_id;
-    use onejob::store::{AttemptOutcome, FinishAttempt, JobTransition};
-    let now = bench.clock.now_ms();
-    let request =
-        r#"{"messages":[{"content":"orphan","role":"user"}],"params":{},"route":"default"}"#;
-    let job = NewJob {
-        id: new_id(),
-        owner_id: OWNER.into(),
-        idempotency_key: key.into(),
-        fingerprint: "f".into(),
-        request: request.into(),
-        route: "default".into(),
-        created_at: now - 10_000,
-        // Held by a process that is gone; it runs out a minute from now.
-        lease: Some(("dead-process".into(), now + 60_000)),
-        key_id: None,
-        primary: None,
-    };
-    let job_id = job.id.clone();
-    bench.store.create_job(job).await.unwrap();
-    let attempt = |kind| NewAttempt {
-        id: new_id(),
-        job_id: job_id.clone(),
-        provider: if kind == AttemptKind::Hedge {
-            "fallback"
-        } else {
-            "primary"
-        }
-        .into(),
-        kind,
-        max_hedges: 1,
-        reuses_key: false,
-        started_at: now - 5_000,
-    };
-    let orphan = bench
-        .store
-        .start_attempt(attempt(AttemptKind::Primary))
-        .await
-        .unwrap()
-        .unwrap();
-    if finished {
-        // Another attempt won; the orphan was a loser in its grace period.
-        let hedge = bench
-            .store
-            .start_attempt(attempt(AttemptKind::Hedge))
+/// What a process leaves behind: a job created at `created_at` with lease
+/// `lease`, and a started attempt of `kind` on `provider` (its id).
+struct LeftBehind<'a> {
+    key: &'a str,
+    content: &'a str,
+    created_at: Millis,
+    lease: Option<(String, Millis)>,
+    provider: &'a str,
+    kind: AttemptKind,
+    max_hedges: i64,
+    started_at: Millis,
+}
+
+impl LeftBehind<'_> {
+    /// Write the job (if `job_id` is `None`) and the attempt; the job's id
+    /// and the attempt's.
+    async fn write(&self, store: &SyncStore, job_id: Option<&str>) -> (String, String) {
+        use onejob::domain::attempt::NewAttempt;
+        use onejob::domain::job::NewJob;
+        use onejob::domain::new_id;
+        let job_id = match job_id {
+            Some(id) => id.to_string(),
+            None => {
+                let request = serde_json::json!({
+                    "messages": [{"content": self.content, "role": "user"}],
+                    "params": {},
+                    "route": "default",
+                })
+                .to_string();
+                let job = NewJob {
+                    id: new_id(),
+                    owner_id: OWNER.into(),
+                    idempotency_key: self.key.into(),
+                    fingerprint: "f".into(),
+                    request,
+                    route: "default".into(),
+                    created_at: self.created_at,
+                    lease: self.lease.clone(),
+                    key_id: None,
+                    primary: None,
+                };
+                let id = job.id.clone();
+                store.create_job(job).await.unwrap();
+                id
+            }
+        };
+        let attempt = store
+            .start_attempt(NewAttempt {
+                id: new_id(),
+                job_id: job_id.clone(),
+                provider: self.provider.into(),
+                kind: self.kind,
+                max_hedges: self.max_hedges,
+                reuses_key: false,
+                started_at: self.started_at,
+            })
             .await
             .unwrap()
             .unwrap();
+        (job_id, attempt.id)
+    }
+}
+
+async fn orphaned_attempt(bench: &Bench, key: &str, finished: bool) -> (String, String) {
+    use onejob::store::{AttemptOutcome, FinishAttempt, JobTransition};
+    let now = bench.clock.now_ms();
+    let mut left = LeftBehind {
+        key,
+        content: "orphan",
+        created_at: now - 10_000,
+        // Held by a process that is gone; it runs out a minute from now.
+        lease: Some(("dead-process".into(), now + 60_000)),
+        provider: "primary",
+        kind: AttemptKind::Primary,
+        max_hedges: 1,
+        started_at: now - 5_000,
+    };
+    let (job_id, orphan) = left.write(&bench.store, None).await;
+    if finished {
+        // Another attempt won; the orphan was a loser in its grace period.
+        (left.provider, left.kind) = ("fallback", AttemptKind::Hedge);
+        let (_, hedge) = left.write(&bench.store, Some(&job_id)).await;
         let won = AttemptOutcome::succeeded("\"done\"");
         let finish = FinishAttempt {
-            attempt_id: hedge.id,
+            attempt_id: hedge,
             outcome: won,
             at: now - 4_000,
             actor: "engine".into(),
@@ -521,7 +552,7 @@ async fn orphaned_attempt(bench: &Bench, key: &str, finished: bool) -> (String, 
             .await
             .unwrap());
     }
-    (job_id, orphan.id)
+    (job_id, orphan)
 }
 
 async fn attempts_no_process_drives_are_recovered(backend: Backend) {
@@ -591,9 +622,6 @@ async fn attempts_no_process_drives_are_recovered(backend: Backend) {
 /// about and settled: the reconciler walks the list in pages instead of
 /// reading its first page forever.
 async fn unknowns_nobody_can_settle_do_not_starve_the_rest(backend: Backend) {
-    use onejob::domain::attempt::NewAttempt;
-    use onejob::domain::job::NewJob;
-    use onejob::domain::new_id;
     use onejob::store::{AttemptOutcome, FinishAttempt, JobTransition};
     let mut r = route("primary", &[]);
     r.max_hedges = 0;
@@ -606,49 +634,30 @@ async fn unknowns_nobody_can_settle_do_not_starve_the_rest(backend: Backend) {
         return;
     };
     let now = bench.clock.now_ms();
-    let request =
-        r#"{"messages":[{"content":"unknown","role":"user"}],"params":{},"route":"default"}"#;
     // `provider` "retired" is no longer configured: the reconciler cannot tell.
-    let unknown_job = |key: String, provider: &str, age: Millis| {
+    let unknown_job = |key: String, provider: &'static str, age: Millis| {
         let store = bench.store.clone();
-        let provider = provider.to_string();
         async move {
-            let job = NewJob {
-                id: new_id(),
-                owner_id: OWNER.into(),
-                idempotency_key: key,
-                fingerprint: "f".into(),
-                request: request.into(),
-                route: "default".into(),
+            let left = LeftBehind {
+                key: &key,
+                content: "unknown",
                 created_at: now - age,
                 lease: None,
-                key_id: None,
-                primary: None,
+                provider,
+                kind: AttemptKind::Primary,
+                max_hedges: 0,
+                started_at: now - age,
             };
-            let job_id = job.id.clone();
-            store.create_job(job).await.unwrap();
-            let attempt = store
-                .start_attempt(NewAttempt {
-                    id: new_id(),
-                    job_id: job_id.clone(),
-                    provider,
-                    kind: AttemptKind::Primary,
-                    max_hedges: 0,
-                    reuses_key: false,
-                    started_at: now - age,
-                })
-                .await
-                .unwrap()
-                .unwrap();
+            let (job_id, attempt) = left.write(&store, None).await;
             let end = AttemptOutcome::unknown("timeout", "no answer");
             let finish = FinishAttempt {
-                attempt_id: attempt.id.clone(),
+                attempt_id: attempt.clone(),
                 outcome: end,
                 at: now - age + 1,
                 actor: "engine".into(),
             };
             store.finish_attempt(finish).await.unwrap();
-            (job_id, attempt.id)
+            (job_id, attempt)
         }
     };
     for i in 0..205 {

@@ -5,6 +5,12 @@ use onejob::cli::{self, DbArgs};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// jemalloc, not the system allocator: it gives memory back after a burst,
+/// so a long-running server's resident set levels off (see Cargo.toml).
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(
     name = "onejob",

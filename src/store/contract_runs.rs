@@ -24,8 +24,9 @@ pub struct NewContractRun {
     pub actor: String,
 }
 
-/// A run without its report: what eligibility and listings need.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// A run without its report: what eligibility and listings need. Read from
+/// its row by column name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
 pub struct ContractRunSummary {
     pub id: String,
     pub contract: String,
@@ -40,48 +41,9 @@ pub struct ContractRunSummary {
 }
 
 /// A run with its report (JSON text of a `ContractReport`).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub struct ContractRun {
+    #[sqlx(flatten)]
     pub summary: ContractRunSummary,
     pub report: String,
-}
-
-pub(crate) type SummaryRow = (
-    String,
-    String,
-    String,
-    String,
-    String,
-    bool,
-    Option<String>,
-    Millis,
-    Millis,
-    String,
-);
-
-pub(crate) fn summary_from_row(row: SummaryRow) -> ContractRunSummary {
-    let (
-        id,
-        contract,
-        contract_digest,
-        provider,
-        provider_digest,
-        passed,
-        first_failure,
-        started_at,
-        finished_at,
-        actor,
-    ) = row;
-    ContractRunSummary {
-        id,
-        contract,
-        contract_digest,
-        provider,
-        provider_digest,
-        passed,
-        first_failure,
-        started_at,
-        finished_at,
-        actor,
-    }
 }

@@ -2,25 +2,8 @@
 //! `store::contract_runs`.
 
 use super::Conn;
-use crate::store::contract_runs::{
-    summary_from_row, ContractRun, ContractRunSummary, NewContractRun, SummaryRow,
-};
+use crate::store::contract_runs::{ContractRun, ContractRunSummary, NewContractRun};
 use crate::store::StoreError;
-
-/// A run's summary columns, then its report.
-type RunRow = (
-    String,
-    String,
-    String,
-    String,
-    String,
-    bool,
-    Option<String>,
-    i64,
-    i64,
-    String,
-    String,
-);
 
 pub(crate) async fn insert_contract_run(
     conn: &mut Conn,
@@ -53,7 +36,7 @@ pub(crate) async fn insert_contract_run(
 pub(crate) async fn latest_contract_runs(
     conn: &mut Conn,
 ) -> Result<Vec<ContractRunSummary>, StoreError> {
-    let rows: Vec<SummaryRow> = sqlx::query_as(
+    let rows: Vec<ContractRunSummary> = sqlx::query_as(
         "SELECT r.id, r.contract, r.contract_digest, r.provider, r.provider_digest, r.passed, \
          r.first_failure, r.started_at, r.finished_at, r.actor FROM contract_runs r \
          WHERE NOT EXISTS (SELECT 1 FROM contract_runs n \
@@ -63,50 +46,19 @@ pub(crate) async fn latest_contract_runs(
     )
     .fetch_all(&mut *conn)
     .await?;
-    Ok(rows.into_iter().map(summary_from_row).collect())
+    Ok(rows)
 }
 
 pub(crate) async fn contract_run(
     conn: &mut Conn,
     id: &str,
 ) -> Result<Option<ContractRun>, StoreError> {
-    let row: Option<RunRow> =
-        sqlx::query_as(
-            "SELECT id, contract, contract_digest, provider, provider_digest, passed, \
-             first_failure, started_at, finished_at, actor, report FROM contract_runs WHERE id = $1",
-        )
-        .bind(id)
-        .fetch_optional(&mut *conn)
-        .await?;
-    Ok(row.map(
-        |(
-            id,
-            contract,
-            contract_digest,
-            provider,
-            provider_digest,
-            passed,
-            first_failure,
-            started_at,
-            finished_at,
-            actor,
-            report,
-        )| {
-            ContractRun {
-                summary: summary_from_row((
-                    id,
-                    contract,
-                    contract_digest,
-                    provider,
-                    provider_digest,
-                    passed,
-                    first_failure,
-                    started_at,
-                    finished_at,
-                    actor,
-                )),
-                report,
-            }
-        },
-    ))
+    let run: Option<ContractRun> = sqlx::query_as(
+        "SELECT id, contract, contract_digest, provider, provider_digest, passed, \
+         first_failure, started_at, finished_at, actor, report FROM contract_runs WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(run)
 }

@@ -80,6 +80,9 @@ pub use contract_runs::{ContractRun, ContractRunSummary, NewContractRun};
 pub enum StoreError {
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// From the SQLite writer's rusqlite connection (`sql/db.rs`).
+    #[error("database error: {0}")]
+    Sqlite(#[from] rusqlite::Error),
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("{0} not found")]
@@ -109,6 +112,10 @@ impl StoreError {
     pub fn is_transient(&self) -> bool {
         match self {
             StoreError::Database(e) => sqlx_error_is_transient(e),
+            StoreError::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => {
+                sqlite_code_is_transient(i64::from(e.extended_code))
+            }
+            StoreError::Sqlite(_) => false,
             StoreError::Batch(_) => true,
             StoreError::Migrate(_)
             | StoreError::NotFound(_)
@@ -134,15 +141,17 @@ fn sqlx_error_is_transient(e: &sqlx::Error) -> bool {
             Some(code) if code.len() == 5 => {
                 matches!(&code[..2], "08" | "40" | "53" | "57" | "58")
             }
-            // SQLite result codes (the primary code is the low byte):
-            // BUSY, LOCKED, IOERR, FULL, CANTOPEN, PROTOCOL.
-            Some(code) => code
-                .parse::<i64>()
-                .is_ok_and(|c| matches!(c & 0xff, 5 | 6 | 10 | 13 | 14 | 15)),
+            Some(code) => code.parse::<i64>().is_ok_and(sqlite_code_is_transient),
             None => false,
         },
         _ => false,
     }
+}
+
+/// SQLite result codes (the primary code is the low byte): BUSY, LOCKED,
+/// IOERR, FULL, CANTOPEN, PROTOCOL.
+fn sqlite_code_is_transient(code: i64) -> bool {
+    matches!(code & 0xff, 5 | 6 | 10 | 13 | 14 | 15)
 }
 
 /// The answer to an idempotent create.

@@ -97,7 +97,7 @@ crate::store_methods!(pg_store {
         let pool = self.pool.clone();
         tokio::spawn(async move {
             let result = match pool.acquire().await {
-                Ok(mut conn) => ops::insert_event(&mut conn, &event).await,
+                Ok(mut conn) => ops::insert_event(&mut *conn, &event).await,
                 Err(e) => Err(e.into()),
             };
             if let Err(e) = result {

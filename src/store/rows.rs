@@ -1,5 +1,6 @@
 //! Row types shared by both backends and their conversion to domain types.
 
+use super::sql::db::Row;
 use super::{
     parse_attempt_kind, parse_attempt_state, parse_job_state, ApiKey, JobEvent, StoreError,
 };
@@ -44,6 +45,31 @@ pub(crate) struct JobRow {
     lease_owner: Option<String>,
     lease_until: Option<i64>,
     budget_start: i64,
+}
+
+impl Row for JobRow {
+    fn from_rusqlite(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+        Ok(JobRow {
+            id: row.get("id")?,
+            owner_id: row.get("owner_id")?,
+            idempotency_key: row.get("idempotency_key")?,
+            fingerprint: row.get("fingerprint")?,
+            request: row.get("request")?,
+            route: row.get("route")?,
+            state: row.get("state")?,
+            version: row.get("version")?,
+            result: row.get("result")?,
+            completed_by: row.get("completed_by")?,
+            last_error: row.get("last_error")?,
+            attempt_count: row.get("attempt_count")?,
+            created_at: row.get("created_at")?,
+            updated_at: row.get("updated_at")?,
+            next_run_at: row.get("next_run_at")?,
+            lease_owner: row.get("lease_owner")?,
+            lease_until: row.get("lease_until")?,
+            budget_start: row.get("budget_start")?,
+        })
+    }
 }
 
 /// A job in the review queue with its last attempt's start, in one row.

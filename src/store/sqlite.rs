@@ -1,15 +1,23 @@
 //! The embedded SQLite backend.
 //!
 //! Durability: WAL with `synchronous=FULL`, so a commit has reached the disk
-//! before any caller is answered. Writes go through one writer task that
-//! groups the writes of concurrent callers into one `BEGIN IMMEDIATE`
-//! transaction (group commit), each inside its own savepoint so one failed
-//! write never undoes another. `BEGIN IMMEDIATE` takes SQLite's write lock
-//! up front, which makes every guarded step atomic against other processes
-//! on the same file too (they wait up to the busy timeout). Reads use a small
-//! pool of their own connections and never wait for the writer.
+//! before any caller is answered. Writes go through one writer thread that
+//! groups the writes of concurrent callers into `BEGIN IMMEDIATE`
+//! transactions (group commit), each write inside its own savepoint so one
+//! failed write never undoes another. `BEGIN IMMEDIATE` takes SQLite's write
+//! lock up front, which makes every guarded step atomic against other
+//! processes on the same file too (they wait up to the busy timeout). Reads
+//! use a small pool of their own connections and never wait for the writer.
+//!
+//! The writer holds two connections to the file: a rusqlite one, for the
+//! queries written against [`Db`](super::sql::db::Db) (a job's create and
+//! finish, events), which run as direct calls on the writer's thread, and
+//! a sqlx one for the rest. The queued writes are committed in the order
+//! they came: each run of writes of one kind is one transaction on its
+//! connection, so a batch of a job's path is one transaction and one fsync.
 
 use super::signature::*;
+use super::sql::db;
 use super::Store;
 use async_trait::async_trait;
 use futures::future::BoxFuture;
@@ -30,21 +38,34 @@ const MAX_BATCH: usize = 128;
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections that serve reads, besides the writer's.
 const READERS: usize = 4;
+/// Statements the writer's rusqlite connection keeps prepared: every query
+/// of a job's path, with room to spare.
+const RAW_STATEMENTS: usize = 64;
 
 /// Hands a write's result to its caller once the batch's commit is known.
 type Deliver = Box<dyn FnOnce(Result<(), String>) + Send>;
 
-/// One write: runs on the writer's connection inside the batch transaction
-/// and says whether it succeeded (a failed write is rolled back to its
-/// savepoint) and how to deliver its result. Given `Err` (the batch could not
-/// even begin) it runs nothing and delivers that error.
+/// One write through sqlx: runs on the writer's sqlx connection inside the
+/// transaction and says whether it succeeded (a failed write is rolled back
+/// to its savepoint) and how to deliver its result. Given `Err` (the
+/// transaction could not even begin) it runs nothing and delivers that
+/// error.
 type WriteFn = Box<
     dyn for<'c> FnOnce(Result<&'c mut SqliteConnection, String>) -> BoxFuture<'c, (bool, Deliver)>
         + Send,
 >;
 
+/// The same through rusqlite, a direct call on the writer's thread.
+type RawFn = Box<dyn FnOnce(Result<&mut rusqlite::Connection, String>) -> (bool, Deliver) + Send>;
+
+/// One queued write, by the connection it runs on.
+enum Write {
+    Sqlx(WriteFn),
+    Raw(RawFn),
+}
+
 enum WriteCmd {
-    Write(WriteFn),
+    Write(Write),
     /// Commit what is queued before it, then stop the writer.
     Close(oneshot::Sender<()>),
 }
@@ -139,9 +160,29 @@ impl SqliteStore {
             .busy_timeout(BUSY_TIMEOUT)
             .foreign_keys(true);
         let writer_conn = options.clone().connect().await?;
+        // After sqlx's: the file exists and is in WAL mode (a property of
+        // the file); the rest are the connection's own.
+        let raw = rusqlite::Connection::open(path)?;
+        raw.busy_timeout(BUSY_TIMEOUT)?;
+        raw.pragma_update(None, "synchronous", "FULL")?;
+        raw.pragma_update(None, "foreign_keys", "ON")?;
+        raw.set_prepared_statement_cache_capacity(RAW_STATEMENTS);
         let read = Readers::new(options);
         let (tx, rx) = mpsc::channel(4 * MAX_BATCH);
-        tokio::spawn(run_writer(writer_conn, rx));
+        let writer = Writer {
+            conn: writer_conn,
+            raw,
+        };
+        // A thread of its own: the rusqlite writes and every commit's fsync
+        // block it, not the server's runtime.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| StoreError::Batch(format!("sqlite writer runtime: {e}")))?;
+        std::thread::Builder::new()
+            .name("onejob-sqlite-writer".to_string())
+            .spawn(move || runtime.block_on(run_writer(writer, rx)))
+            .map_err(|e| StoreError::Batch(format!("sqlite writer thread: {e}")))?;
         Ok(SqliteStore {
             path: path.to_path_buf(),
             read,
@@ -162,11 +203,26 @@ impl SqliteStore {
             + 'static,
     {
         let (reply, answer) = oneshot::channel::<Result<T, StoreError>>();
-        self.writer
-            .send(WriteCmd::Write(wrap(op, Some(reply))))
-            .await
-            .map_err(|_| StoreError::Closed)?;
+        self.queue(Write::Sqlx(wrap(op, Some(reply)))).await?;
         answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// The same for a write through rusqlite.
+    async fn write_raw<T, F>(&self, op: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut rusqlite::Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel::<Result<T, StoreError>>();
+        self.queue(Write::Raw(wrap_raw(op, Some(reply)))).await?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    async fn queue(&self, write: Write) -> Result<(), StoreError> {
+        self.writer
+            .send(WriteCmd::Write(write))
+            .await
+            .map_err(|_| StoreError::Closed)
     }
 }
 
@@ -183,33 +239,59 @@ where
                 Ok(conn) => op(conn).await,
                 Err(message) => Err(StoreError::Batch(message)),
             };
-            let ok = result.is_ok();
-            let deliver: Deliver = Box::new(move |commit| {
-                let result = match commit {
-                    Ok(()) => result,
-                    Err(message) => Err(StoreError::Batch(message)),
-                };
-                match reply {
-                    // The caller may have gone away; what was committed stays committed.
-                    Some(reply) => {
-                        let _ = reply.send(result);
-                    }
-                    None => {
-                        if let Err(e) = result {
-                            tracing::warn!(error = %e, "detached write failed");
-                        }
-                    }
-                }
-            });
-            (ok, deliver)
+            (result.is_ok(), deliver(result, reply))
         })
     })
 }
 
-/// The single writer: takes what is queued (up to `MAX_BATCH`), commits it as
-/// one transaction, then answers every caller. While it commits, the next
-/// batch queues up, so the batch grows with the load.
-async fn run_writer(mut conn: SqliteConnection, mut rx: mpsc::Receiver<WriteCmd>) {
+fn wrap_raw<T, F>(op: F, reply: Option<oneshot::Sender<Result<T, StoreError>>>) -> RawFn
+where
+    T: Send + 'static,
+    F: FnOnce(&mut rusqlite::Connection) -> Result<T, StoreError> + Send + 'static,
+{
+    Box::new(move |conn| {
+        let result = match conn {
+            Ok(conn) => op(conn),
+            Err(message) => Err(StoreError::Batch(message)),
+        };
+        (result.is_ok(), deliver(result, reply))
+    })
+}
+
+/// How a write's result reaches its caller, given the commit's.
+fn deliver<T: Send + 'static>(
+    result: Result<T, StoreError>,
+    reply: Option<oneshot::Sender<Result<T, StoreError>>>,
+) -> Deliver {
+    Box::new(move |commit| {
+        let result = match commit {
+            Ok(()) => result,
+            Err(message) => Err(StoreError::Batch(message)),
+        };
+        match reply {
+            // The caller may have gone away; what was committed stays committed.
+            Some(reply) => {
+                let _ = reply.send(result);
+            }
+            None => {
+                if let Err(e) = result {
+                    tracing::warn!(error = %e, "detached write failed");
+                }
+            }
+        }
+    })
+}
+
+/// The writer's two connections to the file.
+struct Writer {
+    conn: SqliteConnection,
+    raw: rusqlite::Connection,
+}
+
+/// The single writer: takes what is queued (up to `MAX_BATCH`), commits it,
+/// then answers every caller. While it commits, the next batch queues up,
+/// so the batch grows with the load.
+async fn run_writer(mut writer: Writer, mut rx: mpsc::Receiver<WriteCmd>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut closing = None;
     while let Some(cmd) = rx.recv().await {
@@ -226,34 +308,110 @@ async fn run_writer(mut conn: SqliteConnection, mut rx: mpsc::Receiver<WriteCmd>
                 next = rx.try_recv().ok();
             }
         }
-        if !batch.is_empty() {
-            commit_batch(&mut conn, &mut batch).await;
-        }
+        commit_in_order(&mut writer, &mut batch).await;
         if let Some(done) = closing.take() {
             rx.close();
-            let _ = sqlx::Connection::close(conn).await;
+            drop(writer.raw);
+            let _ = sqlx::Connection::close(writer.conn).await;
             let _ = done.send(());
             return;
         }
     }
 }
 
-async fn commit_batch(conn: &mut SqliteConnection, batch: &mut Vec<WriteFn>) {
+/// Commit the batch in queue order: each run of consecutive writes on one
+/// connection is one transaction there.
+async fn commit_in_order(writer: &mut Writer, batch: &mut Vec<Write>) {
+    let mut writes = batch.drain(..).peekable();
+    while let Some(first) = writes.next() {
+        match first {
+            Write::Raw(op) => {
+                let mut run = vec![op];
+                while let Some(Write::Raw(_)) = writes.peek() {
+                    if let Some(Write::Raw(op)) = writes.next() {
+                        run.push(op);
+                    }
+                }
+                commit_raw(&mut writer.raw, run);
+            }
+            Write::Sqlx(op) => {
+                let mut run = vec![op];
+                while let Some(Write::Sqlx(_)) = writes.peek() {
+                    if let Some(Write::Sqlx(op)) = writes.next() {
+                        run.push(op);
+                    }
+                }
+                commit_sqlx(&mut writer.conn, run).await;
+            }
+        }
+    }
+}
+
+/// One transaction of rusqlite writes, each in its own savepoint unless it
+/// is alone (then the transaction is its own, and a failure rolls it back
+/// whole).
+fn commit_raw(conn: &mut rusqlite::Connection, run: Vec<RawFn>) {
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        tracing::error!(error = %e, "sqlite writer could not begin a transaction");
+        let message = e.to_string();
+        for op in run {
+            let (_, deliver) = op(Err(message.clone()));
+            deliver(Err(message.clone()));
+        }
+        return;
+    }
+    let lone = run.len() == 1;
+    let mut lone_write_failed = false;
+    let mut delivers = Vec::with_capacity(run.len());
+    for op in run {
+        if lone {
+            let (ok, deliver) = op(Ok(&mut *conn));
+            lone_write_failed = !ok;
+            delivers.push(deliver);
+            continue;
+        }
+        if let Err(e) = conn.execute_batch("SAVEPOINT op") {
+            let (_, deliver) = op(Err(format!("sqlite savepoint failed: {e}")));
+            delivers.push(deliver);
+            continue;
+        }
+        let (ok, deliver) = op(Ok(&mut *conn));
+        if !ok {
+            let _ = conn.execute_batch("ROLLBACK TO SAVEPOINT op");
+        }
+        let _ = conn.execute_batch("RELEASE SAVEPOINT op");
+        delivers.push(deliver);
+    }
+    let end = if lone_write_failed {
+        "ROLLBACK"
+    } else {
+        "COMMIT"
+    };
+    let commit = conn.execute_batch(end).map_err(|e| {
+        tracing::error!(error = %e, "sqlite writer commit failed; the batch is rolled back");
+        let _ = conn.execute_batch("ROLLBACK");
+        e.to_string()
+    });
+    for deliver in delivers {
+        deliver(commit.clone());
+    }
+}
+
+/// One transaction of sqlx writes, as [`commit_raw`].
+async fn commit_sqlx(conn: &mut SqliteConnection, run: Vec<WriteFn>) {
     if let Err(e) = sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await {
         tracing::error!(error = %e, "sqlite writer could not begin a transaction");
         let message = e.to_string();
-        for op in batch.drain(..) {
+        for op in run {
             let (_, deliver) = op(Err(message.clone())).await;
             deliver(Err(message.clone()));
         }
         return;
     }
-    let mut delivers = Vec::with_capacity(batch.len());
-    // A lone write (the common case under light load) needs no savepoint:
-    // the transaction is its own, and a failure rolls it back whole.
+    let mut delivers = Vec::with_capacity(run.len());
     let mut lone_write_failed = false;
-    if batch.len() == 1 {
-        for op in batch.drain(..) {
+    if run.len() == 1 {
+        for op in run {
             let (ok, deliver) = op(Ok(&mut *conn)).await;
             lone_write_failed = !ok;
             delivers.push(deliver);
@@ -266,8 +424,8 @@ async fn commit_batch(conn: &mut SqliteConnection, batch: &mut Vec<WriteFn>) {
             .execute(&mut *conn)
             .await
             .is_ok();
-        let last = batch.len() - 1;
-        for (i, op) in batch.drain(..).enumerate() {
+        let last = run.len() - 1;
+        for (i, op) in run.into_iter().enumerate() {
             if !open {
                 let (_, deliver) = op(Err("sqlite savepoint failed".to_string())).await;
                 delivers.push(deliver);
@@ -312,8 +470,24 @@ async fn commit_batch(conn: &mut SqliteConnection, batch: &mut Vec<WriteFn>) {
 
 /// The body of one listed query on SQLite: reads on a reader connection;
 /// writes (one statement or several) through the write queue, their
-/// arguments carried there owned.
+/// arguments carried there owned. The queries written against
+/// [`Db`](super::sql::db::Db) run there through rusqlite (`raw`).
 macro_rules! sqlite_call {
+    (raw $self:ident $name:ident($($arg:ident: $ty:ty),*)) => {{
+        $(let $arg = <$ty as Carry>::carry($arg);)*
+        $self
+            .write_raw(move |c| db::now(ops::$name(c, $($arg.lend()),*)))
+            .await
+    }};
+    (transaction $self:ident create_job($($args:tt)*)) => {
+        sqlite_call!(raw $self create_job($($args)*))
+    };
+    (transaction $self:ident finish_attempt($($args:tt)*)) => {
+        sqlite_call!(raw $self finish_attempt($($args)*))
+    };
+    (writer $self:ident record_event($($args:tt)*)) => {
+        sqlite_call!(raw $self record_event($($args)*))
+    };
     (reader $self:ident $name:ident($($arg:ident: $ty:ty),*)) => {
         ops::$name(&mut *$self.read.get().await?, $($arg),*).await
     };
@@ -367,11 +541,9 @@ crate::store_methods!(sqlite_store {
     }
 
     fn record_event_detached(&self, event: NewEvent) {
-        let op = wrap::<(), _>(
-            move |c| Box::pin(async move { ops::insert_event(c, &event).await }),
-            None,
-        );
-        if let Err(mpsc::error::TrySendError::Full(cmd)) = self.writer.try_send(WriteCmd::Write(op))
+        let op = wrap_raw::<(), _>(move |c| db::now(ops::insert_event(c, &event)), None);
+        if let Err(mpsc::error::TrySendError::Full(cmd)) =
+            self.writer.try_send(WriteCmd::Write(Write::Raw(op)))
         {
             let writer = self.writer.clone();
             tokio::spawn(async move {
@@ -483,10 +655,7 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
-    /// Ten writes committed as one batch, every odd one failing after it
-    /// wrote: each failure undoes its own row only, and its caller hears so.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_failed_write_in_a_batch_undoes_only_itself() {
+    async fn store_with_probe() -> (tempfile::TempDir, Arc<SqliteStore>) {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(SqliteStore::open(&dir.path().join("t.db")).await.unwrap());
         store
@@ -500,7 +669,17 @@ mod tests {
             })
             .await
             .unwrap();
-        // Hold the writer until the ten are queued behind it.
+        (dir, store)
+    }
+
+    /// Holds the writer inside a write until `release` is sent: what is
+    /// queued meanwhile is committed as one batch.
+    async fn hold_writer(
+        store: &Arc<SqliteStore>,
+    ) -> (
+        oneshot::Sender<()>,
+        tokio::task::JoinHandle<Result<(), StoreError>>,
+    ) {
         let (started, is_started) = oneshot::channel::<()>();
         let (release, released) = oneshot::channel::<()>();
         let holder = {
@@ -518,43 +697,103 @@ mod tests {
             })
         };
         is_started.await.unwrap();
-        let writes: Vec<_> = (0..10i64)
-            .map(|n| {
-                let store = store.clone();
-                tokio::spawn(async move {
-                    store
-                        .write(move |c| {
-                            Box::pin(async move {
-                                sqlx::query("INSERT INTO probe (n) VALUES ($1)")
-                                    .bind(n)
-                                    .execute(&mut *c)
-                                    .await?;
-                                if n % 2 == 1 {
-                                    return Err(StoreError::NotFound("odd"));
-                                }
-                                Ok(n)
-                            })
-                        })
-                        .await
-                })
-            })
-            .collect();
+        (release, holder)
+    }
+
+    async fn wait_until_queued(store: &SqliteStore, n: usize) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while store.writer.max_capacity() - store.writer.capacity() < 10 {
+        while store.writer.max_capacity() - store.writer.capacity() < n {
             assert!(tokio::time::Instant::now() < deadline, "writes not queued");
             tokio::task::yield_now().await;
         }
-        release.send(()).unwrap();
-        holder.await.unwrap().unwrap();
-        for (n, write) in writes.into_iter().enumerate() {
-            let result = write.await.unwrap();
-            assert_eq!(result.is_ok(), n % 2 == 0, "write {n}: {result:?}");
-        }
-        let rows: Vec<(i64,)> = sqlx::query_as("SELECT n FROM probe ORDER BY n")
+    }
+
+    async fn probe_rows(store: &SqliteStore) -> Vec<i64> {
+        let rows: Vec<(i64,)> = sqlx::query_as("SELECT n FROM probe ORDER BY rowid")
             .fetch_all(&mut *store.read.get().await.unwrap())
             .await
             .unwrap();
-        let rows: Vec<i64> = rows.into_iter().map(|(n,)| n).collect();
-        assert_eq!(rows, vec![0, 2, 4, 6, 8]);
+        rows.into_iter().map(|(n,)| n).collect()
+    }
+
+    /// Insert `n` into the probe, through sqlx (`raw` false) or rusqlite;
+    /// an odd `n` then fails.
+    async fn insert_probe(store: &SqliteStore, n: i64, raw: bool) -> Result<i64, StoreError> {
+        const INSERT: &str = "INSERT INTO probe (n) VALUES ($1)";
+        let fail_odd = move || match n % 2 {
+            1 => Err(StoreError::NotFound("odd")),
+            _ => Ok(n),
+        };
+        if raw {
+            store
+                .write_raw(move |c| {
+                    db::now(db::Db::execute(c, INSERT, db::args![n]))?;
+                    fail_odd()
+                })
+                .await
+        } else {
+            store
+                .write(move |c| {
+                    Box::pin(async move {
+                        sqlx::query(INSERT).bind(n).execute(&mut *c).await?;
+                        fail_odd()
+                    })
+                })
+                .await
+        }
+    }
+
+    /// Ten writes committed as one batch, every odd one failing after it
+    /// wrote: each failure undoes its own row only, and its caller hears so.
+    /// Through either connection.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_write_in_a_batch_undoes_only_itself() {
+        for raw in [false, true] {
+            let (_dir, store) = store_with_probe().await;
+            let (release, holder) = hold_writer(&store).await;
+            let writes: Vec<_> = (0..10i64)
+                .map(|n| {
+                    let store = store.clone();
+                    tokio::spawn(async move { insert_probe(&store, n, raw).await })
+                })
+                .collect();
+            wait_until_queued(&store, 10).await;
+            release.send(()).unwrap();
+            holder.await.unwrap().unwrap();
+            for (n, write) in writes.into_iter().enumerate() {
+                let result = write.await.unwrap();
+                assert_eq!(
+                    result.is_ok(),
+                    n % 2 == 0,
+                    "raw {raw}, write {n}: {result:?}"
+                );
+            }
+            assert_eq!(probe_rows(&store).await, vec![0, 2, 4, 6, 8], "raw {raw}");
+        }
+    }
+
+    /// Writes through the two connections, queued in one batch, are
+    /// committed in the order they were queued.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_of_both_kinds_commits_in_queue_order() {
+        let (_dir, store) = store_with_probe().await;
+        let (release, holder) = hold_writer(&store).await;
+        let kinds = [true, true, false, true, false, false, true];
+        let mut writes = Vec::new();
+        for (i, raw) in kinds.into_iter().enumerate() {
+            let n = 2 * i as i64;
+            let store2 = store.clone();
+            writes.push(tokio::spawn(
+                async move { insert_probe(&store2, n, raw).await },
+            ));
+            // Queued one after the other, not racing.
+            wait_until_queued(&store, i + 1).await;
+        }
+        release.send(()).unwrap();
+        holder.await.unwrap().unwrap();
+        for write in writes {
+            write.await.unwrap().unwrap();
+        }
+        assert_eq!(probe_rows(&store).await, vec![0, 2, 4, 6, 8, 10, 12]);
     }
 }

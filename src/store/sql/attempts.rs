@@ -4,6 +4,7 @@
 use super::events::{decision_event, insert_event};
 use super::jobs::{reload, restart};
 use super::keys::add_usage;
+use crate::store::sql::db::{args, Db};
 use super::Conn;
 use crate::domain::attempt::{may_start, Ambiguous, AttemptOutcome, Failure, NewAttempt};
 use crate::domain::{Attempt, AttemptState, GuardRefusal, Job, LiveAttempts, Millis};
@@ -84,23 +85,24 @@ pub(crate) async fn start_attempt(
 
 /// The attempt row of a start the guard admitted, and its event.
 pub(super) async fn insert_started_attempt(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     new: &NewAttempt,
     seq: i64,
     version: i64,
 ) -> Result<(), StoreError> {
-    sqlx::query(
+    conn.execute(
         "INSERT INTO attempts (id, job_id, seq, provider, kind, state, read_version, started_at) \
          VALUES ($1, $2, $3, $4, $5, 'started', $6, $7)",
+        args![
+            &new.id,
+            &new.job_id,
+            seq,
+            &new.provider,
+            new.kind.as_str(),
+            version,
+            new.started_at
+        ],
     )
-    .bind(&new.id)
-    .bind(&new.job_id)
-    .bind(seq)
-    .bind(&new.provider)
-    .bind(new.kind.as_str())
-    .bind(version)
-    .bind(new.started_at)
-    .execute(&mut *conn)
     .await?;
     let detail = serde_json::json!({
         "provider": new.provider, "kind": new.kind.as_str(), "seq": seq, "read_version": version,
@@ -120,16 +122,18 @@ pub(super) async fn insert_started_attempt(
 }
 
 pub(crate) async fn finish_attempt(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     finish: FinishAttempt,
 ) -> Result<FinishOutcome, StoreError> {
-    let row: Option<(String, String, i64)> = sqlx::query_as(concat!(
-        "SELECT job_id, state, read_version FROM attempts WHERE id = $1",
-        for_update!()
-    ))
-    .bind(&finish.attempt_id)
-    .fetch_optional(&mut *conn)
-    .await?;
+    let row: Option<(String, String, i64)> = conn
+        .fetch_optional(
+            concat!(
+                "SELECT job_id, state, read_version FROM attempts WHERE id = $1",
+                for_update!()
+            ),
+            args![&finish.attempt_id],
+        )
+        .await?;
     let Some((job_id, state, read_version)) = row else {
         return Err(StoreError::NotFound("attempt"));
     };
@@ -158,31 +162,30 @@ pub(crate) async fn finish_attempt(
             // Invariant 5: exactly one winner.
             // The won job comes back as committed, for whoever
             // waits for it (no read after the commit).
-            let won: Option<JobRow> = sqlx::query_as(concat!(
-                "UPDATE jobs SET state = 'succeeded', result = $3, completed_by = $4, \
-                 version = version + 1, last_error = NULL, updated_at = $5, \
-                 next_run_at = NULL, lease_owner = NULL, lease_until = NULL \
-                 WHERE id = $1 AND version = $2 AND completed_by IS NULL RETURNING ",
-                job_columns!()
-            ))
-            .bind(&job_id)
-            .bind(read_version)
-            .bind(output)
-            .bind(&finish.attempt_id)
-            .bind(at)
-            .fetch_optional(&mut *conn)
-            .await?;
+            let won: Option<JobRow> = conn
+                .fetch_optional(
+                    concat!(
+                        "UPDATE jobs SET state = 'succeeded', result = $3, completed_by = $4, \
+                         version = version + 1, last_error = NULL, updated_at = $5, \
+                         next_run_at = NULL, lease_owner = NULL, lease_until = NULL \
+                         WHERE id = $1 AND version = $2 AND completed_by IS NULL RETURNING ",
+                        job_columns!()
+                    ),
+                    args![&job_id, read_version, output, &finish.attempt_id, at],
+                )
+                .await?;
             if let Some(won) = won {
-                sqlx::query(
+                conn.execute(
                     "UPDATE attempts SET state = 'succeeded', output = $2, usage = $3, \
                      provider_request_id = $4, finished_at = $5 WHERE id = $1",
+                    args![
+                        &finish.attempt_id,
+                        output,
+                        &usage,
+                        provider_request_id,
+                        at
+                    ],
                 )
-                .bind(&finish.attempt_id)
-                .bind(output)
-                .bind(&usage)
-                .bind(provider_request_id)
-                .bind(at)
-                .execute(&mut *conn)
                 .await?;
                 add_usage(conn, &finish.attempt_id, usage.as_deref(), true, at).await?;
                 let version = read_version + 1;
@@ -195,23 +198,20 @@ pub(crate) async fn finish_attempt(
             }
             // The late result is discarded, not merged; its usage is
             // kept so the cost of the race stays visible.
-            sqlx::query(
+            conn.execute(
                 "UPDATE attempts SET state = 'discarded', usage = $2, provider_request_id = $3, \
                  finished_at = $4 WHERE id = $1",
+                args![&finish.attempt_id, &usage, provider_request_id, at],
             )
-            .bind(&finish.attempt_id)
-            .bind(&usage)
-            .bind(provider_request_id)
-            .bind(at)
-            .execute(&mut *conn)
             .await?;
             // A lost race is paid for all the same.
             add_usage(conn, &finish.attempt_id, usage.as_deref(), false, at).await?;
-            let current: Option<(i64, Option<String>, String)> =
-                sqlx::query_as("SELECT version, completed_by, state FROM jobs WHERE id = $1")
-                    .bind(&job_id)
-                    .fetch_optional(&mut *conn)
-                    .await?;
+            let current: Option<(i64, Option<String>, String)> = conn
+                .fetch_optional(
+                    "SELECT version, completed_by, state FROM jobs WHERE id = $1",
+                    args![&job_id],
+                )
+                .await?;
             let (current_version, completed_by, job_state) =
                 current.unwrap_or((-1, None, String::new()));
             let detail = serde_json::json!({
@@ -225,14 +225,11 @@ pub(crate) async fn finish_attempt(
             Ok(FinishOutcome::Lost)
         }
         AttemptOutcome::Abandoned { reason } => {
-            sqlx::query(
+            conn.execute(
                 "UPDATE attempts SET state = 'discarded', error_kind = 'abandoned', error_message = $2, \
                  finished_at = $3 WHERE id = $1",
+                args![&finish.attempt_id, reason, at],
             )
-            .bind(&finish.attempt_id)
-            .bind(reason)
-            .bind(at)
-            .execute(&mut *conn)
             .await?;
             let detail = serde_json::json!({ "reason": reason }).to_string();
             insert_event(conn, &event_for(event::ATTEMPT_ABANDONED, Some(detail))).await?;
@@ -252,47 +249,47 @@ pub(crate) async fn finish_attempt(
                 // An unknown attempt has not finished; it awaits settlement.
                 _ => (event::ATTEMPT_UNKNOWN, None),
             };
-            sqlx::query(
+            conn.execute(
                 "UPDATE attempts SET state = $2, error_kind = $3, error_message = $4, \
                  finished_at = $5 WHERE id = $1",
+                args![
+                    &finish.attempt_id,
+                    wanted.as_str(),
+                    error_kind,
+                    message,
+                    finished_at
+                ],
             )
-            .bind(&finish.attempt_id)
-            .bind(wanted.as_str())
-            .bind(error_kind)
-            .bind(message)
-            .bind(finished_at)
-            .execute(&mut *conn)
             .await?;
             let last_error = format!("{error_kind}: {message}");
             // A succeeded or cancelled job never changes again (a late
             // loser's error stays on the attempt): replays of it are
             // answered from memory (`crate::replays`).
-            sqlx::query(concat!(
-                "UPDATE jobs SET last_error = $2, updated_at = $3 \
-                 WHERE id = $1 AND state NOT IN (",
-                job_states_settled_for_good!(),
-                ")",
-            ))
-            .bind(&job_id)
-            .bind(&last_error)
-            .bind(at)
-            .execute(&mut *conn)
+            conn.execute(
+                concat!(
+                    "UPDATE jobs SET last_error = $2, updated_at = $3 \
+                     WHERE id = $1 AND state NOT IN (",
+                    job_states_settled_for_good!(),
+                    ")",
+                ),
+                args![&job_id, &last_error, at],
+            )
             .await?;
             if wanted == AttemptState::Failed {
                 // A job parked on its unknown attempts (no
                 // `next_run_at`) whose last live one just failed may
                 // run again: in the same commit, so no store error
                 // between settling and waking can strand it.
-                sqlx::query(concat!(
-                    "UPDATE jobs SET next_run_at = $2 WHERE id = $1 AND next_run_at IS NULL AND state IN (",
-                    job_states_taking_attempts!(),
-                    ") AND NOT EXISTS (SELECT 1 FROM attempts WHERE job_id = $1 AND state IN (",
-                    attempt_states_live!(),
-                    "))"
-                ))
-                .bind(&job_id)
-                .bind(at)
-                .execute(&mut *conn)
+                conn.execute(
+                    concat!(
+                        "UPDATE jobs SET next_run_at = $2 WHERE id = $1 AND next_run_at IS NULL AND state IN (",
+                        job_states_taking_attempts!(),
+                        ") AND NOT EXISTS (SELECT 1 FROM attempts WHERE job_id = $1 AND state IN (",
+                        attempt_states_live!(),
+                        "))"
+                    ),
+                    args![&job_id, at],
+                )
                 .await?;
             }
             let detail =

@@ -1,22 +1,24 @@
 //! The append-only job event log.
 
+use crate::store::sql::db::{args, Db};
 use super::Conn;
 use crate::domain::Millis;
 use crate::store::rows::EventRow;
 use crate::store::{JobEvent, NewEvent, StoreError};
 
-pub(crate) async fn insert_event(conn: &mut Conn, ev: &NewEvent) -> Result<(), StoreError> {
-    sqlx::query(
+pub(crate) async fn insert_event(conn: &mut impl Db, ev: &NewEvent) -> Result<(), StoreError> {
+    conn.execute(
         "INSERT INTO job_events (job_id, attempt_id, kind, actor, detail, at) \
          VALUES ($1, $2, $3, $4, $5, $6)",
+        args![
+            &ev.job_id,
+            &ev.attempt_id,
+            ev.kind,
+            &ev.actor,
+            &ev.detail,
+            ev.at
+        ],
     )
-    .bind(&ev.job_id)
-    .bind(&ev.attempt_id)
-    .bind(ev.kind)
-    .bind(&ev.actor)
-    .bind(&ev.detail)
-    .bind(ev.at)
-    .execute(&mut *conn)
     .await?;
     Ok(())
 }
@@ -44,7 +46,7 @@ pub(crate) async fn insert_events(conn: &mut Conn, events: &[NewEvent]) -> Resul
     Ok(())
 }
 
-pub(crate) async fn record_event(conn: &mut Conn, event: NewEvent) -> Result<(), StoreError> {
+pub(crate) async fn record_event(conn: &mut impl Db, event: NewEvent) -> Result<(), StoreError> {
     insert_event(conn, &event).await
 }
 

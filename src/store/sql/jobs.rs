@@ -3,6 +3,7 @@
 
 use super::attempts::{insert_started_attempt, live_attempts};
 use super::events::{decision_event, insert_event};
+use crate::store::sql::db::{args, Db};
 use super::Conn;
 use crate::domain::job::NewJob;
 use crate::domain::{Job, Millis};
@@ -12,32 +13,36 @@ use crate::store::{
 };
 use crate::{attempt_states_live, job_state_awaiting_decision, job_states_taking_attempts};
 
-pub(crate) async fn create_job(conn: &mut Conn, job: NewJob) -> Result<CreateOutcome, StoreError> {
+pub(crate) async fn create_job(
+    conn: &mut impl Db,
+    job: NewJob,
+) -> Result<CreateOutcome, StoreError> {
     let (state, attempt_count) = match &job.primary {
         Some(_) => ("running", 1i64),
         None => ("pending", 0i64),
     };
-    let inserted = sqlx::query(
-        "INSERT INTO jobs (id, owner_id, idempotency_key, fingerprint, request, route, state, \
-         version, attempt_count, created_at, updated_at, next_run_at, lease_owner, lease_until, key_id) \
-         VALUES ($1, $2, $3, $4, $5, $6, $11, 0, $12, $7, $7, $7, $8, $9, $10) \
-         ON CONFLICT (owner_id, idempotency_key) DO NOTHING",
-    )
-    .bind(&job.id)
-    .bind(&job.owner_id)
-    .bind(&job.idempotency_key)
-    .bind(&job.fingerprint)
-    .bind(&job.request)
-    .bind(&job.route)
-    .bind(job.created_at)
-    .bind(job.lease.as_ref().map(|(owner, _)| owner.as_str()))
-    .bind(job.lease.as_ref().map(|(_, until)| *until))
-    .bind(job.key_id.as_deref())
-    .bind(state)
-    .bind(attempt_count)
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
+    let inserted = conn
+        .execute(
+            "INSERT INTO jobs (id, owner_id, idempotency_key, fingerprint, request, route, state, \
+             version, attempt_count, created_at, updated_at, next_run_at, lease_owner, lease_until, key_id) \
+             VALUES ($1, $2, $3, $4, $5, $6, $11, 0, $12, $7, $7, $7, $8, $9, $10) \
+             ON CONFLICT (owner_id, idempotency_key) DO NOTHING",
+            args![
+                &job.id,
+                &job.owner_id,
+                &job.idempotency_key,
+                &job.fingerprint,
+                &job.request,
+                &job.route,
+                job.created_at,
+                job.lease.as_ref().map(|(owner, _)| owner.as_str()),
+                job.lease.as_ref().map(|(_, until)| *until),
+                job.key_id.as_deref(),
+                state,
+                attempt_count,
+            ],
+        )
+        .await?;
     if inserted == 1 {
         insert_event(
             conn,
@@ -68,19 +73,20 @@ pub(crate) async fn create_job(conn: &mut Conn, job: NewJob) -> Result<CreateOut
 }
 
 pub(crate) async fn find_job_by_key(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     owner_id: &str,
     key: &str,
 ) -> Result<Option<Job>, StoreError> {
-    let row: Option<JobRow> = sqlx::query_as(concat!(
-        "SELECT ",
-        job_columns!(),
-        " FROM jobs WHERE owner_id = $1 AND idempotency_key = $2"
-    ))
-    .bind(owner_id)
-    .bind(key)
-    .fetch_optional(&mut *conn)
-    .await?;
+    let row: Option<JobRow> = conn
+        .fetch_optional(
+            concat!(
+                "SELECT ",
+                job_columns!(),
+                " FROM jobs WHERE owner_id = $1 AND idempotency_key = $2"
+            ),
+            args![owner_id, key],
+        )
+        .await?;
     row.map(Job::try_from).transpose()
 }
 

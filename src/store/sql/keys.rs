@@ -2,6 +2,7 @@
 //! limits set at run time with their audit trail, the change counter,
 //! the instance heartbeat, and usage by owner and day.
 
+use crate::store::sql::db::{args, Db};
 use super::Conn;
 use crate::domain::Millis;
 use crate::store::rows::ApiKeyRow;
@@ -371,7 +372,7 @@ pub(crate) async fn usage(
 /// Add an attempt's reported usage to its owner's day, in the commit
 /// that records it. `usage` is the attempt's usage JSON.
 pub(crate) async fn add_usage(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     attempt_id: &str,
     usage: Option<&str>,
     won: bool,
@@ -382,7 +383,7 @@ pub(crate) async fn add_usage(
     let prompt = parsed["prompt_tokens"].as_i64().unwrap_or(0);
     let completion = parsed["completion_tokens"].as_i64().unwrap_or(0);
     let discarded = if won { 0 } else { prompt + completion };
-    sqlx::query(
+    conn.execute(
         "INSERT INTO usage_daily (owner_id, day, key_id, route, provider, kind, attempts, won, \
          prompt_tokens, completion_tokens, discarded_tokens) \
          SELECT j.owner_id, $2, COALESCE(j.key_id, ''), j.route, a.provider, a.kind, 1, $3, $4, $5, $6 \
@@ -392,14 +393,15 @@ pub(crate) async fn add_usage(
          prompt_tokens = usage_daily.prompt_tokens + excluded.prompt_tokens, \
          completion_tokens = usage_daily.completion_tokens + excluded.completion_tokens, \
          discarded_tokens = usage_daily.discarded_tokens + excluded.discarded_tokens",
+        args![
+            attempt_id,
+            crate::store::tenants::day_of(at),
+            i64::from(won),
+            prompt,
+            completion,
+            discarded
+        ],
     )
-    .bind(attempt_id)
-    .bind(crate::store::tenants::day_of(at))
-    .bind(i64::from(won))
-    .bind(prompt)
-    .bind(completion)
-    .bind(discarded)
-    .execute(&mut *conn)
     .await?;
     Ok(())
 }

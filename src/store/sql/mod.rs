@@ -35,6 +35,8 @@ macro_rules! resource_modules {
     };
 }
 
+pub(crate) mod db;
+
 // Both include the same resource files: each is compiled once per dialect,
 // on purpose.
 #[allow(clippy::duplicate_mod)]

@@ -85,10 +85,18 @@ pub struct SqliteStore {
 /// one costs SQLite a parse of the whole schema (its pragmas read it), so a
 /// CLI command that reads once, or a store whose reads never overlap, opens
 /// one, not [`READERS`].
+///
+/// The reads written against [`Db`](super::sql::db::Db) (a job by its key
+/// or id: the replay check before every create) run on rusqlite
+/// connections of their own instead, inline on the caller's thread: an
+/// indexed read of one row takes SQLite microseconds, less than the
+/// hand-off to a connection's worker thread and back.
 struct Readers {
     options: SqliteConnectOptions,
     conns: Vec<Mutex<Reader>>,
     next: AtomicUsize,
+    path: PathBuf,
+    raw: std::sync::Mutex<Vec<rusqlite::Connection>>,
 }
 
 enum Reader {
@@ -98,12 +106,33 @@ enum Reader {
 }
 
 impl Readers {
-    fn new(options: SqliteConnectOptions) -> Self {
+    fn new(options: SqliteConnectOptions, path: &Path) -> Self {
         Readers {
             options,
             conns: (0..READERS).map(|_| Mutex::new(Reader::Unopened)).collect(),
             next: AtomicUsize::new(0),
+            path: path.to_path_buf(),
+            raw: std::sync::Mutex::new(Vec::new()),
         }
+    }
+
+    /// Run a read on a free rusqlite connection (opened if none is free;
+    /// at most [`READERS`] are kept).
+    fn raw<T>(
+        &self,
+        read: impl FnOnce(&mut rusqlite::Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let free = self.raw.lock().map_err(|_| StoreError::Closed)?.pop();
+        let mut conn = match free {
+            Some(conn) => conn,
+            None => open_raw(&self.path)?,
+        };
+        let answer = read(&mut conn);
+        let mut pool = self.raw.lock().map_err(|_| StoreError::Closed)?;
+        if pool.len() < READERS {
+            pool.push(conn);
+        }
+        answer
     }
 
     /// A free open connection if there is one, else a free slot opened now,
@@ -141,6 +170,9 @@ impl Readers {
     }
 
     async fn close(&self) {
+        if let Ok(mut raw) = self.raw.lock() {
+            raw.clear();
+        }
         for conn in &self.conns {
             let mut reader = conn.lock().await;
             if let Reader::Open(conn) = std::mem::replace(&mut *reader, Reader::Closed) {
@@ -161,13 +193,10 @@ impl SqliteStore {
             .foreign_keys(true);
         let writer_conn = options.clone().connect().await?;
         // After sqlx's: the file exists and is in WAL mode (a property of
-        // the file); the rest are the connection's own.
-        let raw = rusqlite::Connection::open(path)?;
-        raw.busy_timeout(BUSY_TIMEOUT)?;
-        raw.pragma_update(None, "synchronous", "FULL")?;
-        raw.pragma_update(None, "foreign_keys", "ON")?;
+        // the file).
+        let raw = open_raw(path)?;
         raw.set_prepared_statement_cache_capacity(RAW_STATEMENTS);
-        let read = Readers::new(options);
+        let read = Readers::new(options, path);
         let (tx, rx) = mpsc::channel(4 * MAX_BATCH);
         let writer = Writer {
             conn: writer_conn,
@@ -280,6 +309,16 @@ fn deliver<T: Send + 'static>(
             }
         }
     })
+}
+
+/// A rusqlite connection to the file, set as sqlx's are (`synchronous` and
+/// `foreign_keys` are a connection's own; WAL is the file's).
+fn open_raw(path: &Path) -> Result<rusqlite::Connection, StoreError> {
+    let conn = rusqlite::Connection::open(path)?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    Ok(conn)
 }
 
 /// The writer's two connections to the file.
@@ -487,6 +526,15 @@ macro_rules! sqlite_call {
     };
     (writer $self:ident record_event($($args:tt)*)) => {
         sqlite_call!(raw $self record_event($($args)*))
+    };
+    (reader $self:ident find_job_by_key($($args:tt)*)) => {
+        sqlite_call!(raw_read $self find_job_by_key($($args)*))
+    };
+    (reader $self:ident get_job($($args:tt)*)) => {
+        sqlite_call!(raw_read $self get_job($($args)*))
+    };
+    (raw_read $self:ident $name:ident($($arg:ident: $ty:ty),*)) => {
+        $self.read.raw(|c| db::now(ops::$name(c, $($arg),*)))
     };
     (reader $self:ident $name:ident($($arg:ident: $ty:ty),*)) => {
         ops::$name(&mut *$self.read.get().await?, $($arg),*).await

@@ -90,15 +90,13 @@ pub(crate) async fn find_job_by_key(
     row.map(Job::try_from).transpose()
 }
 
-pub(crate) async fn get_job(conn: &mut Conn, id: &str) -> Result<Option<Job>, StoreError> {
-    let row: Option<JobRow> = sqlx::query_as(concat!(
-        "SELECT ",
-        job_columns!(),
-        " FROM jobs WHERE id = $1"
-    ))
-    .bind(id)
-    .fetch_optional(&mut *conn)
-    .await?;
+pub(crate) async fn get_job(conn: &mut impl Db, id: &str) -> Result<Option<Job>, StoreError> {
+    let row: Option<JobRow> = conn
+        .fetch_optional(
+            concat!("SELECT ", job_columns!(), " FROM jobs WHERE id = $1"),
+            args![id],
+        )
+        .await?;
     row.map(Job::try_from).transpose()
 }
 

@@ -15,6 +15,9 @@ use super::sql::postgres as ops;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
+/// A pooled connection idle this long is pinged before it is used.
+const PING_IDLE_AFTER: Duration = Duration::from_secs(1);
+
 pub struct PgStore {
     pool: PgPool,
 }
@@ -25,6 +28,21 @@ impl PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(16)
             .acquire_timeout(Duration::from_secs(10))
+            // sqlx pings a connection when it is given back (always) and,
+            // by default, again when it is taken: a round trip on every
+            // store call's path. Taken soon after its last use, a
+            // connection was just proven live by that ping; one idle for
+            // longer may have been dropped by the server meanwhile (a
+            // restart, an idle timeout), so only that one is pinged.
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= PING_IDLE_AFTER {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect_with(options)
             .await?;
         Ok(PgStore { pool })

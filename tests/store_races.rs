@@ -20,6 +20,7 @@ on_both_backends!(
     twenty_concurrent_finishes_have_exactly_one_winner,
     a_finished_attempt_cannot_finish_again,
     an_unknown_settled_before_its_driver_blocks_leaves_the_job_runnable,
+    a_create_with_its_primary_writes_four_rows_once,
 );
 
 async fn new_job(store: &dyn Store) -> String {
@@ -364,6 +365,103 @@ async fn an_unknown_settled_before_its_driver_blocks_leaves_the_job_runnable(bac
         .await
         .unwrap();
     assert!(retry.is_ok(), "{retry:?}");
+}
+
+/// Create, claim and the primary's start in one step (one statement on
+/// PostgreSQL, four on SQLite): the job `running` under its lease, its
+/// attempt `started`, and the events `created` then `attempt_started`, in
+/// that order. Twenty more creates with the same key, at once, write
+/// nothing and answer the job as stored.
+async fn a_create_with_its_primary_writes_four_rows_once(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store: Arc<dyn Store> = db.store().await;
+    let id = new_id();
+    let mut primary = attempt(&id, AttemptKind::Primary, 0);
+    primary.started_at = 7;
+    let job = NewJob {
+        id: id.clone(),
+        owner_id: "alice".into(),
+        idempotency_key: "click-1".into(),
+        fingerprint: "f".into(),
+        request: "{}".into(),
+        route: "default".into(),
+        created_at: 7,
+        lease: Some(("driver".into(), 1_000)),
+        key_id: None,
+        primary: Some(primary.clone()),
+    };
+    let CreateOutcome::Created(created) = store.create_job(job.clone()).await.unwrap() else {
+        panic!("a new key creates");
+    };
+    assert_eq!(
+        (created.state, created.attempt_count),
+        (JobState::Running, 1)
+    );
+    let again: Vec<_> = (0..20)
+        .map(|i| {
+            let (store, mut job) = (store.clone(), job.clone());
+            job.id = format!("other-{i}");
+            tokio::spawn(async move { store.create_job(job).await.unwrap() })
+        })
+        .collect();
+    for create in again {
+        match create.await.unwrap() {
+            CreateOutcome::Existing(existing) => assert_eq!(existing.id, id),
+            CreateOutcome::Created(other) => panic!("the key created twice: {other:?}"),
+        }
+    }
+    let stored = store.get_job(&id).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            stored.state,
+            stored.lease_owner.as_deref(),
+            stored.lease_until,
+            stored.attempt_count
+        ),
+        (JobState::Running, Some("driver"), Some(1_000), 1)
+    );
+    let attempts = store.list_attempts(&id).await.unwrap();
+    assert_eq!(attempts.len(), 1, "{attempts:?}");
+    assert_eq!(
+        (
+            attempts[0].id.as_str(),
+            attempts[0].seq,
+            attempts[0].state,
+            attempts[0].read_version,
+            attempts[0].started_at
+        ),
+        (primary.id.as_str(), 1, AttemptState::Started, 0, 7)
+    );
+    let events = store.list_events(&id).await.unwrap();
+    let seen: Vec<_> = events
+        .iter()
+        .map(|e| {
+            (
+                e.kind.as_str(),
+                e.attempt_id.as_deref(),
+                e.actor.as_str(),
+                e.at,
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("created", None, "alice", 7),
+            ("attempt_started", Some(primary.id.as_str()), "engine", 7)
+        ]
+    );
+    let detail: serde_json::Value =
+        serde_json::from_str(events[1].detail.as_deref().unwrap()).unwrap();
+    assert_eq!(
+        detail,
+        serde_json::json!({"provider": primary.provider, "kind": "primary", "seq": 1, "read_version": 0})
+    );
+    assert_eq!(
+        store.count_jobs().await.unwrap(),
+        1,
+        "no other job was written"
+    );
 }
 
 /// Several writers on one SQLite file (each store has its own writer

@@ -65,8 +65,14 @@ macro_rules! in_tx {
 }
 
 /// The body of one listed query on PostgreSQL: reads and one-statement
-/// writes on a pooled connection; transactions in their own.
+/// writes on a pooled connection; transactions in their own. The create is
+/// listed as a transaction (SQLite runs it as several statements) and is one
+/// statement here.
 macro_rules! pg_call {
+    // One statement (`sql/jobs.rs`, writable CTEs): it commits on its own.
+    (transaction $self:ident create_job($($arg:ident),*)) => {
+        pg_call!(writer $self create_job($($arg),*))
+    };
     (transaction $self:ident $name:ident($($arg:ident),*)) => {
         in_tx!($self, |c| ops::$name(c, $($arg),*))
     };

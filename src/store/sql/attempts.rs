@@ -104,21 +104,22 @@ pub(super) async fn insert_started_attempt(
         ],
     )
     .await?;
+    insert_event(conn, &started_event(new, seq, version)).await
+}
+
+/// The event of an attempt's start.
+pub(super) fn started_event(new: &NewAttempt, seq: i64, version: i64) -> NewEvent {
     let detail = serde_json::json!({
         "provider": new.provider, "kind": new.kind.as_str(), "seq": seq, "read_version": version,
     });
-    insert_event(
-        conn,
-        &NewEvent {
-            job_id: new.job_id.clone(),
-            attempt_id: Some(new.id.clone()),
-            kind: event::ATTEMPT_STARTED,
-            actor: "engine".to_string(),
-            detail: Some(detail.to_string()),
-            at: new.started_at,
-        },
-    )
-    .await
+    NewEvent {
+        job_id: new.job_id.clone(),
+        attempt_id: Some(new.id.clone()),
+        kind: event::ATTEMPT_STARTED,
+        actor: "engine".to_string(),
+        detail: Some(detail.to_string()),
+        at: new.started_at,
+    }
 }
 
 pub(crate) async fn finish_attempt(

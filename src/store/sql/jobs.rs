@@ -1,7 +1,7 @@
 //! Jobs: the idempotent create, claims and leases, the engine's job steps,
 //! user and admin decisions, and the review queue.
 
-use super::attempts::{insert_started_attempt, live_attempts};
+use super::attempts::{insert_started_attempt, live_attempts, started_event};
 use super::events::{decision_event, insert_event};
 use crate::store::sql::db::{args, Db};
 use super::Conn;
@@ -17,10 +17,51 @@ pub(crate) async fn create_job(
     conn: &mut impl Db,
     job: NewJob,
 ) -> Result<CreateOutcome, StoreError> {
-    let (state, attempt_count) = match &job.primary {
-        Some(_) => ("running", 1i64),
-        None => ("pending", 0i64),
+    let inserted = if super::WRITABLE_CTE {
+        create_job_in_one_statement(conn, &job).await?
+    } else {
+        create_job_statement_by_statement(conn, &job).await?
     };
+    if inserted {
+        return Ok(CreateOutcome::Created(job.into_job()));
+    }
+    // The UNIQUE constraint said no: the job exists and is committed
+    // (PostgreSQL's ON CONFLICT waited for its inserter to finish).
+    match find_job_by_key(conn, &job.owner_id, &job.idempotency_key).await? {
+        Some(existing) => Ok(CreateOutcome::Existing(existing)),
+        None => Err(StoreError::NotFound("job that blocked the insert")),
+    }
+}
+
+/// The job's row as created: `running` with its primary attempt, else
+/// `pending`; and its number of attempts.
+fn created_state(job: &NewJob) -> (&'static str, i64) {
+    match &job.primary {
+        Some(_) => ("running", 1),
+        None => ("pending", 0),
+    }
+}
+
+/// The event of a job's creation.
+fn created_event(job: &NewJob) -> NewEvent {
+    NewEvent {
+        job_id: job.id.clone(),
+        attempt_id: None,
+        kind: event::CREATED,
+        actor: job.owner_id.clone(),
+        detail: None,
+        at: job.created_at,
+    }
+}
+
+/// The job (unless its key exists), its event and its primary attempt with
+/// that attempt's event; whether the job was inserted. Inside the caller's
+/// transaction (SQLite's write queue).
+async fn create_job_statement_by_statement(
+    conn: &mut impl Db,
+    job: &NewJob,
+) -> Result<bool, StoreError> {
+    let (state, attempt_count) = created_state(job);
     let inserted = conn
         .execute(
             "INSERT INTO jobs (id, owner_id, idempotency_key, fingerprint, request, route, state, \
@@ -42,34 +83,79 @@ pub(crate) async fn create_job(
                 attempt_count,
             ],
         )
-        .await?;
-    if inserted == 1 {
-        insert_event(
-            conn,
-            &NewEvent {
-                job_id: job.id.clone(),
-                attempt_id: None,
-                kind: event::CREATED,
-                actor: job.owner_id.clone(),
-                detail: None,
-                at: job.created_at,
-            },
-        )
-        .await?;
+        .await?
+        == 1;
+    if inserted {
+        insert_event(conn, &created_event(job)).await?;
         if let Some(primary) = &job.primary {
             // The job was created by this very statement: it takes
             // attempts and has none, so the guard of `start_attempt`
             // (invariant 4) admits a primary without reading anything.
             insert_started_attempt(conn, primary, 1, 0).await?;
         }
-        return Ok(CreateOutcome::Created(job.into_job()));
     }
-    // The UNIQUE constraint said no: the job exists and is committed
-    // (PostgreSQL's ON CONFLICT waited for its inserter to finish).
-    match find_job_by_key(conn, &job.owner_id, &job.idempotency_key).await? {
-        Some(existing) => Ok(CreateOutcome::Existing(existing)),
-        None => Err(StoreError::NotFound("job that blocked the insert")),
-    }
+    Ok(inserted)
+}
+
+/// The same rows as [`create_job_statement_by_statement`], in the same
+/// order, as one statement (writable CTEs, PostgreSQL): it commits on its
+/// own, one round trip where a transaction took six (BEGIN, four inserts,
+/// COMMIT). The two events are one insert, ordered, so their ids keep the
+/// order of the other dialect's.
+async fn create_job_in_one_statement(conn: &mut impl Db, job: &NewJob) -> Result<bool, StoreError> {
+    let (state, attempt_count) = created_state(job);
+    let created = created_event(job);
+    let started = job
+        .primary
+        .as_ref()
+        .map(|primary| started_event(primary, 1, 0));
+    let inserted: Option<(i64,)> = conn
+        .fetch_optional(
+            "WITH job AS ( \
+               INSERT INTO jobs (id, owner_id, idempotency_key, fingerprint, request, route, state, \
+                 version, attempt_count, created_at, updated_at, next_run_at, lease_owner, lease_until, key_id) \
+               VALUES ($1, $2, $3, $4, $5, $6, $11, 0, $12, $7, $7, $7, $8, $9, $10) \
+               ON CONFLICT (owner_id, idempotency_key) DO NOTHING RETURNING id \
+             ), attempt AS ( \
+               INSERT INTO attempts (id, job_id, seq, provider, kind, state, read_version, started_at) \
+               SELECT $13, job.id, 1, $14, $15, 'started', 0, $16 FROM job WHERE $13 IS NOT NULL \
+               RETURNING id \
+             ), events AS ( \
+               INSERT INTO job_events (job_id, attempt_id, kind, actor, detail, at) \
+               SELECT e.job_id, e.attempt_id, e.kind, e.actor, e.detail, e.at FROM ( \
+                 SELECT 1 AS n, job.id AS job_id, NULL AS attempt_id, $17 AS kind, $18 AS actor, \
+                   NULL AS detail, $7 AS at FROM job \
+                 UNION ALL \
+                 SELECT 2, job.id, attempt.id, $19, $20, $21, $16 FROM job, attempt \
+               ) e ORDER BY e.n \
+             ) \
+             SELECT COUNT(*) FROM job",
+            args![
+                &job.id,
+                &job.owner_id,
+                &job.idempotency_key,
+                &job.fingerprint,
+                &job.request,
+                &job.route,
+                job.created_at,
+                job.lease.as_ref().map(|(owner, _)| owner.as_str()),
+                job.lease.as_ref().map(|(_, until)| *until),
+                job.key_id.as_deref(),
+                state,
+                attempt_count,
+                job.primary.as_ref().map(|p| p.id.as_str()),
+                job.primary.as_ref().map(|p| p.provider.as_str()),
+                job.primary.as_ref().map(|p| p.kind.as_str()),
+                job.primary.as_ref().map(|p| p.started_at),
+                created.kind,
+                &created.actor,
+                started.as_ref().map(|e| e.kind),
+                started.as_ref().map(|e| e.actor.as_str()),
+                started.as_ref().and_then(|e| e.detail.as_deref()),
+            ],
+        )
+        .await?;
+    Ok(inserted.is_some_and(|(n,)| n == 1))
 }
 
 pub(crate) async fn find_job_by_key(

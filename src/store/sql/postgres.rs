@@ -38,4 +38,7 @@ macro_rules! key_unindexed {
     };
 }
 
+/// Whether `WITH` may hold inserts (a step written as one statement of writable CTEs commits on its own, in one round trip).
+const WRITABLE_CTE: bool = true;
+
 resource_modules!();

@@ -36,4 +36,7 @@ macro_rules! key_unindexed {
     };
 }
 
+/// Whether `WITH` may hold inserts (none: DML in `WITH` is PostgreSQL's).
+const WRITABLE_CTE: bool = false;
+
 resource_modules!();

@@ -204,8 +204,10 @@ impl SqliteStore {
         };
         // A thread of its own: the rusqlite writes and every commit's fsync
         // block it, not the server's runtime.
+        // No I/O or timer driver: the writer only awaits channels (its
+        // queue, sqlx's worker), so it parks on a futex, and waking it
+        // costs no eventfd write and epoll round.
         let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
             .build()
             .map_err(|e| StoreError::Batch(format!("sqlite writer runtime: {e}")))?;
         std::thread::Builder::new()

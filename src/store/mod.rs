@@ -38,6 +38,21 @@
 //! Nothing else changes: both backends, `FaultyStore` and `SyncStore` pick
 //! it up.
 //!
+//! ## Queries on a job's path: one API over three connections
+//!
+//! The queries every job runs (create, finish, events, a job by key or id)
+//! are written against `sql::db::Db` (`conn.execute(SQL, args![…])`,
+//! `conn.fetch_optional::<Row>(SQL, args![…])`) instead of sqlx's query
+//! API. `Db` is implemented for sqlx's PostgreSQL and SQLite connections
+//! and for a rusqlite connection, so each such query is still written once.
+//! On SQLite they run through rusqlite: the writer thread holds a rusqlite
+//! connection besides its sqlx one and runs them as direct calls, and a job
+//! read by key or id runs on a rusqlite reader on the caller's thread; sqlx
+//! would send each statement to its connection's worker thread and wait for
+//! the wake-up back. `sqlite.rs` names which methods take that path
+//! (`sqlite_call!`). A query moves to it by being written against `Db`
+//! (its row type implements `sql::db::Row`) and named there.
+//!
 //! ## Where the dialects differ
 //!
 //! The SQL text is shared: both accept `$N` placeholders, `ON CONFLICT … DO
@@ -46,13 +61,14 @@
 //!
 //! | | SQLite | PostgreSQL |
 //! |---|---|---|
-//! | atomic write | write queue: `BEGIN IMMEDIATE` per batch, a savepoint per write | `in_tx!`: a READ COMMITTED transaction per `transaction` query |
+//! | atomic write | write queue: `BEGIN IMMEDIATE` per batch (per run of writes on one of the writer's two connections), a savepoint per write | `in_tx!`: a READ COMMITTED transaction per `transaction` query |
 //! | row lock in a guarded step | none (`BEGIN IMMEDIATE` excludes every writer) | `FOR UPDATE` |
 //! | concurrent claims | none (writes are serialised) | `FOR UPDATE SKIP LOCKED` |
 //! | byte order of keys | `idempotency_key` (BINARY collation) | `idempotency_key COLLATE "C"` |
+//! | a job's create (create, claim, primary start) | four statements in the write queue | one statement of writable CTEs (`WRITABLE_CTE`), committing on its own |
 //!
-//! The row-lock, skip-locked and key-order fragments are stated once per
-//! dialect, in `sql/sqlite.rs` and `sql/postgres.rs`: each names its
+//! The row-lock, skip-locked and key-order fragments and `WRITABLE_CTE` are
+//! stated once per dialect, in `sql/sqlite.rs` and `sql/postgres.rs`: each names its
 //! connection type (`Conn`) and defines the fragments as macros
 //! (`for_update!()`, `skip_locked!()`, `key_indexed!()`,
 //! `key_unindexed!()`, each a literal for `concat!`) before it declares the

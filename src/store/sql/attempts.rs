@@ -3,7 +3,7 @@
 
 use super::events::{decision_event, insert_event};
 use super::jobs::{reload, restart};
-use super::keys::add_usage;
+use super::keys::{add_usage, usage_counts};
 use crate::store::sql::db::{args, Db};
 use super::Conn;
 use crate::domain::attempt::{may_start, Ambiguous, AttemptOutcome, Failure, NewAttempt};
@@ -160,38 +160,29 @@ pub(crate) async fn finish_attempt(
         AttemptOutcome::Succeeded(success) => {
             let (output, provider_request_id) = (&success.output, &success.provider_request_id);
             let usage = success.usage.and_then(|u| serde_json::to_string(&u).ok());
-            // Invariant 5: exactly one winner.
-            // The won job comes back as committed, for whoever
-            // waits for it (no read after the commit).
-            let won: Option<JobRow> = conn
-                .fetch_optional(
-                    concat!(
-                        "UPDATE jobs SET state = 'succeeded', result = $3, completed_by = $4, \
-                         version = version + 1, last_error = NULL, updated_at = $5, \
-                         next_run_at = NULL, lease_owner = NULL, lease_until = NULL \
-                         WHERE id = $1 AND version = $2 AND completed_by IS NULL RETURNING ",
-                        job_columns!()
-                    ),
-                    args![&job_id, read_version, output, &finish.attempt_id, at],
-                )
-                .await?;
+            let version = read_version + 1;
+            let won_event = event_for(
+                event::ATTEMPT_SUCCEEDED,
+                Some(serde_json::json!({ "version": version }).to_string()),
+            );
+            let won = Won {
+                job_id: &job_id,
+                read_version,
+                attempt_id: &finish.attempt_id,
+                output,
+                usage: usage.as_deref(),
+                provider_request_id: provider_request_id.as_deref(),
+                at,
+                event: &won_event,
+            };
+            // Invariant 5: exactly one winner. The won job comes back as
+            // committed, for whoever waits for it (no read after the commit).
+            let won = if super::WRITABLE_CTE {
+                won.in_one_statement(conn).await?
+            } else {
+                won.statement_by_statement(conn).await?
+            };
             if let Some(won) = won {
-                conn.execute(
-                    "UPDATE attempts SET state = 'succeeded', output = $2, usage = $3, \
-                     provider_request_id = $4, finished_at = $5 WHERE id = $1",
-                    args![
-                        &finish.attempt_id,
-                        output,
-                        &usage,
-                        provider_request_id,
-                        at
-                    ],
-                )
-                .await?;
-                add_usage(conn, &finish.attempt_id, usage.as_deref(), true, at).await?;
-                let version = read_version + 1;
-                let detail = serde_json::json!({ "version": version }).to_string();
-                insert_event(conn, &event_for(event::ATTEMPT_SUCCEEDED, Some(detail))).await?;
                 return Ok(FinishOutcome::Won {
                     version,
                     job: Some(Box::new(Job::try_from(won)?)),
@@ -298,6 +289,131 @@ pub(crate) async fn finish_attempt(
             insert_event(conn, &event_for(kind, Some(detail))).await?;
             Ok(FinishOutcome::Recorded)
         }
+    }
+}
+
+/// The compare-and-swap of a succeeded attempt (invariant 5), with what
+/// `$job`, `$version`, `$output`, `$attempt` and `$at` are in the statement
+/// it is part of.
+macro_rules! cas_won {
+    ($job:literal, $version:literal, $output:literal, $attempt:literal, $at:literal) => {
+        concat!(
+            "UPDATE jobs SET state = 'succeeded', result = ", $output,
+            ", completed_by = ", $attempt,
+            ", version = version + 1, last_error = NULL, updated_at = ", $at,
+            ", next_run_at = NULL, lease_owner = NULL, lease_until = NULL WHERE id = ", $job,
+            " AND version = ", $version,
+            " AND completed_by IS NULL RETURNING ",
+            crate::store::rows::job_columns!()
+        )
+    };
+}
+
+/// The winner's attempt row, likewise.
+macro_rules! attempt_won {
+    ($attempt:literal, $output:literal, $usage:literal, $request:literal, $at:literal) => {
+        concat!(
+            "UPDATE attempts SET state = 'succeeded', output = ", $output,
+            ", usage = ", $usage,
+            ", provider_request_id = ", $request,
+            ", finished_at = ", $at,
+            " WHERE id = ", $attempt
+        )
+    };
+}
+
+/// A succeeded attempt's bid to win its job: the CAS and, when it wins, the
+/// attempt's row, its usage and its event, in the caller's transaction.
+struct Won<'a> {
+    job_id: &'a str,
+    read_version: i64,
+    attempt_id: &'a str,
+    output: &'a str,
+    usage: Option<&'a str>,
+    provider_request_id: Option<&'a str>,
+    at: Millis,
+    event: &'a NewEvent,
+}
+
+impl Won<'_> {
+    /// The job as the win left it, or `None`: another attempt won (or the
+    /// job ended) and nothing was written.
+    async fn statement_by_statement(
+        &self,
+        conn: &mut impl Db,
+    ) -> Result<Option<JobRow>, StoreError> {
+        let won: Option<JobRow> = conn
+            .fetch_optional(
+                cas_won!("$1", "$2", "$3", "$4", "$5"),
+                args![
+                    self.job_id,
+                    self.read_version,
+                    self.output,
+                    self.attempt_id,
+                    self.at
+                ],
+            )
+            .await?;
+        if won.is_some() {
+            conn.execute(
+                attempt_won!("$1", "$2", "$3", "$4", "$5"),
+                args![
+                    self.attempt_id,
+                    self.output,
+                    self.usage,
+                    self.provider_request_id,
+                    self.at
+                ],
+            )
+            .await?;
+            add_usage(conn, self.attempt_id, self.usage, true, self.at).await?;
+            insert_event(conn, self.event).await?;
+        }
+        Ok(won)
+    }
+
+    /// The same as one statement (writable CTEs, PostgreSQL): one round
+    /// trip where it took four. Each write after the CAS happens only if
+    /// the CAS returned the job; the usage only if the attempt reported it.
+    async fn in_one_statement(&self, conn: &mut impl Db) -> Result<Option<JobRow>, StoreError> {
+        let (prompt, completion, _) = self.usage.map_or((0, 0, 0), |u| usage_counts(u, true));
+        conn.fetch_optional(
+            concat!(
+                "WITH won AS (",
+                cas_won!("$7", "$8", "$9", "$1", "$10"),
+                "), attempt AS (",
+                attempt_won!("$1", "$9", "$11", "$12", "$10"),
+                " AND EXISTS (SELECT 1 FROM won)",
+                "), usage AS (",
+                usage_insert!(),
+                "WHERE a.id = $1 AND $11 IS NOT NULL AND EXISTS (SELECT 1 FROM won)",
+                usage_on_conflict!(),
+                "), event AS (",
+                "INSERT INTO job_events (job_id, attempt_id, kind, actor, detail, at) ",
+                "SELECT $7, $1, $13, $14, $15, $10 FROM won",
+                ") SELECT ",
+                job_columns!(),
+                " FROM won"
+            ),
+            args![
+                self.attempt_id,
+                crate::store::tenants::day_of(self.at),
+                1i64,
+                prompt,
+                completion,
+                0i64,
+                self.job_id,
+                self.read_version,
+                self.output,
+                self.at,
+                self.usage,
+                self.provider_request_id,
+                self.event.kind,
+                self.event.actor.as_str(),
+                self.event.detail.as_deref(),
+            ],
+        )
+        .await
     }
 }
 

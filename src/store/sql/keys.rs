@@ -369,6 +369,16 @@ pub(crate) async fn usage(
     .await?)
 }
 
+/// What an attempt's usage JSON adds to its owner's day: prompt,
+/// completion, and discarded tokens (all of them when it lost).
+pub(crate) fn usage_counts(usage: &str, won: bool) -> (i64, i64, i64) {
+    let parsed: serde_json::Value = serde_json::from_str(usage).unwrap_or_default();
+    let prompt = parsed["prompt_tokens"].as_i64().unwrap_or(0);
+    let completion = parsed["completion_tokens"].as_i64().unwrap_or(0);
+    let discarded = if won { 0 } else { prompt + completion };
+    (prompt, completion, discarded)
+}
+
 /// Add an attempt's reported usage to its owner's day, in the commit
 /// that records it. `usage` is the attempt's usage JSON.
 pub(crate) async fn add_usage(
@@ -379,20 +389,9 @@ pub(crate) async fn add_usage(
     at: Millis,
 ) -> Result<(), StoreError> {
     let Some(usage) = usage else { return Ok(()) };
-    let parsed: serde_json::Value = serde_json::from_str(usage).unwrap_or_default();
-    let prompt = parsed["prompt_tokens"].as_i64().unwrap_or(0);
-    let completion = parsed["completion_tokens"].as_i64().unwrap_or(0);
-    let discarded = if won { 0 } else { prompt + completion };
+    let (prompt, completion, discarded) = usage_counts(usage, won);
     conn.execute(
-        "INSERT INTO usage_daily (owner_id, day, key_id, route, provider, kind, attempts, won, \
-         prompt_tokens, completion_tokens, discarded_tokens) \
-         SELECT j.owner_id, $2, COALESCE(j.key_id, ''), j.route, a.provider, a.kind, 1, $3, $4, $5, $6 \
-         FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.id = $1 \
-         ON CONFLICT (owner_id, day, key_id, route, provider, kind) DO UPDATE SET \
-         attempts = usage_daily.attempts + 1, won = usage_daily.won + excluded.won, \
-         prompt_tokens = usage_daily.prompt_tokens + excluded.prompt_tokens, \
-         completion_tokens = usage_daily.completion_tokens + excluded.completion_tokens, \
-         discarded_tokens = usage_daily.discarded_tokens + excluded.discarded_tokens",
+        concat!(usage_insert!(), "WHERE a.id = $1", usage_on_conflict!()),
         args![
             attempt_id,
             crate::store::tenants::day_of(at),

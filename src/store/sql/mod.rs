@@ -37,6 +37,32 @@ macro_rules! resource_modules {
 
 pub(crate) mod db;
 
+/// The usage of one attempt added to its owner's day (`keys.rs`
+/// `add_usage`, and inside a finish in `attempts.rs`): the insert's head
+/// (columns, then the `SELECT` of the owner's row from the attempt and its
+/// job, whose `WHERE` the caller writes), as a literal for `concat!`.
+/// Arguments: `$2` day, `$3` won (0/1), `$4` prompt, `$5` completion and
+/// `$6` discarded tokens.
+macro_rules! usage_insert {
+    () => {
+        "INSERT INTO usage_daily (owner_id, day, key_id, route, provider, kind, attempts, won, \
+         prompt_tokens, completion_tokens, discarded_tokens) \
+         SELECT j.owner_id, $2, COALESCE(j.key_id, ''), j.route, a.provider, a.kind, 1, $3, $4, $5, $6 \
+         FROM attempts a JOIN jobs j ON j.id = a.job_id "
+    };
+}
+
+/// …and its tail: an existing day's row adds this attempt to its counts.
+macro_rules! usage_on_conflict {
+    () => {
+        " ON CONFLICT (owner_id, day, key_id, route, provider, kind) DO UPDATE SET \
+         attempts = usage_daily.attempts + 1, won = usage_daily.won + excluded.won, \
+         prompt_tokens = usage_daily.prompt_tokens + excluded.prompt_tokens, \
+         completion_tokens = usage_daily.completion_tokens + excluded.completion_tokens, \
+         discarded_tokens = usage_daily.discarded_tokens + excluded.discarded_tokens"
+    };
+}
+
 // Both include the same resource files: each is compiled once per dialect,
 // on purpose.
 #[allow(clippy::duplicate_mod)]

@@ -21,6 +21,7 @@ on_both_backends!(
     a_finished_attempt_cannot_finish_again,
     an_unknown_settled_before_its_driver_blocks_leaves_the_job_runnable,
     a_create_with_its_primary_writes_four_rows_once,
+    forty_concurrent_wins_of_one_owner_add_up_across_shards,
 );
 
 async fn new_job(store: &dyn Store) -> String {
@@ -462,6 +463,83 @@ async fn a_create_with_its_primary_writes_four_rows_once(backend: Backend) {
         1,
         "no other job was written"
     );
+}
+
+/// Forty jobs of one owner, won at once, each reporting 3 + 5 tokens: the
+/// owner's day adds up to all of them whichever rows hold it. On
+/// PostgreSQL the day is spread over several shard rows (migration 0009:
+/// concurrent finishes do not queue on one row's lock); on SQLite it is
+/// one row.
+async fn forty_concurrent_wins_of_one_owner_add_up_across_shards(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store: Arc<dyn Store> = db.store().await;
+    let at = 1_700_000_000_000;
+    let wins: Vec<_> = (0..40)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let id = new_id();
+                let mut primary = attempt(&id, AttemptKind::Primary, 0);
+                primary.started_at = at;
+                let job = NewJob {
+                    id: id.clone(),
+                    owner_id: "alice".into(),
+                    idempotency_key: new_id(),
+                    fingerprint: "f".into(),
+                    request: "{}".into(),
+                    route: "default".into(),
+                    created_at: at,
+                    lease: Some(("driver".into(), at + 1_000)),
+                    key_id: None,
+                    primary: Some(primary.clone()),
+                };
+                store.create_job(job).await.unwrap();
+                let mut success = onejob::domain::attempt::Success::text("ok");
+                success.usage = Some(onejob::domain::attempt::Usage {
+                    prompt_tokens: 3,
+                    completion_tokens: 5,
+                });
+                let mut end = finish(&primary.id, AttemptOutcome::Succeeded(success));
+                end.at = at + 10;
+                store.finish_attempt(end).await.unwrap()
+            })
+        })
+        .collect();
+    for win in wins {
+        assert!(matches!(win.await.unwrap(), FinishOutcome::Won { .. }));
+    }
+    let usage = store.usage(Some("alice"), 0).await.unwrap();
+    let totals: Vec<_> = usage
+        .iter()
+        .map(|u| (u.attempts, u.won, u.prompt_tokens, u.completion_tokens))
+        .collect();
+    assert_eq!(totals, [(40, 40, 120, 200)], "{usage:?}");
+    let rows = match &db.url {
+        onejob::config::DatabaseUrl::Postgres(url) => {
+            use sqlx::Connection;
+            let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+            let (rows,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM usage_daily")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+            rows
+        }
+        onejob::config::DatabaseUrl::Sqlite(path) => {
+            use sqlx::Connection;
+            let url = format!("sqlite://{}", path.display());
+            let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
+            let (rows,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM usage_daily")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+            rows
+        }
+    };
+    match backend {
+        // Forty ids over 16 shards: all in one is (1/16)^39.
+        Backend::Postgres => assert!(rows > 1, "one owner's day in {rows} row(s)"),
+        Backend::Sqlite => assert_eq!(rows, 1),
+    }
 }
 
 /// Several writers on one SQLite file (each store has its own writer

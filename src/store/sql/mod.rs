@@ -42,20 +42,24 @@ pub(crate) mod db;
 /// (columns, then the `SELECT` of the owner's row from the attempt and its
 /// job, whose `WHERE` the caller writes), as a literal for `concat!`.
 /// Arguments: `$2` day, `$3` won (0/1), `$4` prompt, `$5` completion and
-/// `$6` discarded tokens.
+/// `$6` discarded tokens. The row's shard is the dialect's `rollup_shard!`
+/// of the attempt's id (migration 0009).
 macro_rules! usage_insert {
     () => {
-        "INSERT INTO usage_daily (owner_id, day, key_id, route, provider, kind, attempts, won, \
-         prompt_tokens, completion_tokens, discarded_tokens) \
-         SELECT j.owner_id, $2, COALESCE(j.key_id, ''), j.route, a.provider, a.kind, 1, $3, $4, $5, $6 \
-         FROM attempts a JOIN jobs j ON j.id = a.job_id "
+        concat!(
+            "INSERT INTO usage_daily (owner_id, day, key_id, route, provider, kind, shard, \
+             attempts, won, prompt_tokens, completion_tokens, discarded_tokens) \
+             SELECT j.owner_id, $2, COALESCE(j.key_id, ''), j.route, a.provider, a.kind, ",
+            rollup_shard!("a.id"),
+            ", 1, $3, $4, $5, $6 FROM attempts a JOIN jobs j ON j.id = a.job_id "
+        )
     };
 }
 
 /// …and its tail: an existing day's row adds this attempt to its counts.
 macro_rules! usage_on_conflict {
     () => {
-        " ON CONFLICT (owner_id, day, key_id, route, provider, kind) DO UPDATE SET \
+        " ON CONFLICT (owner_id, day, key_id, route, provider, kind, shard) DO UPDATE SET \
          attempts = usage_daily.attempts + 1, won = usage_daily.won + excluded.won, \
          prompt_tokens = usage_daily.prompt_tokens + excluded.prompt_tokens, \
          completion_tokens = usage_daily.completion_tokens + excluded.completion_tokens, \

@@ -38,6 +38,14 @@ macro_rules! key_unindexed {
     };
 }
 
+/// The shard of a rollup row (`usage_daily`, `attempt_hours`; migration
+/// 0009) that the attempt with id `$id` adds to: one of 16, by the id's hash: concurrent finishes of one owner (or provider) upsert different rows, not one row each waits on.
+macro_rules! rollup_shard {
+    ($id:literal) => {
+        concat!("(hashtext(", $id, ") & 15)")
+    };
+}
+
 /// Whether `WITH` may hold inserts (a step written as one statement of writable CTEs commits on its own, in one round trip).
 const WRITABLE_CTE: bool = true;
 

@@ -36,6 +36,14 @@ macro_rules! key_unindexed {
     };
 }
 
+/// The shard of a rollup row (`usage_daily`, `attempt_hours`; migration
+/// 0009) that the attempt with id `$id` adds to: always 0: writes are serialised by the write lock anyway.
+macro_rules! rollup_shard {
+    ($id:literal) => {
+        "0"
+    };
+}
+
 /// Whether `WITH` may hold inserts (none: DML in `WITH` is PostgreSQL's).
 const WRITABLE_CTE: bool = false;
 

@@ -3,7 +3,7 @@
 
 use super::attempts::{insert_started_attempt, live_attempts, started_event};
 use super::events::{decision_event, insert_event};
-use crate::store::sql::db::{args, Db};
+use crate::store::sql::db::{args, Arg, Db, IntoArg};
 use super::Conn;
 use crate::domain::job::NewJob;
 use crate::domain::{Job, Millis};
@@ -33,13 +33,38 @@ pub(crate) async fn create_job(
     }
 }
 
-/// The job's row as created: `running` with its primary attempt, else
-/// `pending`; and its number of attempts.
-fn created_state(job: &NewJob) -> (&'static str, i64) {
-    match &job.primary {
-        Some(_) => ("running", 1),
-        None => ("pending", 0),
-    }
+/// The job's insert unless its (owner, key) exists, as a literal for
+/// `concat!`; `$1`..`$12` are [`job_args`].
+macro_rules! insert_job {
+    () => {
+        "INSERT INTO jobs (id, owner_id, idempotency_key, fingerprint, request, route, state, \
+         version, attempt_count, created_at, updated_at, next_run_at, lease_owner, lease_until, key_id) \
+         VALUES ($1, $2, $3, $4, $5, $6, $11, 0, $12, $7, $7, $7, $8, $9, $10) \
+         ON CONFLICT (owner_id, idempotency_key) DO NOTHING"
+    };
+}
+
+/// The arguments of [`insert_job!`]. The job is created `running` with its
+/// primary attempt, else `pending`.
+fn job_args(job: &NewJob) -> [Arg<'_>; 12] {
+    let (state, attempt_count) = match &job.primary {
+        Some(_) => ("running", 1i64),
+        None => ("pending", 0i64),
+    };
+    [
+        (&job.id).arg(),
+        (&job.owner_id).arg(),
+        (&job.idempotency_key).arg(),
+        (&job.fingerprint).arg(),
+        (&job.request).arg(),
+        (&job.route).arg(),
+        job.created_at.arg(),
+        job.lease.as_ref().map(|(owner, _)| owner.as_str()).arg(),
+        job.lease.as_ref().map(|(_, until)| *until).arg(),
+        job.key_id.as_deref().arg(),
+        state.arg(),
+        attempt_count.arg(),
+    ]
 }
 
 /// The event of a job's creation.
@@ -61,28 +86,8 @@ async fn create_job_statement_by_statement(
     conn: &mut impl Db,
     job: &NewJob,
 ) -> Result<bool, StoreError> {
-    let (state, attempt_count) = created_state(job);
     let inserted = conn
-        .execute(
-            "INSERT INTO jobs (id, owner_id, idempotency_key, fingerprint, request, route, state, \
-             version, attempt_count, created_at, updated_at, next_run_at, lease_owner, lease_until, key_id) \
-             VALUES ($1, $2, $3, $4, $5, $6, $11, 0, $12, $7, $7, $7, $8, $9, $10) \
-             ON CONFLICT (owner_id, idempotency_key) DO NOTHING",
-            args![
-                &job.id,
-                &job.owner_id,
-                &job.idempotency_key,
-                &job.fingerprint,
-                &job.request,
-                &job.route,
-                job.created_at,
-                job.lease.as_ref().map(|(owner, _)| owner.as_str()),
-                job.lease.as_ref().map(|(_, until)| *until),
-                job.key_id.as_deref(),
-                state,
-                attempt_count,
-            ],
-        )
+        .execute(insert_job!(), &job_args(job))
         .await?
         == 1;
     if inserted {
@@ -103,60 +108,46 @@ async fn create_job_statement_by_statement(
 /// COMMIT). The two events are one insert, ordered, so their ids keep the
 /// order of the other dialect's.
 async fn create_job_in_one_statement(conn: &mut impl Db, job: &NewJob) -> Result<bool, StoreError> {
-    let (state, attempt_count) = created_state(job);
     let created = created_event(job);
-    let started = job
-        .primary
-        .as_ref()
-        .map(|primary| started_event(primary, 1, 0));
+    let primary = job.primary.as_ref();
+    let started = primary.map(|primary| started_event(primary, 1, 0));
+    let mut arguments = job_args(job).to_vec();
+    arguments.extend_from_slice(args![
+        primary.map(|p| p.id.as_str()),
+        primary.map(|p| p.provider.as_str()),
+        primary.map(|p| p.kind.as_str()),
+        primary.map(|p| p.started_at),
+        created.kind,
+        &created.actor,
+        started.as_ref().map(|e| e.kind),
+        started.as_ref().map(|e| e.actor.as_str()),
+        started.as_ref().and_then(|e| e.detail.as_deref()),
+    ]);
     let inserted: Option<(i64,)> = conn
         .fetch_optional(
-            "WITH job AS ( \
-               INSERT INTO jobs (id, owner_id, idempotency_key, fingerprint, request, route, state, \
-                 version, attempt_count, created_at, updated_at, next_run_at, lease_owner, lease_until, key_id) \
-               VALUES ($1, $2, $3, $4, $5, $6, $11, 0, $12, $7, $7, $7, $8, $9, $10) \
-               ON CONFLICT (owner_id, idempotency_key) DO NOTHING RETURNING id \
-             ), attempt AS ( \
-               INSERT INTO attempts (id, job_id, seq, provider, kind, state, read_version, started_at) \
-               SELECT $13, job.id, 1, $14, $15, 'started', 0, $16 FROM job WHERE $13 IS NOT NULL \
-               RETURNING id \
-             ), events AS ( \
-               INSERT INTO job_events (job_id, attempt_id, kind, actor, detail, at) \
-               SELECT e.job_id, e.attempt_id, e.kind, e.actor, e.detail, e.at FROM ( \
+            concat!(
+                "WITH job AS (",
+                insert_job!(),
+                " RETURNING id), attempt AS ( \
+                 INSERT INTO attempts (id, job_id, seq, provider, kind, state, read_version, started_at) \
+                 SELECT $13, job.id, 1, $14, $15, 'started', 0, $16 FROM job WHERE $13 IS NOT NULL \
+                 RETURNING id \
+                 ), events AS ( \
+                 INSERT INTO job_events (job_id, attempt_id, kind, actor, detail, at) \
+                 SELECT e.job_id, e.attempt_id, e.kind, e.actor, e.detail, e.at FROM ( \
                  SELECT 1 AS n, job.id AS job_id, NULL AS attempt_id, $17 AS kind, $18 AS actor, \
-                   NULL AS detail, $7 AS at FROM job \
+                 NULL AS detail, $7 AS at FROM job \
                  UNION ALL \
                  SELECT 2, job.id, attempt.id, $19, $20, $21, $16 FROM job, attempt \
-               ) e ORDER BY e.n \
-             ) \
-             SELECT COUNT(*) FROM job",
-            args![
-                &job.id,
-                &job.owner_id,
-                &job.idempotency_key,
-                &job.fingerprint,
-                &job.request,
-                &job.route,
-                job.created_at,
-                job.lease.as_ref().map(|(owner, _)| owner.as_str()),
-                job.lease.as_ref().map(|(_, until)| *until),
-                job.key_id.as_deref(),
-                state,
-                attempt_count,
-                job.primary.as_ref().map(|p| p.id.as_str()),
-                job.primary.as_ref().map(|p| p.provider.as_str()),
-                job.primary.as_ref().map(|p| p.kind.as_str()),
-                job.primary.as_ref().map(|p| p.started_at),
-                created.kind,
-                &created.actor,
-                started.as_ref().map(|e| e.kind),
-                started.as_ref().map(|e| e.actor.as_str()),
-                started.as_ref().and_then(|e| e.detail.as_deref()),
-            ],
+                 ) e ORDER BY e.n \
+                 ) SELECT COUNT(*) FROM job"
+            ),
+            &arguments,
         )
         .await?;
     Ok(inserted.is_some_and(|(n,)| n == 1))
 }
+
 
 pub(crate) async fn find_job_by_key(
     conn: &mut impl Db,

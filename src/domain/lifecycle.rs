@@ -116,6 +116,15 @@ macro_rules! attempt_states_live {
     };
 }
 
+/// The SQL list of the attempt states that may still become `succeeded`
+/// (`may_become(Succeeded)`): a late answer of an unknown attempt wins too.
+#[macro_export]
+macro_rules! attempt_states_that_may_succeed {
+    () => {
+        "'started', 'unknown'"
+    };
+}
+
 /// The SQL list of the job states settled for good (`is_settled_for_good`).
 #[macro_export]
 macro_rules! job_states_settled_for_good {
@@ -182,6 +191,10 @@ mod tests {
             jobs(JobState::is_settled_for_good)
         );
         assert_eq!(attempt_states_live!(), attempts(AttemptState::is_live));
+        assert_eq!(
+            attempt_states_that_may_succeed!(),
+            attempts(|s| s.may_become(AttemptState::Succeeded))
+        );
         assert_eq!(
             attempt_state_awaiting_settlement!(),
             attempts(AttemptState::awaits_settlement)

@@ -73,6 +73,15 @@ macro_rules! pg_call {
     (transaction $self:ident create_job($($arg:ident),*)) => {
         pg_call!(writer $self create_job($($arg),*))
     };
+    // A win is one statement on its own; anything else (a lost CAS, an
+    // attempt gone or ended) is told by the whole step in a transaction.
+    (transaction $self:ident finish_attempt($finish:ident)) => {{
+        let alone = ops::finish_won_alone(&mut *$self.pool.acquire().await?, &$finish).await?;
+        match alone {
+            Some(won) => Ok(won),
+            None => in_tx!($self, |c| ops::finish_attempt(c, $finish)),
+        }
+    }};
     (transaction $self:ident $name:ident($($arg:ident),*)) => {
         in_tx!($self, |c| ops::$name(c, $($arg),*))
     };

@@ -417,6 +417,72 @@ impl Won<'_> {
     }
 }
 
+/// A succeeded attempt's finish in one statement, outside any transaction
+/// (PostgreSQL): the attempt locked `FOR UPDATE` and still able to succeed,
+/// the CAS, and when it won the attempt's row, usage and event, as
+/// [`Won::in_one_statement`] writes them. `Some` when it won: one round
+/// trip where BEGIN, the lock, the writes and COMMIT took four. `None`
+/// when it did not (the attempt is gone or ended, or the CAS lost); then it
+/// wrote nothing, and [`finish_attempt`] in a transaction says what happened.
+#[allow(dead_code)] // SQLite's finish runs in its write queue's transaction.
+pub(crate) async fn finish_won_alone(
+    conn: &mut impl Db,
+    finish: &FinishAttempt,
+) -> Result<Option<FinishOutcome>, StoreError> {
+    let AttemptOutcome::Succeeded(success) = &finish.outcome else {
+        return Ok(None);
+    };
+    let usage = success.usage.and_then(|u| serde_json::to_string(&u).ok());
+    let (prompt, completion, _) = usage.as_deref().map_or((0, 0, 0), |u| usage_counts(u, true));
+    let won: Option<JobRow> = conn
+        .fetch_optional(
+            concat!(
+                "WITH bid AS (SELECT job_id, read_version FROM attempts WHERE id = $1 AND state IN (",
+                crate::attempt_states_that_may_succeed!(),
+                ")",
+                for_update!(),
+                "), won AS (",
+                cas_won!("(SELECT job_id FROM bid)", "(SELECT read_version FROM bid)", "$7", "$1", "$8"),
+                "), attempt AS (",
+                attempt_won!("$1", "$7", "$9", "$10", "$8"),
+                " AND EXISTS (SELECT 1 FROM won)",
+                "), usage AS (",
+                usage_insert!(),
+                "WHERE a.id = $1 AND $9 IS NOT NULL AND EXISTS (SELECT 1 FROM won)",
+                usage_on_conflict!(),
+                "), event AS (",
+                "INSERT INTO job_events (job_id, attempt_id, kind, actor, detail, at) ",
+                "SELECT won.id, $1, $11, $12, '{\"version\":' || won.version || '}', $8 FROM won",
+                ") SELECT ",
+                crate::store::rows::job_columns!(),
+                " FROM won"
+            ),
+            args![
+                &finish.attempt_id,
+                crate::store::tenants::day_of(finish.at),
+                1i64,
+                prompt,
+                completion,
+                0i64,
+                &success.output,
+                finish.at,
+                &usage,
+                &success.provider_request_id,
+                event::ATTEMPT_SUCCEEDED,
+                &finish.actor,
+            ],
+        )
+        .await?;
+    won.map(|won| {
+        let job = Job::try_from(won)?;
+        Ok(FinishOutcome::Won {
+            version: job.version,
+            job: Some(Box::new(job)),
+        })
+    })
+    .transpose()
+}
+
 pub(crate) async fn list_unknown_attempts(
     conn: &mut Conn,
     after: Option<(Millis, &str)>,

@@ -66,6 +66,8 @@
 //! | concurrent claims | none (writes are serialised) | `FOR UPDATE SKIP LOCKED` |
 //! | byte order of keys | `idempotency_key` (BINARY collation) | `idempotency_key COLLATE "C"` |
 //! | a job's create (create, claim, primary start) | four statements in the write queue | one statement of writable CTEs (`WRITABLE_CTE`), committing on its own |
+//! | a succeeded attempt's finish | its statements in the write queue | first the win alone, one statement (`finish_won_alone`); else the whole step in `in_tx!` |
+//! | rollup rows (`usage_daily`, `attempt_hours`) | shard 0 | 16 shards by the attempt's id (`rollup_shard!`), so finishes do not queue on one row's lock |
 //!
 //! The row-lock, skip-locked and key-order fragments and `WRITABLE_CTE` are
 //! stated once per dialect, in `sql/sqlite.rs` and `sql/postgres.rs`: each names its

@@ -96,7 +96,8 @@ struct Readers {
     conns: Vec<Mutex<Reader>>,
     next: AtomicUsize,
     path: PathBuf,
-    raw: std::sync::Mutex<Vec<rusqlite::Connection>>,
+    /// `None` once the store is closed.
+    raw: std::sync::Mutex<Option<Vec<rusqlite::Connection>>>,
 }
 
 enum Reader {
@@ -112,7 +113,7 @@ impl Readers {
             conns: (0..READERS).map(|_| Mutex::new(Reader::Unopened)).collect(),
             next: AtomicUsize::new(0),
             path: path.to_path_buf(),
-            raw: std::sync::Mutex::new(Vec::new()),
+            raw: std::sync::Mutex::new(Some(Vec::new())),
         }
     }
 
@@ -122,15 +123,19 @@ impl Readers {
         &self,
         read: impl FnOnce(&mut rusqlite::Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let free = self.raw.lock().map_err(|_| StoreError::Closed)?.pop();
+        let free = match self.raw.lock().as_deref_mut() {
+            Ok(Some(pool)) => pool.pop(),
+            _ => return Err(StoreError::Closed),
+        };
         let mut conn = match free {
             Some(conn) => conn,
             None => open_raw(&self.path)?,
         };
         let answer = read(&mut conn);
-        let mut pool = self.raw.lock().map_err(|_| StoreError::Closed)?;
-        if pool.len() < READERS {
-            pool.push(conn);
+        if let Ok(Some(pool)) = self.raw.lock().as_deref_mut() {
+            if pool.len() < READERS {
+                pool.push(conn);
+            }
         }
         answer
     }
@@ -171,7 +176,7 @@ impl Readers {
 
     async fn close(&self) {
         if let Ok(mut raw) = self.raw.lock() {
-            raw.clear();
+            *raw = None;
         }
         for conn in &self.conns {
             let mut reader = conn.lock().await;
@@ -824,6 +829,21 @@ mod tests {
             rows.sort();
             assert_eq!(rows, vec![0, 2, 4, 6, 8], "raw {raw}");
         }
+    }
+
+    /// A closed store refuses reads on either kind of reader connection.
+    #[tokio::test]
+    async fn reads_after_close_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("t.db")).await.unwrap();
+        store.migrate().await.unwrap();
+        assert_eq!(store.find_job_by_key("alice", "k").await.unwrap(), None);
+        assert_eq!(store.count_jobs().await.unwrap(), 0);
+        store.close().await;
+        let by_key = store.find_job_by_key("alice", "k").await;
+        assert!(matches!(by_key, Err(StoreError::Closed)), "{by_key:?}");
+        let count = store.count_jobs().await;
+        assert!(matches!(count, Err(StoreError::Closed)), "{count:?}");
     }
 
     /// Writes through the two connections, queued in one batch, are

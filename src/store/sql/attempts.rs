@@ -8,7 +8,7 @@ use crate::store::sql::db::{args, Db};
 use super::Conn;
 use crate::domain::attempt::{may_start, Ambiguous, AttemptOutcome, Failure, NewAttempt};
 use crate::domain::{Attempt, AttemptState, GuardRefusal, Job, LiveAttempts, Millis};
-use crate::store::rows::{attempt_columns, job_columns, AttemptRow, JobRow, LiveRow};
+use crate::store::rows::{attempt_columns, AttemptRow, JobRow, LiveRow};
 use crate::store::{
     event, AttemptResolution, FinishAttempt, FinishOutcome, NewEvent, Refusal, StoreError,
 };
@@ -177,11 +177,8 @@ pub(crate) async fn finish_attempt(
             };
             // Invariant 5: exactly one winner. The won job comes back as
             // committed, for whoever waits for it (no read after the commit).
-            let won = if super::WRITABLE_CTE {
-                won.in_one_statement(conn).await?
-            } else {
-                won.statement_by_statement(conn).await?
-            };
+            // (PostgreSQL tries the win alone first: `finish_won_alone`.)
+            let won = won.bid(conn).await?;
             if let Some(won) = won {
                 return Ok(FinishOutcome::Won {
                     version,
@@ -338,10 +335,7 @@ struct Won<'a> {
 impl Won<'_> {
     /// The job as the win left it, or `None`: another attempt won (or the
     /// job ended) and nothing was written.
-    async fn statement_by_statement(
-        &self,
-        conn: &mut impl Db,
-    ) -> Result<Option<JobRow>, StoreError> {
+    async fn bid(&self, conn: &mut impl Db) -> Result<Option<JobRow>, StoreError> {
         let won: Option<JobRow> = conn
             .fetch_optional(
                 cas_won!("$1", "$2", "$3", "$4", "$5"),
@@ -371,59 +365,15 @@ impl Won<'_> {
         }
         Ok(won)
     }
-
-    /// The same as one statement (writable CTEs, PostgreSQL): one round
-    /// trip where it took four. Each write after the CAS happens only if
-    /// the CAS returned the job; the usage only if the attempt reported it.
-    async fn in_one_statement(&self, conn: &mut impl Db) -> Result<Option<JobRow>, StoreError> {
-        let (prompt, completion, _) = self.usage.map_or((0, 0, 0), |u| usage_counts(u, true));
-        conn.fetch_optional(
-            concat!(
-                "WITH won AS (",
-                cas_won!("$7", "$8", "$9", "$1", "$10"),
-                "), attempt AS (",
-                attempt_won!("$1", "$9", "$11", "$12", "$10"),
-                " AND EXISTS (SELECT 1 FROM won)",
-                "), usage AS (",
-                usage_insert!(),
-                "WHERE a.id = $1 AND $11 IS NOT NULL AND EXISTS (SELECT 1 FROM won)",
-                usage_on_conflict!(),
-                "), event AS (",
-                "INSERT INTO job_events (job_id, attempt_id, kind, actor, detail, at) ",
-                "SELECT $7, $1, $13, $14, $15, $10 FROM won",
-                ") SELECT ",
-                job_columns!(),
-                " FROM won"
-            ),
-            args![
-                self.attempt_id,
-                crate::store::tenants::day_of(self.at),
-                1i64,
-                prompt,
-                completion,
-                0i64,
-                self.job_id,
-                self.read_version,
-                self.output,
-                self.at,
-                self.usage,
-                self.provider_request_id,
-                self.event.kind,
-                self.event.actor.as_str(),
-                self.event.detail.as_deref(),
-            ],
-        )
-        .await
-    }
 }
 
 /// A succeeded attempt's finish in one statement, outside any transaction
 /// (PostgreSQL): the attempt locked `FOR UPDATE` and still able to succeed,
 /// the CAS, and when it won the attempt's row, usage and event, as
-/// [`Won::in_one_statement`] writes them. `Some` when it won: one round
-/// trip where BEGIN, the lock, the writes and COMMIT took four. `None`
-/// when it did not (the attempt is gone or ended, or the CAS lost); then it
-/// wrote nothing, and [`finish_attempt`] in a transaction says what happened.
+/// [`Won::bid`] writes them. `Some` when it won: one round trip where
+/// BEGIN, the lock, the four writes and COMMIT take seven. `None` when it
+/// did not (the attempt is gone or ended, or the CAS lost); then it wrote
+/// nothing, and [`finish_attempt`] in a transaction says what happened.
 #[allow(dead_code)] // SQLite's finish runs in its write queue's transaction.
 pub(crate) async fn finish_won_alone(
     conn: &mut impl Db,

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+pub use crate::store::DatabaseUrl;
+
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_CONFIG: &str = "onejob.toml";
 
@@ -20,8 +22,8 @@ pub enum ConfigError {
     Parse { path: PathBuf, message: String },
     #[error("config {path}: {message}")]
     Invalid { path: PathBuf, message: String },
-    #[error("database URL {0:?}: expected postgres://…, sqlite://PATH or a file path")]
-    DatabaseUrl(String),
+    #[error(transparent)]
+    DatabaseUrl(#[from] crate::store::InvalidDatabaseUrl),
 }
 
 /// The whole file.
@@ -179,42 +181,6 @@ mod defaults {
     }
     pub fn stall_ms() -> u64 {
         10_000
-    }
-}
-
-/// Which database, from a URL.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DatabaseUrl {
-    Sqlite(PathBuf),
-    Postgres(String),
-}
-
-impl DatabaseUrl {
-    pub fn parse(url: &str) -> Result<Self, ConfigError> {
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            return Ok(DatabaseUrl::Postgres(url.to_string()));
-        }
-        let path = url
-            .strip_prefix("sqlite://")
-            .or_else(|| url.strip_prefix("sqlite:"))
-            .unwrap_or(url);
-        if path.is_empty() || path.contains("://") {
-            return Err(ConfigError::DatabaseUrl(url.to_string()));
-        }
-        Ok(DatabaseUrl::Sqlite(PathBuf::from(path)))
-    }
-}
-
-impl std::fmt::Display for DatabaseUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            DatabaseUrl::Sqlite(p) => write!(f, "sqlite://{}", p.display()),
-            // Never print a password that may be in the URL.
-            DatabaseUrl::Postgres(u) => match (u.find("://"), u.rfind('@')) {
-                (Some(s), Some(at)) if at > s => write!(f, "{}://***{}", &u[..s], &u[at..]),
-                _ => f.write_str(u),
-            },
-        }
     }
 }
 
@@ -388,29 +354,6 @@ impl RouteConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn database_urls() {
-        assert_eq!(
-            DatabaseUrl::parse("postgres://u:p@h/db").unwrap(),
-            DatabaseUrl::Postgres("postgres://u:p@h/db".into())
-        );
-        assert_eq!(
-            DatabaseUrl::parse("sqlite://a/b.db").unwrap(),
-            DatabaseUrl::Sqlite("a/b.db".into())
-        );
-        assert_eq!(
-            DatabaseUrl::parse("x.db").unwrap(),
-            DatabaseUrl::Sqlite("x.db".into())
-        );
-        assert!(DatabaseUrl::parse("mysql://x").is_err());
-        assert_eq!(
-            DatabaseUrl::parse("postgres://u:secret@h/db")
-                .unwrap()
-                .to_string(),
-            "postgres://***@h/db"
-        );
-    }
 
     #[test]
     fn a_relative_database_path_is_relative_to_where_it_was_written() {

@@ -41,7 +41,7 @@ pub struct FileConfig {
     /// `[limits.default]`, `[limits.owners.NAME]`: per-owner request rate,
     /// concurrent jobs and tokens per day.
     #[serde(default)]
-    pub limits: crate::tenants::limits::LimitsConfig,
+    pub limits: crate::domain::limits::LimitsConfig,
 }
 
 /// How the engine inside `onejob serve` runs jobs.
@@ -206,7 +206,7 @@ pub struct Config {
     pub routes: BTreeMap<String, RouteConfig>,
     pub engine: EngineConfig,
     pub idempotency: IdempotencyMode,
-    pub limits: crate::tenants::limits::LimitsConfig,
+    pub limits: crate::domain::limits::LimitsConfig,
     /// Set by `onejob demo` and tests that start their own simulator: every
     /// `kind = "sim"` provider talks to this URL instead of its `base_url`.
     pub sim_base_url: Option<String>,
@@ -418,7 +418,7 @@ mod tests {
             Config::resolve(file, PathBuf::from("."), &path, &Overrides::default()).unwrap();
         assert_eq!(
             config.limits,
-            crate::tenants::limits::LimitsConfig::default()
+            crate::domain::limits::LimitsConfig::default()
         );
         assert_eq!(config.header_read_timeout.as_millis(), 10_000);
         assert_eq!(config.body_read_timeout.as_millis(), 30_000);
@@ -437,7 +437,7 @@ mod tests {
             .filter(|l| !l.starts_with('#'))
             .collect::<Vec<_>>()
             .join("\n");
-        let limits: crate::tenants::limits::LimitsConfig =
+        let limits: crate::domain::limits::LimitsConfig =
             toml::from_str(&uncommented.replace("[limits.", "[")).unwrap();
         assert_eq!(limits.default.tokens_per_day, Some(5_000_000));
         assert_eq!(limits.for_owner("acme").tokens_per_day, Some(20_000_000));

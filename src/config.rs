@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+pub use crate::store::DatabaseUrl;
+
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_CONFIG: &str = "onejob.toml";
 
@@ -20,8 +22,8 @@ pub enum ConfigError {
     Parse { path: PathBuf, message: String },
     #[error("config {path}: {message}")]
     Invalid { path: PathBuf, message: String },
-    #[error("database URL {0:?}: expected postgres://…, sqlite://PATH or a file path")]
-    DatabaseUrl(String),
+    #[error(transparent)]
+    DatabaseUrl(#[from] crate::store::InvalidDatabaseUrl),
 }
 
 /// The whole file.
@@ -39,7 +41,7 @@ pub struct FileConfig {
     /// `[limits.default]`, `[limits.owners.NAME]`: per-owner request rate,
     /// concurrent jobs and tokens per day.
     #[serde(default)]
-    pub limits: crate::tenants::limits::LimitsConfig,
+    pub limits: crate::domain::limits::LimitsConfig,
 }
 
 /// How the engine inside `onejob serve` runs jobs.
@@ -182,42 +184,6 @@ mod defaults {
     }
 }
 
-/// Which database, from a URL.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DatabaseUrl {
-    Sqlite(PathBuf),
-    Postgres(String),
-}
-
-impl DatabaseUrl {
-    pub fn parse(url: &str) -> Result<Self, ConfigError> {
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            return Ok(DatabaseUrl::Postgres(url.to_string()));
-        }
-        let path = url
-            .strip_prefix("sqlite://")
-            .or_else(|| url.strip_prefix("sqlite:"))
-            .unwrap_or(url);
-        if path.is_empty() || path.contains("://") {
-            return Err(ConfigError::DatabaseUrl(url.to_string()));
-        }
-        Ok(DatabaseUrl::Sqlite(PathBuf::from(path)))
-    }
-}
-
-impl std::fmt::Display for DatabaseUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            DatabaseUrl::Sqlite(p) => write!(f, "sqlite://{}", p.display()),
-            // Never print a password that may be in the URL.
-            DatabaseUrl::Postgres(u) => match (u.find("://"), u.rfind('@')) {
-                (Some(s), Some(at)) if at > s => write!(f, "{}://***{}", &u[..s], &u[at..]),
-                _ => f.write_str(u),
-            },
-        }
-    }
-}
-
 /// What the command line (or the environment) overrides.
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
@@ -240,7 +206,7 @@ pub struct Config {
     pub routes: BTreeMap<String, RouteConfig>,
     pub engine: EngineConfig,
     pub idempotency: IdempotencyMode,
-    pub limits: crate::tenants::limits::LimitsConfig,
+    pub limits: crate::domain::limits::LimitsConfig,
     /// Set by `onejob demo` and tests that start their own simulator: every
     /// `kind = "sim"` provider talks to this URL instead of its `base_url`.
     pub sim_base_url: Option<String>,
@@ -390,29 +356,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn database_urls() {
-        assert_eq!(
-            DatabaseUrl::parse("postgres://u:p@h/db").unwrap(),
-            DatabaseUrl::Postgres("postgres://u:p@h/db".into())
-        );
-        assert_eq!(
-            DatabaseUrl::parse("sqlite://a/b.db").unwrap(),
-            DatabaseUrl::Sqlite("a/b.db".into())
-        );
-        assert_eq!(
-            DatabaseUrl::parse("x.db").unwrap(),
-            DatabaseUrl::Sqlite("x.db".into())
-        );
-        assert!(DatabaseUrl::parse("mysql://x").is_err());
-        assert_eq!(
-            DatabaseUrl::parse("postgres://u:secret@h/db")
-                .unwrap()
-                .to_string(),
-            "postgres://***@h/db"
-        );
-    }
-
-    #[test]
     fn a_relative_database_path_is_relative_to_where_it_was_written() {
         let file = |db: Option<&str>| {
             let text = match db {
@@ -475,7 +418,7 @@ mod tests {
             Config::resolve(file, PathBuf::from("."), &path, &Overrides::default()).unwrap();
         assert_eq!(
             config.limits,
-            crate::tenants::limits::LimitsConfig::default()
+            crate::domain::limits::LimitsConfig::default()
         );
         assert_eq!(config.header_read_timeout.as_millis(), 10_000);
         assert_eq!(config.body_read_timeout.as_millis(), 30_000);
@@ -494,7 +437,7 @@ mod tests {
             .filter(|l| !l.starts_with('#'))
             .collect::<Vec<_>>()
             .join("\n");
-        let limits: crate::tenants::limits::LimitsConfig =
+        let limits: crate::domain::limits::LimitsConfig =
             toml::from_str(&uncommented.replace("[limits.", "[")).unwrap();
         assert_eq!(limits.default.tokens_per_day, Some(5_000_000));
         assert_eq!(limits.for_owner("acme").tokens_per_day, Some(20_000_000));

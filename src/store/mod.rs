@@ -77,7 +77,6 @@
 //! resource files, which use them and compile once under each. The SQL
 //! files name no dialect.
 
-use crate::config::DatabaseUrl;
 pub use crate::domain::attempt::AttemptOutcome;
 use crate::domain::{Job, Millis};
 use async_trait::async_trait;
@@ -85,6 +84,7 @@ use std::sync::Arc;
 
 pub mod console;
 mod contract_runs;
+mod database_url;
 pub mod faulty;
 pub mod postgres;
 mod rows;
@@ -93,6 +93,7 @@ pub mod sqlite;
 pub mod tenants;
 
 pub use contract_runs::{ContractRun, ContractRunSummary, NewContractRun};
+pub use database_url::{DatabaseUrl, InvalidDatabaseUrl};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -152,6 +152,39 @@ pub struct RouteConfig {
     /// between two chunks; then the stream counts as broken (`unknown`).
     #[serde(default = "defaults::stall_ms")]
     pub stall_ms: u64,
+    /// How the hedge's silence threshold is chosen: `fixed` (`silence_ms`)
+    /// or `auto` (learned per provider; see `docs/hedging.md`).
+    #[serde(default)]
+    pub silence: SilenceMode,
+    /// `auto`: the quantile of the provider's time to first token (or to
+    /// answer) that the hedge waits for.
+    #[serde(default = "defaults::hedge_quantile")]
+    pub hedge_quantile: f64,
+    /// `auto`: the learned threshold is clamped to at least this
+    /// [default: 50].
+    #[serde(default)]
+    pub silence_min_ms: Option<u64>,
+    /// `auto`: ... and to at most this [default: `silence_ms`].
+    #[serde(default)]
+    pub silence_max_ms: Option<u64>,
+    /// Over `hedge_window_ms`, hedges may not exceed this share of the
+    /// route's jobs [default: 5 with `silence = "auto"`, no budget with a
+    /// fixed silence].
+    #[serde(default)]
+    pub hedge_budget_percent: Option<f64>,
+    /// The budget's sliding window; the learned estimate forgets at the
+    /// same pace (a sample's weight halves every quarter window).
+    #[serde(default = "defaults::hedge_window_ms")]
+    pub hedge_window_ms: u64,
+}
+
+/// `silence = "fixed" | "auto"` on a route.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SilenceMode {
+    #[default]
+    Fixed,
+    Auto,
 }
 
 mod defaults {
@@ -181,6 +214,12 @@ mod defaults {
     }
     pub fn stall_ms() -> u64 {
         10_000
+    }
+    pub fn hedge_quantile() -> f64 {
+        0.95
+    }
+    pub fn hedge_window_ms() -> u64 {
+        300_000
     }
 }
 
@@ -286,6 +325,8 @@ impl Config {
         };
         let mut routes = file.routes;
         for (name, route) in &routes {
+            crate::domain::hedging::HedgePolicy::check(route)
+                .map_err(|e| invalid(format!("routes.{name}: {e}")))?;
             if route.attempt_timeout_ms <= route.silence_ms {
                 return Err(invalid(format!(
                     "routes.{name}: attempt_timeout_ms ({}) must exceed silence_ms ({})",
@@ -347,6 +388,12 @@ impl RouteConfig {
             backoff_cap_ms: defaults::backoff_cap_ms(),
             unknown_deadline_ms: defaults::unknown_deadline_ms(),
             stall_ms: defaults::stall_ms(),
+            silence: SilenceMode::Fixed,
+            hedge_quantile: defaults::hedge_quantile(),
+            silence_min_ms: None,
+            silence_max_ms: None,
+            hedge_budget_percent: None,
+            hedge_window_ms: defaults::hedge_window_ms(),
         }
     }
 }

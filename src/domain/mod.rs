@@ -5,6 +5,7 @@
 pub mod attempt;
 pub mod breaker;
 pub mod fingerprint;
+pub mod hedging;
 pub mod job;
 pub mod lifecycle;
 pub mod limits;

@@ -86,6 +86,7 @@ pub mod console;
 mod contract_runs;
 mod database_url;
 pub mod faulty;
+pub mod hedging;
 pub mod postgres;
 mod rows;
 mod sql;
@@ -348,6 +349,7 @@ impl ApiKey {
 #[doc(hidden)]
 pub mod signature {
     pub use super::console::{JobFilter, WindowStats};
+    pub use super::hedging::HedgingShare;
     pub use super::tenants::{
         KeyRecord, OwnerLimitsRow, OwnerLoad, Rotation, TenantAuditEntry, UsageRow,
     };
@@ -578,6 +580,14 @@ macro_rules! store_methods {
             /// Aggregates of jobs created and attempts started in `[from, to)`,
             /// jobs counted in columns `column_ms` wide from `from`.
             reader fn window_stats(from: Millis, to: Millis, column_ms: i64) -> WindowStats;
+
+            // Hedging shares: what each instance learned (`engine::hedging`).
+
+            /// Upsert this instance's shares; delete those written before `forget_before`.
+            transaction fn put_hedging_shares(shares: Vec<HedgingShare>, forget_before: Millis) -> ();
+
+            /// Every share written at or after `since`.
+            reader fn hedging_shares(since: Millis) -> Vec<HedgingShare>;
         }
     };
 }

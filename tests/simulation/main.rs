@@ -15,6 +15,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod check;
+mod hedging;
 mod provider;
 mod scenario;
 mod store;

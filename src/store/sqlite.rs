@@ -703,6 +703,8 @@ carry_owned!(
     Rotation,
     Vec<(String, Millis)>,
     OwnerLimitsRow,
+    WebhookEndpoint,
+    WebhookTryRecord,
 );
 
 #[cfg(test)]

@@ -34,6 +34,8 @@ pub enum StartError {
         url: String,
         source: store::StoreError,
     },
+    #[error(transparent)]
+    Webhooks(crate::webhooks::delivery::ClientError),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -114,6 +116,20 @@ impl Application {
                 })?;
         let config = Arc::new(config);
         let metrics = Arc::new(Metrics::default());
+        let webhooks = if config.webhooks.enabled {
+            Some(
+                crate::webhooks::delivery::Deliverer::new(
+                    config.webhooks.clone(),
+                    config.webhook_key.clone(),
+                    store.clone(),
+                    clock.clone(),
+                    metrics.clone(),
+                )
+                .map_err(StartError::Webhooks)?,
+            )
+        } else {
+            None
+        };
         let engine = config.engine.enabled.then(|| {
             Engine::new(
                 config.clone(),
@@ -138,6 +154,7 @@ impl Application {
             gate,
             replays: Arc::default(),
             ui_sessions: Arc::default(),
+            webhooks,
         };
         Ok(Application { listener, state })
     }
@@ -193,6 +210,10 @@ impl Application {
                 tokio::spawn(async move { runner.run(stopped).await }),
             )
         });
+        let webhooks = self.state.webhooks.clone().map(|deliverer| {
+            let stopped = stopped.clone();
+            tokio::spawn(deliverer.run(stopped))
+        });
         let header_read_timeout = self.state.config.header_read_timeout;
         let router = http::router(self.state);
         let served = http::serve::serve(self.listener, router, header_read_timeout, shutdown).await;
@@ -202,6 +223,11 @@ impl Application {
             if !engine.drain(ENGINE_DRAIN).await {
                 tracing::warn!("jobs still in flight at shutdown; another process resumes them");
             }
+        }
+        if let Some(webhooks) = webhooks {
+            // Tries in flight are left to their leases: another process (or
+            // this one, restarted) sends them again with the same id.
+            webhooks.abort();
         }
         refresher.abort();
         eligibility_refresher.abort();

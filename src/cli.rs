@@ -14,6 +14,7 @@ pub mod review;
 pub mod sim;
 pub mod tenants;
 pub mod validate;
+pub mod webhooks;
 
 /// The flags every command that talks to the database takes.
 #[derive(Debug, Clone, Default, clap::Args)]

@@ -42,6 +42,9 @@ pub struct FileConfig {
     /// concurrent jobs and tokens per day.
     #[serde(default)]
     pub limits: crate::domain::limits::LimitsConfig,
+    /// `[webhooks]`: delivery of signed events to owners' endpoints.
+    #[serde(default)]
+    pub webhooks: crate::webhooks::WebhooksConfig,
 }
 
 /// How the engine inside `onejob serve` runs jobs.
@@ -251,6 +254,11 @@ pub struct Config {
     pub sim_base_url: Option<String>,
     /// Logs and traces (`[telemetry]`).
     pub telemetry: crate::telemetry::TelemetryConfig,
+    /// `[webhooks]`.
+    pub webhooks: crate::webhooks::WebhooksConfig,
+    /// The key webhook secrets are encrypted with at rest, read from the
+    /// variable `[webhooks] secret_key_env` names; `None` when it is unset.
+    pub webhook_key: Option<crate::webhooks::secrets::SecretKey>,
 }
 
 impl Config {
@@ -269,6 +277,7 @@ impl Config {
                 routes: BTreeMap::new(),
                 telemetry: Default::default(),
                 limits: Default::default(),
+                webhooks: Default::default(),
             },
             Err(source) => {
                 return Err(ConfigError::Read {
@@ -345,6 +354,10 @@ impl Config {
             }
         }
         file.limits.check().map_err(invalid)?;
+        file.webhooks.check().map_err(invalid)?;
+        let webhook_key =
+            crate::webhooks::secrets::SecretKey::from_env(&file.webhooks.secret_key_env)
+                .map_err(invalid)?;
         if routes.is_empty() {
             routes.insert("default".to_string(), RouteConfig::builtin_default());
         }
@@ -369,6 +382,8 @@ impl Config {
             limits: file.limits,
             sim_base_url: None,
             telemetry: file.telemetry,
+            webhooks: file.webhooks,
+            webhook_key,
         })
     }
 }
@@ -470,6 +485,7 @@ mod tests {
         assert_eq!(config.header_read_timeout.as_millis(), 10_000);
         assert_eq!(config.body_read_timeout.as_millis(), 30_000);
         assert_eq!(config.engine, EngineConfig::default());
+        assert_eq!(config.webhooks, crate::webhooks::WebhooksConfig::default());
         // The commented [limits] example is valid once uncommented.
         let uncommented: String = text
             .lines()

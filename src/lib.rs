@@ -20,6 +20,8 @@
 //! - [`cli`]: what the `onejob` commands do.
 //! - [`demo`]: `onejob demo`, the scenarios played against a throwaway server.
 //! - [`sim`]: the simulated provider server (fault injection, execution ledger).
+//! - [`webhooks`]: signed webhooks when a job ends: endpoints, the outbox's
+//!   delivery, signing, secrets at rest, SSRF guards.
 
 pub mod app;
 pub mod cli;
@@ -39,3 +41,4 @@ pub mod sim;
 pub mod store;
 pub mod telemetry;
 pub mod tenants;
+pub mod webhooks;

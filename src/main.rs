@@ -96,6 +96,66 @@ enum Command {
         #[command(subcommand)]
         command: ContractsCommand,
     },
+    /// Signed webhook endpoints of every owner, and their deliveries.
+    Webhooks {
+        #[command(subcommand)]
+        command: WebhooksCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum WebhooksCommand {
+    /// Print a fresh key for $ONEJOB_WEBHOOK_KEY (secrets are encrypted with it).
+    Keygen,
+    /// Register an endpoint; its secret is printed once, alone on the last line.
+    Create {
+        #[command(flatten)]
+        db: DbArgs,
+        #[arg(long)]
+        owner: String,
+        /// https://… (http and private addresses only with allow_private_networks)
+        #[arg(long)]
+        url: String,
+        /// An event type to send, repeatable [default: every job.* type]
+        #[arg(long = "event")]
+        events: Vec<String>,
+        #[arg(long)]
+        description: Option<String>,
+    },
+    /// Endpoints with owner, id, state, events and URL (never a secret).
+    List {
+        #[command(flatten)]
+        db: DbArgs,
+        #[arg(long)]
+        owner: Option<String>,
+    },
+    /// Delete an endpoint and its deliveries.
+    Delete {
+        #[command(flatten)]
+        db: DbArgs,
+        id: String,
+    },
+    /// A new secret (printed once); the old one signs too for the grace period.
+    Rotate {
+        #[command(flatten)]
+        db: DbArgs,
+        id: String,
+    },
+    /// An endpoint's deliveries, newest first, with their last try.
+    Deliveries {
+        #[command(flatten)]
+        db: DbArgs,
+        id: String,
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+    /// Send a delivered or failed delivery again, with the same webhook-id.
+    Redeliver {
+        #[command(flatten)]
+        db: DbArgs,
+        endpoint_id: String,
+        delivery_id: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -370,6 +430,29 @@ fn main() -> ExitCode {
                 }
             },
             Command::Demo => onejob::demo::run().await,
+            Command::Webhooks { command } => match command {
+                WebhooksCommand::Keygen => cli::webhooks::keygen(),
+                WebhooksCommand::Create {
+                    db,
+                    owner,
+                    url,
+                    events,
+                    description,
+                } => cli::webhooks::create(&db, &owner, &url, events, description).await,
+                WebhooksCommand::List { db, owner } => {
+                    cli::webhooks::list(&db, owner.as_deref()).await
+                }
+                WebhooksCommand::Delete { db, id } => cli::webhooks::delete(&db, &id).await,
+                WebhooksCommand::Rotate { db, id } => cli::webhooks::rotate(&db, &id).await,
+                WebhooksCommand::Deliveries { db, id, limit } => {
+                    cli::webhooks::deliveries(&db, &id, limit).await
+                }
+                WebhooksCommand::Redeliver {
+                    db,
+                    endpoint_id,
+                    delivery_id,
+                } => cli::webhooks::redeliver(&db, &endpoint_id, &delivery_id).await,
+            },
             Command::Keys { command } => match command {
                 KeysCommand::Create {
                     db,

@@ -59,6 +59,11 @@ pub struct Metrics {
     breaker_trips: std::sync::Mutex<Vec<(String, u64)>>,
     review_queue_depth: Gauge,
     jobs_driving: Gauge,
+    /// outcome (`delivered`, `retried`, `failed`) → webhook tries of this process.
+    webhook_tries: Family<Labels, Counter>,
+    webhook_latency: Histogram,
+    /// state → deliveries in the outbox, read from the database at scrape.
+    webhook_deliveries: Family<Labels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -89,6 +94,9 @@ impl Default for Metrics {
             breaker_trips: std::sync::Mutex::default(),
             review_queue_depth: Gauge::default(),
             jobs_driving: Gauge::default(),
+            webhook_tries: Family::default(),
+            webhook_latency: latency_histogram(),
+            webhook_deliveries: Family::default(),
         }
     }
 }
@@ -148,6 +156,41 @@ impl Metrics {
         self.discarded_tokens_by_provider
             .get_or_create(&provider_label(provider))
             .inc_by(tokens);
+    }
+
+    fn webhook_try(&self, outcome: &'static str, latency_ms: i64) {
+        self.webhook_tries
+            .get_or_create(&vec![("outcome", outcome.to_string())])
+            .inc();
+        self.webhook_latency.observe(seconds(latency_ms));
+    }
+
+    /// A webhook try was answered 2xx after `latency_ms`.
+    pub fn webhook_delivered(&self, latency_ms: i64) {
+        self.webhook_try("delivered", latency_ms);
+    }
+
+    /// A webhook try failed; the delivery is retried later.
+    pub fn webhook_retried(&self, latency_ms: i64) {
+        self.webhook_try("retried", latency_ms);
+    }
+
+    /// A webhook try failed and the delivery with it (budget spent, or 410).
+    pub fn webhook_failed(&self, latency_ms: i64) {
+        self.webhook_try("failed", latency_ms);
+    }
+
+    /// The outbox by state, as the database holds it (every replica agrees).
+    pub fn set_webhook_deliveries(&self, counts: &crate::store::webhooks::WebhookCounts) {
+        for (state, n) in [
+            ("pending", counts.pending),
+            ("delivered", counts.delivered),
+            ("failed", counts.failed),
+        ] {
+            self.webhook_deliveries
+                .get_or_create(&vec![("state", state.to_string())])
+                .set(n);
+        }
     }
 
     pub fn set_review_queue_depth(&self, depth: i64) {
@@ -306,6 +349,21 @@ impl Metrics {
             "onejob_jobs_driving",
             "Jobs this process drives now",
             self.jobs_driving.clone(),
+        );
+        registry.register(
+            "onejob_webhook_tries",
+            "Webhook tries sent by this process, by outcome",
+            self.webhook_tries.clone(),
+        );
+        registry.register(
+            "onejob_webhook_latency_seconds",
+            "From sending a webhook try to its answer (or its failure)",
+            self.webhook_latency.clone(),
+        );
+        registry.register(
+            "onejob_webhook_deliveries",
+            "Webhook deliveries in the outbox, by state (pending, delivered, failed)",
+            self.webhook_deliveries.clone(),
         );
         let mut out = String::new();
         if let Err(e) = prometheus_client::encoding::prometheus_text::encode(&mut out, &registry) {

@@ -16,6 +16,12 @@
 //! concurrent jobs and today's tokens read at admission), in alternating
 //! rounds of jobs to completion and of replays, CPU time per request each.
 //!
+//! `--webhooks-ab ROUNDS` runs only the comparison of webhooks' cost: an
+//! owner without a webhook endpoint and one whose every job's end is
+//! delivered to a receiver in this process, in alternating rounds of jobs
+//! to completion (an "on" round ends when its events are delivered), CPU
+//! time per job each (`webhooks_ab.rs`).
+//!
 //! `--server-bin [LABEL=]PATH` (once or twice) runs the servers as their own
 //! processes instead, and reads each one's CPU time from /proc: see
 //! `processes.rs`. `--soak SECS --rate R` (with `--server-bin`) watches a
@@ -23,6 +29,7 @@
 
 mod doors;
 mod processes;
+mod webhooks_ab;
 
 use doors::Door;
 
@@ -69,6 +76,11 @@ struct Args {
     /// in this many alternating rounds of --jobs jobs and as many replays.
     #[arg(long, default_value_t = 0)]
     limits_ab: usize,
+    /// Only compare an owner without webhooks and one with a webhook
+    /// endpoint (every job's end delivered), in this many alternating
+    /// rounds of --jobs jobs.
+    #[arg(long, default_value_t = 0)]
+    webhooks_ab: usize,
     /// Run `onejob serve` from this binary as a process of its own and
     /// measure it from outside (`LABEL=PATH` or a bare path; give it twice,
     /// old then new, to compare two builds in one run).
@@ -208,7 +220,16 @@ async fn main() -> anyhow::Result<()> {
         listen: Some("127.0.0.1:0".into()),
         database_url: Some(database_url),
     };
-    let config = Config::load(Some(&config_path), &overrides)?;
+    let mut config = Config::load(Some(&config_path), &overrides)?;
+    if args.webhooks_ab > 0 {
+        config.webhooks.allow_private_networks = true;
+        config.webhooks.poll_interval_ms = 50;
+        config.webhook_key = Some(onejob::webhooks::secrets::SecretKey::from_bytes(
+            rand::random(),
+        ));
+    }
+    let webhook_key = config.webhook_key.clone();
+    let webhooks_config = config.webhooks.clone();
     let backend = match &config.database {
         DatabaseUrl::Sqlite(_) => "SQLite (WAL, synchronous=FULL)",
         DatabaseUrl::Postgres(_) => "PostgreSQL",
@@ -287,6 +308,65 @@ async fn main() -> anyhow::Result<()> {
                 totals[1][phase].2
             );
         }
+        return Ok(());
+    }
+
+    if args.webhooks_ab > 0 {
+        let receiver = webhooks_ab::receiver().await?;
+        let hooked_key =
+            onejob::keys::create_key(store.as_ref(), &SystemClock, "hooked", false).await?;
+        let hooks = onejob::webhooks::endpoints::Webhooks {
+            store: store.as_ref(),
+            clock: &SystemClock,
+            config: &webhooks_config,
+            key: webhook_key.as_ref(),
+        };
+        hooks
+            .create(
+                onejob::webhooks::endpoints::Actor {
+                    owner_id: "hooked",
+                    is_admin: false,
+                },
+                onejob::webhooks::endpoints::NewEndpoint {
+                    url: receiver.url.clone(),
+                    events: Some(vec!["job.succeeded".to_string()]),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        let hooked = Arc::new(Bench {
+            client: bench.client.clone(),
+            jobs_url: bench.jobs_url.clone(),
+            key: hooked_key,
+            body: bench.body.clone(),
+        });
+        let totals = webhooks_ab::run(
+            args.webhooks_ab,
+            args.jobs,
+            args.concurrency,
+            bench.clone(),
+            hooked,
+            &receiver,
+        )
+        .await;
+        let delivered = receiver.received.load(Ordering::Relaxed);
+        let _ = stop.send(());
+        server.await??;
+        if let Some(pg) = fresh_pg {
+            pg.drop_database().await;
+        }
+        let per = |(cpu, n, _): (Duration, usize, usize)| cpu.as_secs_f64() * 1e6 / n.max(1) as f64;
+        let (off, on) = (per(totals[0]), per(totals[1]));
+        println!(
+            "webhooks off vs on: {} rounds of {} jobs per side, C={}; {delivered} events delivered",
+            args.webhooks_ab, args.jobs, args.concurrency
+        );
+        println!(
+            "  jobs to completion   cpu µs/job: without webhooks {off:>8.1}   with webhooks {on:>8.1}   on/off {:.3}   failed {} / {}",
+            on / off,
+            totals[0].2,
+            totals[1].2
+        );
         return Ok(());
     }
 

@@ -38,6 +38,12 @@ pub enum ApiError {
     AttemptNotUnknown(String),
     #[error("{0}")]
     KeyNotLive(String),
+    /// A redelivery of a webhook delivery that is still being retried.
+    #[error("{0}")]
+    DeliveryPending(String),
+    /// Webhooks need a key to store their secrets encrypted; none is set.
+    #[error("{0}")]
+    WebhooksNotConfigured(String),
     #[error("the request body did not arrive within {0} ms")]
     RequestTimeout(u64),
     /// A request rate, concurrent-jobs or token-budget limit: 429 with
@@ -71,7 +77,9 @@ impl ApiError {
             | ApiError::AttemptOutcomeUnknown(_)
             | ApiError::JobFinished(_)
             | ApiError::AttemptNotUnknown(_)
-            | ApiError::KeyNotLive(_) => StatusCode::CONFLICT,
+            | ApiError::KeyNotLive(_)
+            | ApiError::DeliveryPending(_) => StatusCode::CONFLICT,
+            ApiError::WebhooksNotConfigured(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Limited(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::InvalidRequest(_) => StatusCode::UNPROCESSABLE_ENTITY,
@@ -97,6 +105,8 @@ impl ApiError {
             ApiError::JobFinished(_) => "job_finished",
             ApiError::AttemptNotUnknown(_) => "attempt_not_unknown",
             ApiError::KeyNotLive(_) => "key_not_live",
+            ApiError::DeliveryPending(_) => "delivery_pending",
+            ApiError::WebhooksNotConfigured(_) => "webhooks_not_configured",
             ApiError::RequestTimeout(_) => "request_timeout",
             ApiError::Limited(e) => e.code(),
             ApiError::StoreUnavailable(_) => "store_unavailable",

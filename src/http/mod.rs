@@ -16,6 +16,7 @@ pub mod serve;
 pub mod tenants;
 pub mod ui;
 pub mod views;
+pub mod webhooks;
 
 use crate::clock::Clock;
 use crate::config::Config;
@@ -55,6 +56,8 @@ pub struct AppState {
     pub replays: Arc<crate::replays::Replays>,
     /// Sessions of the ops console (`/ui`).
     pub ui_sessions: Arc<ui::session::Sessions>,
+    /// The webhook sender, when this process delivers (`[webhooks] enabled`).
+    pub webhooks: Option<Arc<crate::webhooks::delivery::Deliverer>>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -112,6 +115,17 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/admin/tenants/audit", get(tenants::audit))
         .route("/v1/admin/usage", get(tenants::admin_usage))
         .route("/v1/usage", get(tenants::own_usage))
+        .route("/v1/webhooks", get(webhooks::list).post(webhooks::create))
+        .route(
+            "/v1/webhooks/{id}",
+            get(webhooks::show).delete(webhooks::delete),
+        )
+        .route("/v1/webhooks/{id}/rotate", post(webhooks::rotate))
+        .route("/v1/webhooks/{id}/deliveries", get(webhooks::deliveries))
+        .route(
+            "/v1/webhooks/{id}/deliveries/{delivery_id}/redeliver",
+            post(webhooks::redeliver),
+        )
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .merge(ui::routes())
@@ -142,6 +156,10 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     match state.store.review_queue_depth().await {
         Ok(depth) => state.metrics.set_review_queue_depth(depth),
         Err(e) => tracing::warn!(error = %e, "cannot count the review queue for /metrics"),
+    }
+    match state.store.webhook_counts().await {
+        Ok(counts) => state.metrics.set_webhook_deliveries(&counts),
+        Err(e) => tracing::warn!(error = %e, "cannot count webhook deliveries for /metrics"),
     }
     (
         [(

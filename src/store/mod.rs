@@ -26,7 +26,7 @@
 //! 2. Write `pub(crate) async fn my_query(conn: &mut Conn, job_id: &str,
 //!    limit: i64) -> Result<Vec<Job>, StoreError>` in that resource's file
 //!    under `sql/` (`jobs.rs`, `attempts.rs`, `events.rs`, `keys.rs`,
-//!    `switches.rs`, `contract_runs.rs`, `console.rs`): the same name, the
+//!    `switches.rs`, `contract_runs.rs`, `console.rs`, `webhooks.rs`): the same name, the
 //!    same parameters, the connection first. It is compiled once per dialect
 //!    and re-exported from the dialect's module, so both backends find it.
 //!    A new resource file is declared in both `sql/sqlite.rs` and
@@ -92,6 +92,7 @@ mod rows;
 mod sql;
 pub mod sqlite;
 pub mod tenants;
+pub mod webhooks;
 
 pub use contract_runs::{ContractRun, ContractRunSummary, NewContractRun};
 pub use database_url::{DatabaseUrl, InvalidDatabaseUrl};
@@ -353,6 +354,10 @@ pub mod signature {
     pub use super::tenants::{
         KeyRecord, OwnerLimitsRow, OwnerLoad, Rotation, TenantAuditEntry, UsageRow,
     };
+    pub use super::webhooks::{
+        ClaimedDelivery, WebhookCounts, WebhookDelivery, WebhookEndpoint, WebhookTry,
+        WebhookTryRecord,
+    };
     pub use super::{
         ApiKey, AttemptResolution, ContractRun, ContractRunSummary, CreateOutcome, FinishAttempt,
         FinishOutcome, JobEvent, JobResolution, JobTransition, NewContractRun, NewEvent,
@@ -588,6 +593,55 @@ macro_rules! store_methods {
 
             /// Every share written at or after `since`.
             reader fn hedging_shares(since: Millis) -> Vec<HedgingShare>;
+
+            // Signed webhooks (`sql/webhooks.rs`): endpoints, the outbox the
+            // triggers of migration 0010 fill in the commit that ends a job,
+            // claims and tries.
+
+            writer fn insert_webhook_endpoint(endpoint: WebhookEndpoint) -> ();
+
+            /// Endpoints of `owner`, or of everyone, oldest first.
+            reader fn list_webhook_endpoints(owner: Option<&str>) -> Vec<WebhookEndpoint>;
+
+            reader fn get_webhook_endpoint(id: &str) -> Option<WebhookEndpoint>;
+
+            /// The endpoint with its deliveries and their tries; false when not found.
+            transaction fn delete_webhook_endpoint(id: &str) -> bool;
+
+            /// The current secret signs on until `previous_until`, beside the new one.
+            writer fn rotate_webhook_secret(
+                id: &str,
+                secret: &str,
+                previous_until: Millis,
+                at: Millis,
+            ) -> bool;
+
+            /// Lease due deliveries to `instance` (`FOR UPDATE SKIP LOCKED` on
+            /// PostgreSQL), at most `per_endpoint` in flight per endpoint.
+            transaction fn claim_webhook_deliveries(
+                instance: &str,
+                now: Millis,
+                lease_until: Millis,
+                limit: i64,
+                per_endpoint: i64,
+            ) -> Vec<ClaimedDelivery>;
+
+            /// Record a try while its sender holds the lease; false when it does not.
+            transaction fn record_webhook_try(record: WebhookTryRecord) -> bool;
+
+            /// An endpoint's deliveries, newest first.
+            reader fn list_webhook_deliveries(endpoint_id: &str, limit: i64) -> Vec<WebhookDelivery>;
+
+            reader fn get_webhook_delivery(id: &str) -> Option<WebhookDelivery>;
+
+            /// A delivery's tries, in order.
+            reader fn list_webhook_tries(delivery_id: &str) -> Vec<WebhookTry>;
+
+            /// Send a finished delivery again (same id and body, fresh budget).
+            writer fn redeliver_webhook(id: &str, at: Millis) -> bool;
+
+            /// The outbox by state, for `/metrics`.
+            reader fn webhook_counts() -> WebhookCounts;
         }
     };
 }

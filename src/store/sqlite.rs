@@ -704,6 +704,8 @@ carry_owned!(
     Vec<(String, Millis)>,
     OwnerLimitsRow,
     Vec<HedgingShare>,
+    WebhookEndpoint,
+    WebhookTryRecord,
 );
 
 #[cfg(test)]

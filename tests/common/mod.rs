@@ -12,6 +12,7 @@ use tokio::sync::oneshot;
 
 pub mod procs;
 pub mod python;
+pub mod receiver;
 pub mod webdriver;
 pub mod world;
 

@@ -69,9 +69,15 @@ impl Process {
     /// Run `onejob ARGS` and wait for its address line. Logs go to stderr at
     /// `ONEJOB_TEST_SERVER_LOG` (default `error`).
     pub fn start(args: &[&str], prefix: &str) -> Process {
+        Self::start_with_env(args, prefix, &[])
+    }
+
+    /// [`Process::start`] with these variables set for the child.
+    pub fn start_with_env(args: &[&str], prefix: &str, envs: &[(&str, &str)]) -> Process {
         let log = std::env::var("ONEJOB_TEST_SERVER_LOG").unwrap_or_else(|_| "error".into());
         let mut child = Command::new(env!("CARGO_BIN_EXE_onejob"))
             .args(args)
+            .envs(envs.iter().copied())
             .env_remove("ONEJOB_CONFIG")
             .env_remove("ONEJOB_DATABASE_URL")
             .env("RUST_LOG", log)
@@ -98,13 +104,18 @@ impl Process {
     /// `onejob serve` on port 0 over the test's database, with `config` or
     /// the built-in defaults.
     pub fn serve(db: &TestDb, config: Option<&Path>) -> Process {
+        Self::serve_with_env(db, config, &[])
+    }
+
+    /// [`Process::serve`] with these variables set for the child.
+    pub fn serve_with_env(db: &TestDb, config: Option<&Path>, envs: &[(&str, &str)]) -> Process {
         let url = db.url_string();
         let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--database-url", &url];
         let config = config.map(|c| c.display().to_string());
         if let Some(c) = &config {
             args.extend(["--config", c]);
         }
-        Process::start(&args, "onejob listening on ")
+        Process::start_with_env(&args, "onejob listening on ", envs)
     }
 
     /// SIGKILL: no shutdown hook runs, nothing is flushed or released.

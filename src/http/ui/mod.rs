@@ -10,6 +10,7 @@
 //! - [`providers`]: switches, breakers, eligibility, contract runs.
 //! - [`overview`]: charts over a chosen window, from the database.
 //! - [`hedging`]: thresholds in force, every provider, hedging's cost.
+//! - [`webhooks`]: every owner's webhook endpoints, deliveries and their actions.
 //!
 //! Every action calls the same logic function as its API endpoint, so the
 //! console audits (and refuses) exactly as the API does.
@@ -22,6 +23,7 @@ pub mod review;
 pub mod session;
 pub mod svg;
 pub mod timeline;
+pub mod webhooks;
 
 use super::AppState;
 use crate::http::error::ApiError;
@@ -47,6 +49,11 @@ const TEMPLATES: &[(&str, &str)] = &[
         include_str!("templates/contract_run.html"),
     ),
     ("overview.html", include_str!("templates/overview.html")),
+    ("webhooks.html", include_str!("templates/webhooks.html")),
+    (
+        "webhook_secret.html",
+        include_str!("templates/webhook_secret.html"),
+    ),
 ];
 
 const CSS: &str = include_str!("templates/console.css");
@@ -112,6 +119,13 @@ pub fn routes() -> Router<AppState> {
             post(providers::run_contracts),
         )
         .route("/ui/contract-runs/{id}", get(providers::contract_run))
+        .route("/ui/webhooks", get(webhooks::page).post(webhooks::create))
+        .route("/ui/webhooks/{id}/rotate", post(webhooks::rotate))
+        .route("/ui/webhooks/{id}/delete", post(webhooks::delete))
+        .route(
+            "/ui/webhooks/{id}/deliveries/{delivery_id}/redeliver",
+            post(webhooks::redeliver),
+        )
 }
 
 async fn css() -> impl IntoResponse {

@@ -30,10 +30,12 @@ macro_rules! resource_modules {
         pub(crate) mod keys;
         #[path = "switches.rs"]
         pub(crate) mod switches;
+        #[path = "webhooks.rs"]
+        pub(crate) mod webhooks;
 
         pub(crate) use self::{
             attempts::*, console::*, contract_runs::*, events::*, hedging::*, jobs::*, keys::*,
-            switches::*,
+            switches::*, webhooks::*,
         };
     };
 }

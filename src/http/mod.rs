@@ -3,6 +3,7 @@
 pub mod admin_contracts;
 pub mod admin_providers;
 pub mod admin_review;
+pub mod anthropic;
 pub mod auth;
 pub mod body;
 pub mod door;
@@ -68,6 +69,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/jobs/{id}", get(jobs::show))
         .route("/v1/jobs/{id}/attempts", get(jobs::attempts))
         .route("/v1/chat/completions", post(openai::create))
+        .route("/v1/messages", post(anthropic::create))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(openai::list_models))
         .route("/v1/models/{model}", get(openai::show_model))
         .route("/v1/jobs/{id}/retry", post(job_actions::retry))

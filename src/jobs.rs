@@ -51,6 +51,18 @@ impl From<CheckError> for SubmitError {
     }
 }
 
+/// What accepting a job needs of the server: its store, clock, routes,
+/// engine (`None` when this server only stores jobs) and replay memory.
+/// Every front door submits through one of these.
+#[derive(Clone, Copy)]
+pub struct Intake<'a> {
+    pub store: &'a Arc<dyn Store>,
+    pub clock: &'a dyn Clock,
+    pub routes: &'a BTreeMap<String, RouteConfig>,
+    pub engine: Option<&'a Engine>,
+    pub replays: &'a Replays,
+}
+
 /// Create the job for (caller, key), or return the one that exists.
 ///
 /// Invariants 1 and 2: the database's UNIQUE constraint decides who creates;
@@ -60,21 +72,20 @@ impl From<CheckError> for SubmitError {
 /// concurrent-jobs limit and token budget (`admission`), checked before
 /// anything is written or any provider called.
 #[tracing::instrument(skip_all, fields(owner = %caller.owner_id))]
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the handlers' state, spelled out so the logic layer needs no AppState"
-)]
 pub async fn submit(
-    store: &Arc<dyn Store>,
-    clock: &dyn Clock,
-    routes: &BTreeMap<String, RouteConfig>,
+    intake: Intake<'_>,
     caller: &Caller,
     key: &IdempotencyKey,
     body: &[u8],
-    engine: Option<&Engine>,
     admission: &Admission,
-    replays: &Replays,
 ) -> Result<Submission, SubmitError> {
+    let Intake {
+        store,
+        clock,
+        routes,
+        engine,
+        replays,
+    } = intake;
     // A replay of a job that can no longer change, with the very bytes that
     // matched it before: answered from memory, nothing parsed or read.
     let digest = body_digest(body);

@@ -195,16 +195,20 @@ impl Bench {
         };
         let body = serde_json::json!({"messages": [{"role": "user", "content": key}]});
         let store: Arc<dyn Store> = self.store.clone();
+        let replays = Replays::default();
+        let intake = onejob::jobs::Intake {
+            store: &store,
+            clock: self.clock.as_ref(),
+            routes: &self.config.routes,
+            engine: Some(&self.engine),
+            replays: &replays,
+        };
         onejob::jobs::submit(
-            &store,
-            self.clock.as_ref(),
-            &self.config.routes,
+            intake,
             &caller,
             &IdempotencyKey::parse(key.as_bytes()).unwrap(),
             body.to_string().as_bytes(),
-            Some(&self.engine),
             &Admission::unlimited(OWNER),
-            &Replays::default(),
         )
         .await
         .unwrap()

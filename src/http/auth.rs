@@ -1,4 +1,5 @@
-//! Who is calling: `Authorization: Bearer <key>`, resolved to an owner.
+//! Who is calling: `Authorization: Bearer <key>` (or `x-api-key: <key>`,
+//! as Anthropic's SDKs send it), resolved to an owner.
 //! Live keys are cached (see [`crate::tenants`]): the replay path stays
 //! one read, and a revoked key is refused by every server within a second.
 
@@ -15,11 +16,13 @@ impl FromRequestParts<AppState> for Caller {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
+        // Anthropic's SDKs send the key as `x-api-key`.
         let presented = parts
             .headers
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
+            .or_else(|| parts.headers.get("x-api-key").and_then(|v| v.to_str().ok()))
             .map(str::trim)
             .ok_or(ApiError::Unauthorized)?;
         state

@@ -4,14 +4,15 @@ pub mod admin_contracts;
 pub mod admin_hedging;
 pub mod admin_providers;
 pub mod admin_review;
+pub mod anthropic;
 pub mod auth;
 pub mod body;
+pub mod door;
 pub mod drain;
 pub mod error;
 pub mod job_actions;
 pub mod jobs;
-pub mod openai_compat;
-pub mod openai_stream;
+pub mod openai;
 pub mod serve;
 pub mod tenants;
 pub mod ui;
@@ -71,9 +72,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/jobs", post(jobs::create))
         .route("/v1/jobs/{id}", get(jobs::show))
         .route("/v1/jobs/{id}/attempts", get(jobs::attempts))
-        .route("/v1/chat/completions", post(openai_compat::create))
-        .route("/v1/models", get(openai_compat::list_models))
-        .route("/v1/models/{model}", get(openai_compat::show_model))
+        .route("/v1/chat/completions", post(openai::create))
+        .route("/v1/messages", post(anthropic::create))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/models", get(openai::list_models))
+        .route("/v1/models/{model}", get(openai::show_model))
         .route("/v1/jobs/{id}/retry", post(job_actions::retry))
         .route("/v1/jobs/{id}/cancel", post(job_actions::cancel))
         .route("/v1/admin/review", get(admin_review::list))

@@ -73,8 +73,17 @@ impl Content {
 }
 
 /// An OpenAI content part as an Anthropic block (`image_url` becomes an
-/// `image` block from a URL or a base64 `data:` URL).
+/// `image` block from a URL or a base64 `data:` URL). A part's
+/// `cache_control` (from the Messages door) goes through untouched.
 fn part_block(part: &Value) -> Result<Value, String> {
+    let mut block = part_kind_block(part)?;
+    if let Some(cache) = part.get("cache_control") {
+        block["cache_control"] = cache.clone();
+    }
+    Ok(block)
+}
+
+fn part_kind_block(part: &Value) -> Result<Value, String> {
     match part["type"].as_str() {
         Some("text") => Ok(json!({"type": "text", "text": part["text"]})),
         Some("image_url") => {

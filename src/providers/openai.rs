@@ -118,7 +118,20 @@ pub fn request_body(model: &str, request: &ChatRequest, store: bool) -> Value {
         let mut message = Map::new();
         message.insert("role".into(), json!(role));
         let content = match &m.parts {
-            Some(parts) => Value::Array(parts.clone()),
+            // `cache_control` (an Anthropic caching hint a part may carry
+            // from the Messages door) is not part of OpenAI's wire format.
+            Some(parts) => Value::Array(
+                parts
+                    .iter()
+                    .map(|p| {
+                        let mut p = p.clone();
+                        if let Some(part) = p.as_object_mut() {
+                            part.remove("cache_control");
+                        }
+                        p
+                    })
+                    .collect(),
+            ),
             // An assistant turn that only calls tools has no content.
             None if m.content.is_empty() && m.tool_calls.is_some() => Value::Null,
             None => json!(m.content),

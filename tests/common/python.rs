@@ -37,9 +37,20 @@ pub async fn sdk_cases<const N: usize>(
     api_key: &str,
     cases: [&str; N],
 ) -> [Value; N] {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/sdk_cases.py");
+    cases_of("sdk_cases.py", python, address, api_key, cases).await
+}
+
+/// [`sdk_cases`] of another script in `tests/python/` (one per SDK).
+pub async fn cases_of<const N: usize>(
+    script: &str,
+    python: &PathBuf,
+    address: &str,
+    api_key: &str,
+    cases: [&str; N],
+) -> [Value; N] {
+    let script = format!("{}/tests/python/{script}", env!("CARGO_MANIFEST_DIR"));
     let output = tokio::process::Command::new(python)
-        .arg(script)
+        .arg(&script)
         .args(cases)
         .env("ONEJOB_BASE_URL", address)
         .env("ONEJOB_API_KEY", api_key)

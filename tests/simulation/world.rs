@@ -11,7 +11,7 @@ use onejob::config::{Config, Overrides};
 use onejob::domain::request::IdempotencyKey;
 use onejob::domain::{Attempt, Job, JobState, Millis};
 use onejob::engine::{Engine, Gate};
-use onejob::jobs::{submit, SubmitError};
+use onejob::jobs::{submit, Intake, SubmitError};
 use onejob::keys::Caller;
 use onejob::metrics::Metrics;
 use onejob::providers::catalog::Catalog;
@@ -314,16 +314,19 @@ async fn click(shared: Rc<Shared>, job: usize, c: usize) {
                 plan.text.clone()
             };
             let store: Arc<dyn Store> = store.clone();
+            let intake = Intake {
+                store: &store,
+                clock: shared.clock.as_ref(),
+                routes: &shared.config.routes,
+                engine: Some(&engine),
+                replays: &replays,
+            };
             let answer = submit(
-                &store,
-                shared.clock.as_ref(),
-                &shared.config.routes,
+                intake,
                 &caller,
                 &key,
                 &body(&text),
-                Some(&engine),
                 &Admission::unlimited(OWNER),
-                &replays,
             )
             .await;
             match (click.what, answer) {

@@ -1,0 +1,271 @@
+//! The engine's answer as an Anthropic Message, its stream as Anthropic's
+//! events, and a job without an answer as Anthropic's error.
+
+use super::error::{stream_error_type, AnthropicError};
+use crate::domain::Job;
+use crate::engine::stream::StreamEvent;
+use crate::http::door::{Answer, Refusal, Refused, StreamEncoder};
+use crate::providers::Usage;
+use axum::http::StatusCode;
+use serde_json::{json, Value};
+
+/// The Message id of a job: the same for every replay of it.
+pub(super) fn message_id(job: &Job) -> String {
+    format!("msg_{}", job.id.replace('-', ""))
+}
+
+/// A `tool_use` block from a canonical (OpenAI-shaped) tool call.
+fn tool_use_block(call: &Value) -> Value {
+    let arguments = call.pointer("/function/arguments").and_then(Value::as_str);
+    let input = arguments
+        .and_then(|a| serde_json::from_str::<Value>(a).ok())
+        .filter(Value::is_object)
+        .unwrap_or_else(|| json!({}));
+    json!({
+        "type": "tool_use",
+        "id": call["id"],
+        "name": call.pointer("/function/name").cloned().unwrap_or(Value::Null),
+        "input": input,
+    })
+}
+
+fn usage_of(usage: Usage) -> Value {
+    json!({"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens})
+}
+
+/// A succeeded job as a Message.
+pub(super) fn message(job: &Job, answer: Answer) -> Value {
+    let mut content = Vec::new();
+    match answer.text {
+        Some(text) if !text.is_empty() || answer.tool_calls.is_empty() => {
+            content.push(json!({"type": "text", "text": text}));
+        }
+        None if answer.tool_calls.is_empty() => content.push(json!({"type": "text", "text": ""})),
+        _ => {}
+    }
+    content.extend(answer.tool_calls.iter().map(tool_use_block));
+    let stop_reason = if answer.tool_calls.is_empty() {
+        "end_turn"
+    } else {
+        "tool_use"
+    };
+    json!({
+        "id": message_id(job),
+        "type": "message",
+        "role": "assistant",
+        "model": answer.model,
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": null,
+        "usage": usage_of(answer.usage),
+    })
+}
+
+/// A job without an answer, as the error Anthropic's clients act on: a
+/// refusal by the provider is the request's fault (`invalid_request_error`),
+/// a finished job answers every replay the same (no retry), a pending one
+/// may be asked again with the same key.
+pub(super) fn refusal(refused: Refused) -> AnthropicError {
+    let Refused { why, message } = refused;
+    let error = |status: u16, kind: &'static str| {
+        AnthropicError::new(
+            StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            kind,
+            message.clone(),
+        )
+    };
+    match why {
+        Refusal::Pending { client_may_retry } => AnthropicError {
+            retry: client_may_retry,
+            ..error(504, "timeout_error")
+        },
+        Refusal::Cancelled => error(409, "invalid_request_error"),
+        Refusal::ContextLengthExceeded => AnthropicError {
+            message: format!("prompt is too long: {message}"),
+            ..error(400, "invalid_request_error")
+        },
+        Refusal::ContentPolicy | Refusal::BadRequest(_) => error(400, "invalid_request_error"),
+        Refusal::RateLimited => error(429, "rate_limit_error"),
+        Refusal::Failed(Some(kind)) if kind == "overloaded" => error(529, "overloaded_error"),
+        Refusal::ContractViolation | Refusal::NeedsReview | Refusal::Failed(_) => {
+            error(500, "api_error")
+        }
+    }
+}
+
+/// Anthropic's `stop_reason` for the engine's finish reason.
+fn stop_reason(finish_reason: &str) -> &'static str {
+    match finish_reason {
+        "length" | "max_tokens" => "max_tokens",
+        "tool_calls" | "tool_use" => "tool_use",
+        "stop_sequence" => "stop_sequence",
+        _ => "end_turn",
+    }
+}
+
+/// The content block being streamed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    Text,
+    ToolUse,
+}
+
+/// Writes a job's stream events as Anthropic's: `message_start` (a whole
+/// Message, with usage) and a `ping`, then per content block
+/// `content_block_start`, its deltas (`text_delta`, `input_json_delta`)
+/// and `content_block_stop`, then `message_delta` with the stop reason and
+/// the final usage, and `message_stop` — each with its `event:` line (the
+/// SDK drops events without one). A stream that cannot finish ends with
+/// `event: error`, never with a stop on a truncated answer.
+pub(super) struct Encoder {
+    id: String,
+    started: bool,
+    open: Option<Block>,
+    /// Index of the open block (the next block's when none is open).
+    index: usize,
+    /// Blocks started so far.
+    blocks: usize,
+}
+
+impl Encoder {
+    pub(super) fn new(job: &Job) -> Self {
+        Encoder {
+            id: message_id(job),
+            started: false,
+            open: None,
+            index: 0,
+            blocks: 0,
+        }
+    }
+
+    fn event(out: &mut String, name: &str, data: &Value) {
+        out.push_str("event: ");
+        out.push_str(name);
+        out.push_str("\ndata: ");
+        out.push_str(&data.to_string());
+        out.push_str("\n\n");
+    }
+
+    fn close(&mut self, out: &mut String) {
+        if self.open.take().is_some() {
+            Self::event(
+                out,
+                "content_block_stop",
+                &json!({"type": "content_block_stop", "index": self.index}),
+            );
+        }
+    }
+
+    fn open(&mut self, block: Block, start: Value, out: &mut String) {
+        self.close(out);
+        self.index = self.blocks;
+        self.blocks += 1;
+        self.open = Some(block);
+        Self::event(
+            out,
+            "content_block_start",
+            &json!({"type": "content_block_start", "index": self.index, "content_block": start}),
+        );
+    }
+
+    fn delta(&self, delta: Value, out: &mut String) {
+        Self::event(
+            out,
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": self.index, "delta": delta}),
+        );
+    }
+
+    fn start(&mut self, model: &str, out: &mut String) {
+        if self.started {
+            return;
+        }
+        self.started = true;
+        let message = json!({
+            "id": self.id, "type": "message", "role": "assistant", "model": model,
+            "content": [], "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+        });
+        Self::event(
+            out,
+            "message_start",
+            &json!({"type": "message_start", "message": message}),
+        );
+        Self::event(out, "ping", &json!({"type": "ping"}));
+    }
+}
+
+impl StreamEncoder for Encoder {
+    fn encode(&mut self, event: &StreamEvent) -> String {
+        let mut out = String::new();
+        match event {
+            StreamEvent::Start { model, .. } => self.start(model, &mut out),
+            StreamEvent::Piece { model, delta } => {
+                self.start(model, &mut out);
+                if !delta.content.is_empty() {
+                    if self.open != Some(Block::Text) {
+                        self.open(Block::Text, json!({"type": "text", "text": ""}), &mut out);
+                    }
+                    self.delta(
+                        json!({"type": "text_delta", "text": delta.content}),
+                        &mut out,
+                    );
+                }
+                for piece in &delta.tool_calls {
+                    // A call's first piece names it; later ones carry
+                    // fragments of its arguments.
+                    let name = piece.pointer("/function/name").and_then(Value::as_str);
+                    if let (Some(id), Some(name)) = (piece["id"].as_str(), name) {
+                        let start =
+                            json!({"type": "tool_use", "id": id, "name": name, "input": {}});
+                        self.open(Block::ToolUse, start, &mut out);
+                    }
+                    let fragment = piece
+                        .pointer("/function/arguments")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default();
+                    if !fragment.is_empty() && self.open == Some(Block::ToolUse) {
+                        self.delta(
+                            json!({"type": "input_json_delta", "partial_json": fragment}),
+                            &mut out,
+                        );
+                    }
+                }
+            }
+            StreamEvent::Finish {
+                model,
+                finish_reason,
+                usage,
+            } => {
+                self.start(model, &mut out);
+                if self.blocks == 0 {
+                    // A Message always has content: an empty answer is one
+                    // empty text block.
+                    self.open(Block::Text, json!({"type": "text", "text": ""}), &mut out);
+                }
+                self.close(&mut out);
+                let usage = usage.unwrap_or_default();
+                Self::event(
+                    &mut out,
+                    "message_delta",
+                    &json!({
+                        "type": "message_delta",
+                        "delta": {"stop_reason": stop_reason(finish_reason), "stop_sequence": null},
+                        "usage": usage_of(usage),
+                    }),
+                );
+                Self::event(&mut out, "message_stop", &json!({"type": "message_stop"}));
+            }
+            StreamEvent::Error { code, message } => {
+                Self::event(
+                    &mut out,
+                    "error",
+                    &json!({"type": "error", "error": {
+                        "type": stream_error_type(code), "message": format!("{code}: {message}"),
+                    }}),
+                );
+            }
+        }
+        out
+    }
+}

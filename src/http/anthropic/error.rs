@@ -1,0 +1,165 @@
+//! Errors in Anthropic's shape: `{"type": "error", "error": {"type",
+//! "message"}, "request_id"}` with Anthropic's types and statuses, and
+//! `x-should-retry` always set (the SDK retries 409, 429 and 5xx unless
+//! told not to).
+
+use crate::http::error::{ApiError, STORE_RETRY_AFTER_SECS};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+/// An error in Anthropic's shape.
+#[derive(Debug)]
+pub struct AnthropicError {
+    pub(super) status: StatusCode,
+    /// Anthropic's error `type`.
+    pub(super) kind: &'static str,
+    pub(super) message: String,
+    pub(super) retry: bool,
+    pub(super) retry_after_ms: Option<u64>,
+}
+
+impl AnthropicError {
+    /// A request onejob refuses: 400 `invalid_request_error`, the message
+    /// naming the field.
+    pub(super) fn invalid(field: &str, why: impl std::fmt::Display) -> Self {
+        AnthropicError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            format!("{field}: {why}"),
+        )
+    }
+
+    pub(super) fn new(status: StatusCode, kind: &'static str, message: String) -> Self {
+        AnthropicError {
+            status,
+            kind,
+            message,
+            retry: false,
+            retry_after_ms: None,
+        }
+    }
+
+    /// A refused submission: an unknown route is an unknown `model`.
+    pub(super) fn submit(e: ApiError) -> Self {
+        match e {
+            ApiError::InvalidRequest(m) if m.starts_with("route:") => AnthropicError::new(
+                StatusCode::NOT_FOUND,
+                "not_found_error",
+                m.replacen("route:", "model:", 1),
+            ),
+            e => e.into(),
+        }
+    }
+}
+
+/// Anthropic's error `type` for an in-band stream error code.
+pub(super) fn stream_error_type(code: &str) -> &'static str {
+    match code {
+        "content_policy"
+        | "content_policy_violation"
+        | "context_length_exceeded"
+        | "bad_request"
+        | "invalid_prompt"
+        | "unprocessable" => "invalid_request_error",
+        "rate_limited" | "quota_exceeded" => "rate_limit_error",
+        "overloaded" => "overloaded_error",
+        _ => "api_error",
+    }
+}
+
+/// Our field names in a validation message, as Anthropic's request names them.
+fn anthropic_fields(message: String) -> String {
+    let Some((field, why)) = message.split_once(": ") else {
+        return message;
+    };
+    let field = match field {
+        "params.stop" => "stop_sequences",
+        "params.user" => "metadata.user_id",
+        other => other.strip_prefix("params.").unwrap_or(other),
+    };
+    format!("{field}: {why}")
+}
+
+impl From<ApiError> for AnthropicError {
+    fn from(e: ApiError) -> Self {
+        use ApiError as E;
+        let (status, kind) = match &e {
+            E::Unauthorized => (StatusCode::UNAUTHORIZED, "authentication_error"),
+            E::Forbidden => (StatusCode::FORBIDDEN, "permission_error"),
+            E::NotFound(_) => (StatusCode::NOT_FOUND, "not_found_error"),
+            E::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "request_too_large"),
+            E::Limited(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error"),
+            // Anthropic's "try again shortly": the SDK retries a 529.
+            E::StoreUnavailable(_) => (
+                StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE),
+                "overloaded_error",
+            ),
+            E::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "api_error"),
+            // A key reused with another body keeps its 409 (the SDK's
+            // ConflictError); Anthropic uses this type for other 4xx.
+            E::IdempotencyKeyReused(_)
+            | E::AttemptOutcomeUnknown(_)
+            | E::JobFinished(_)
+            | E::AttemptNotUnknown(_)
+            | E::KeyNotLive(_)
+            | E::MethodNotAllowed
+            | E::RequestTimeout(_) => (e.status_code(), "invalid_request_error"),
+            // Anthropic answers every malformed or invalid request 400.
+            E::MissingIdempotencyKey
+            | E::InvalidIdempotencyKey(_)
+            | E::MalformedJson(_)
+            | E::InvalidRequest(_) => (StatusCode::BAD_REQUEST, "invalid_request_error"),
+        };
+        match &e {
+            E::Internal(cause) => tracing::error!(error = format!("{cause:#}"), "request failed"),
+            E::StoreUnavailable(cause) => {
+                tracing::warn!(error = %cause, "store unavailable; the client is told to retry")
+            }
+            _ => {}
+        }
+        let limit = match &e {
+            E::Limited(l) => Some(l),
+            _ => None,
+        };
+        let store_down = matches!(e, E::StoreUnavailable(_));
+        let retry = store_down || limit.is_some_and(|l| l.should_retry());
+        let retry_after_ms = match limit {
+            Some(l) => Some(l.retry_after_ms()),
+            None => store_down.then_some(u64::from(STORE_RETRY_AFTER_SECS) * 1000),
+        };
+        let message = match e {
+            E::InvalidRequest(m) => anthropic_fields(m),
+            E::MissingIdempotencyKey => {
+                "the Idempotency-Key header is required; pass one with extra_headers".to_string()
+            }
+            e => e.to_string(),
+        };
+        AnthropicError {
+            status,
+            kind,
+            message,
+            retry,
+            retry_after_ms,
+        }
+    }
+}
+
+impl IntoResponse for AnthropicError {
+    fn into_response(self) -> Response {
+        let body = json!({
+            "type": "error",
+            "error": {"type": self.kind, "message": self.message},
+        });
+        let mut response = (self.status, Json(body)).into_response();
+        let retry = if self.retry { "true" } else { "false" };
+        let headers = response.headers_mut();
+        headers.insert("x-should-retry", HeaderValue::from_static(retry));
+        if let Some(ms) = self.retry_after_ms {
+            headers.insert("retry-after", HeaderValue::from(ms.div_ceil(1000).max(1)));
+            headers.insert("retry-after-ms", HeaderValue::from(ms));
+        }
+        response
+    }
+}

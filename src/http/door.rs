@@ -1,0 +1,617 @@
+//! The front-door pipeline every dialect shares.
+//!
+//! A door (the jobs API, OpenAI Chat Completions, Anthropic Messages)
+//! decodes its request into the domain's job request and hands it here;
+//! this module runs the steps that are the same whatever the dialect —
+//! the `Idempotency-Key`, admission by the limits, the one idempotent
+//! submit and its counters, waiting for the job to settle — and gives
+//! back the engine's canonical answer ([`Outcome`]) or its stream events
+//! ([`Opened`]). The door encodes those, and its errors, in its own shape.
+//! Nothing here knows a dialect, and no door imports another: adding one
+//! touches its own module and the router.
+
+use super::error::ApiError;
+use super::AppState;
+use crate::config::IdempotencyMode;
+use crate::domain::request::IdempotencyKey;
+use crate::domain::{Attempt, AttemptState, Job, JobState};
+use crate::engine::stream::{StreamEvent, StreamHub};
+use crate::jobs::{self, Intake, Submission};
+use crate::keys::Caller;
+use crate::metrics::Metrics;
+use crate::providers::stream::Delta;
+use crate::providers::Usage;
+use crate::tenants::Admission;
+use axum::body::{Body, Bytes};
+use axum::extract::{FromRequest, Request};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::Response;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The longest `Prefer: wait` honoured, in seconds.
+pub const MAX_WAIT_SECS: u64 = 300;
+
+/// How long a door that answers with the result (not a job) holds the
+/// request when the client sends no `Prefer: wait`.
+pub const DEFAULT_WAIT_SECS: u64 = 120;
+
+/// The raw request body, with the size limit answered as a JSON 413.
+pub struct LimitedBody(pub Bytes);
+
+impl FromRequest<AppState> for LimitedBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request<Body>, state: &AppState) -> Result<Self, Self::Rejection> {
+        let limit = state.config.max_body_bytes;
+        let timeout = state.config.body_read_timeout;
+        // A client that trickles its body is cut off (slowloris).
+        let read = tokio::time::timeout(timeout, Bytes::from_request(req, state))
+            .await
+            .map_err(|_| ApiError::RequestTimeout(timeout.as_millis() as u64))?;
+        match read {
+            Ok(bytes) => Ok(LimitedBody(bytes)),
+            Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                Err(ApiError::PayloadTooLarge(limit))
+            }
+            Err(rejection) => Err(ApiError::MalformedJson(rejection.body_text())),
+        }
+    }
+}
+
+/// `Prefer: wait=N` (RFC 7240): hold the answer up to N seconds (at most
+/// `MAX_WAIT_SECS`) for the job to reach a final state.
+pub fn preferred_wait(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get_all("prefer")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split([',', ';']))
+        .find_map(|pref| {
+            pref.trim()
+                .strip_prefix("wait=")?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .map(|n| n.min(MAX_WAIT_SECS))
+}
+
+/// The key a request runs under.
+#[derive(Debug, Clone)]
+pub struct DoorKey {
+    pub key: IdempotencyKey,
+    /// Made by onejob (`idempotency = "optional"` and the client sent
+    /// none): echoed in the answer's `Idempotency-Key` so it can replay.
+    pub made_here: bool,
+}
+
+/// The client's `Idempotency-Key`, or with `idempotency = "optional"` a
+/// fresh one made here.
+pub fn door_key(state: &AppState, headers: &HeaderMap) -> Result<DoorKey, ApiError> {
+    match headers.get("idempotency-key") {
+        Some(raw) => IdempotencyKey::parse(raw.as_bytes())
+            .map(|key| DoorKey {
+                key,
+                made_here: false,
+            })
+            .map_err(ApiError::InvalidIdempotencyKey),
+        None if state.config.idempotency == IdempotencyMode::Optional => {
+            let made = format!("onejob-made-{}", crate::domain::new_id());
+            IdempotencyKey::parse(made.as_bytes())
+                .map(|key| DoorKey {
+                    key,
+                    made_here: true,
+                })
+                .map_err(ApiError::InvalidIdempotencyKey)
+        }
+        None => Err(ApiError::MissingIdempotencyKey),
+    }
+}
+
+/// A request let in at a door: who asks, under which key, admitted by the
+/// request rate (before its body is decoded, so every request counts).
+pub struct Arrival {
+    pub caller: Caller,
+    pub key: DoorKey,
+    admission: Admission,
+}
+
+/// The key, then the caller's request-rate limit.
+pub fn arrive(state: &AppState, caller: Caller, headers: &HeaderMap) -> Result<Arrival, ApiError> {
+    let key = door_key(state, headers)?;
+    let admission = state.tenants.admit(&caller)?;
+    Ok(Arrival {
+        caller,
+        key,
+        admission,
+    })
+}
+
+/// The one submit every door makes, with its counters: `job_body` is the
+/// job request the door decoded (`POST /v1/jobs`'s body shape).
+pub async fn submit(
+    state: &AppState,
+    arrival: &Arrival,
+    job_body: &[u8],
+) -> Result<Submission, ApiError> {
+    let intake = Intake {
+        store: &state.store,
+        clock: state.clock.as_ref(),
+        routes: &state.config.routes,
+        engine: state.engine.as_ref(),
+        replays: &state.replays,
+    };
+    let submitted = jobs::submit(
+        intake,
+        &arrival.caller,
+        &arrival.key.key,
+        job_body,
+        &arrival.admission,
+    )
+    .await;
+    let submission = match submitted {
+        Ok(s) => s,
+        Err(e) => {
+            if matches!(e, jobs::SubmitError::KeyReused { .. }) {
+                Metrics::inc(&state.metrics.idempotency_conflicts);
+            }
+            return Err(e.into());
+        }
+    };
+    Metrics::inc(if submission.replayed {
+        &state.metrics.jobs_replayed
+    } else {
+        &state.metrics.jobs_created
+    });
+    if submission.from_memory {
+        Metrics::inc(&state.metrics.replays_from_memory);
+    }
+    Ok(submission)
+}
+
+/// Hold a submitted job until it is final (or `wait` passes); a job that
+/// settles here is remembered so its next replay is answered from memory.
+pub async fn wait_final(state: &AppState, submission: &Submission, wait: Duration) -> Job {
+    let job = submission.job.clone();
+    let (Some(engine), false) = (&state.engine, job.state.is_final()) else {
+        return job;
+    };
+    match engine.wait_for(&job.id, wait).await {
+        Some(settled) => {
+            state
+                .replays
+                .finished
+                .remember(&settled, Some(submission.body_digest));
+            settled
+        }
+        None => job,
+    }
+}
+
+/// A job as a door answers it: its attempts and the one that won.
+pub struct Settled {
+    pub job: Job,
+    pub attempts: Vec<Attempt>,
+    pub replayed: bool,
+}
+
+impl Settled {
+    pub fn winner(&self) -> Option<&Attempt> {
+        self.attempts
+            .iter()
+            .find(|a| Some(&a.id) == self.job.completed_by.as_ref())
+    }
+}
+
+/// Submit, hold until final, read the attempts: what a door that answers
+/// with the result (not a job) needs.
+pub async fn run(
+    state: &AppState,
+    arrival: &Arrival,
+    job_body: &[u8],
+    headers: &HeaderMap,
+) -> Result<Settled, ApiError> {
+    let submission = submit(state, arrival, job_body).await?;
+    let wait = preferred_wait(headers)
+        .unwrap_or(DEFAULT_WAIT_SECS)
+        .min(MAX_WAIT_SECS);
+    let job = wait_final(state, &submission, Duration::from_secs(wait)).await;
+    let attempts = state.store.list_attempts(&job.id).await?;
+    Ok(Settled {
+        job,
+        attempts,
+        replayed: submission.replayed,
+    })
+}
+
+/// The model that answered: the model the winning attempt's provider asks
+/// for (the route's name when no attempt won, e.g. a result set by an admin).
+pub fn answering_model(state: &AppState, job: &Job, winner: Option<&Attempt>) -> String {
+    winner
+        .and_then(|w| state.providers.get(&w.provider))
+        .map(|p| p.config.model.clone())
+        .unwrap_or_else(|| job.route.clone())
+}
+
+/// The engine's answer, whatever door asked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// The assistant's text; `None` for a tool-call turn without text.
+    pub text: Option<String>,
+    /// OpenAI-shaped `{"id","type":"function","function":{"name","arguments"}}`.
+    pub tool_calls: Vec<Value>,
+    pub usage: Usage,
+    /// The model that answered (never the route).
+    pub model: String,
+}
+
+/// Why a job has no answer for the client, whatever door asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// Still running after the wait; the same request picks it up again
+    /// (`client_may_retry` unless the key was made here).
+    Pending {
+        client_may_retry: bool,
+    },
+    Cancelled,
+    ContextLengthExceeded,
+    ContentPolicy,
+    RateLimited,
+    /// Output broke the request's `response_format`.
+    ContractViolation,
+    /// The provider refused the request as malformed (its kind kept).
+    BadRequest(String),
+    NeedsReview,
+    /// Failed otherwise (the provider's kind, when one is known).
+    Failed(Option<String>),
+}
+
+/// A refusal and the message that explains it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub why: Refusal,
+    pub message: String,
+}
+
+/// A settled job as the engine's answer, or why there is none.
+pub fn outcome(
+    state: &AppState,
+    settled: &Settled,
+    key_made_here: bool,
+) -> Result<Answer, Refused> {
+    let job = &settled.job;
+    if job.state != JobState::Succeeded {
+        return Err(refusal(job, &settled.attempts, key_made_here));
+    }
+    let winner = settled.winner();
+    Ok(answer_of(state, job, winner))
+}
+
+fn answer_of(state: &AppState, job: &Job, winner: Option<&Attempt>) -> Answer {
+    let usage = winner
+        .and_then(|w| w.usage.as_deref())
+        .and_then(|u| serde_json::from_str::<Usage>(u).ok())
+        .unwrap_or_default();
+    let result: Value = job
+        .result
+        .as_deref()
+        .and_then(|r| serde_json::from_str(r).ok())
+        .unwrap_or(Value::Null);
+    let (text, tool_calls) = match result {
+        Value::String(text) => (Some(text), Vec::new()),
+        Value::Object(mut turn) if turn.contains_key("tool_calls") => (
+            turn.remove("content")
+                .and_then(|c| c.as_str().map(str::to_string)),
+            match turn.remove("tool_calls") {
+                Some(Value::Array(calls)) => calls,
+                _ => Vec::new(),
+            },
+        ),
+        // A contract job's result is its validated JSON.
+        other => (Some(other.to_string()), Vec::new()),
+    };
+    Answer {
+        text,
+        tool_calls,
+        usage,
+        model: answering_model(state, job, winner),
+    }
+}
+
+/// A job that did not succeed, classified once for every door: the
+/// provider's reason kept, the message naming the job.
+fn refusal(job: &Job, attempts: &[Attempt], key_made_here: bool) -> Refused {
+    let last_failed = attempts
+        .iter()
+        .rev()
+        .find(|a| a.state == AttemptState::Failed && a.error_kind.is_some());
+    let provider_kind = last_failed
+        .and_then(|a| a.error_kind.as_deref())
+        .unwrap_or("");
+    let detail = job.last_error.as_deref().unwrap_or("no result");
+    let message = format!("job {} is {}: {detail}", job.id, job.state.as_str());
+    let why = match job.state {
+        JobState::Pending | JobState::Running => {
+            return Refused {
+                why: Refusal::Pending {
+                    client_may_retry: !key_made_here,
+                },
+                message: format!(
+                    "job {} is still {}; replay this request with the same Idempotency-Key, or GET /v1/jobs/{}",
+                    job.id,
+                    job.state.as_str(),
+                    job.id
+                ),
+            }
+        }
+        JobState::Cancelled => Refusal::Cancelled,
+        JobState::Failed | JobState::NeedsReview | JobState::Succeeded => match provider_kind {
+            "context_length_exceeded" => Refusal::ContextLengthExceeded,
+            "content_policy" => Refusal::ContentPolicy,
+            "rate_limited" | "quota_exceeded" => Refusal::RateLimited,
+            "contract_violation" => Refusal::ContractViolation,
+            "bad_request" | "unprocessable" | "invalid_prompt" => {
+                Refusal::BadRequest(provider_kind.to_string())
+            }
+            _ if job.state == JobState::NeedsReview => Refusal::NeedsReview,
+            "" => Refusal::Failed(None),
+            other => Refusal::Failed(Some(other.to_string())),
+        },
+    };
+    Refused { why, message }
+}
+
+/// The headers every door sends with a job's answer: which job and which
+/// attempt (and its provider) answered, the key made here, a replay.
+pub fn job_headers(
+    headers: &mut HeaderMap,
+    job: &Job,
+    answered_by: Option<(&str, &str)>,
+    key: &DoorKey,
+    replayed: bool,
+) -> Result<(), ApiError> {
+    let value = |s: &str| HeaderValue::from_str(s).map_err(|e| ApiError::Internal(e.into()));
+    headers.insert("x-onejob-job-id", value(&job.id)?);
+    if let Some((provider, attempt_id)) = answered_by {
+        headers.insert("x-onejob-provider", value(provider)?);
+        headers.insert("x-onejob-attempt", value(attempt_id)?);
+    }
+    if key.made_here {
+        headers.insert("idempotency-key", value(key.key.as_str())?);
+    }
+    if replayed {
+        headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    Ok(())
+}
+
+/// Where a streamed answer's events come from.
+pub enum Events {
+    /// The job is driven streamed here: its events as they happen.
+    Live(Arc<StreamHub>),
+    /// The job finished (or is driven elsewhere): its stored answer, as the
+    /// events a stream would have had.
+    Stored(Vec<StreamEvent>),
+}
+
+/// A streamed request, submitted: its job and its events.
+pub struct Opened {
+    pub job: Job,
+    pub replayed: bool,
+    pub events: Events,
+    /// The first event (an attempt's `Start` names the provider and
+    /// attempt for the headers).
+    pub first: Option<StreamEvent>,
+}
+
+impl Opened {
+    /// The provider and attempt that own the stream, for the headers.
+    pub fn answered_by(&self) -> Option<(&str, &str)> {
+        match &self.first {
+            Some(StreamEvent::Start {
+                provider,
+                attempt_id,
+                ..
+            }) => Some((provider.as_str(), attempt_id.as_str())),
+            _ => None,
+        }
+    }
+}
+
+/// Submit a streamed request. When this process drives the job streamed,
+/// its hub's events (headers wait for the first, so they can name the
+/// provider that owns the stream); otherwise the stored answer once the
+/// job is final.
+pub async fn open_stream(
+    state: &AppState,
+    arrival: &Arrival,
+    job_body: &[u8],
+    headers: &HeaderMap,
+) -> Result<Opened, ApiError> {
+    let (owner, key) = (&arrival.caller.owner_id, arrival.key.key.as_str());
+    let hub = state.engine.as_ref().map(|e| e.stream_hub(owner, key));
+    let submitted = submit(state, arrival, job_body).await;
+    // A hub no driver here took (the job is finished, or driven unstreamed
+    // or elsewhere) is of no use: the stored answer is streamed instead.
+    // Nor is one whose stream ended in an error: the job went on, and the
+    // replay waits for its final answer.
+    let hub = match (hub, &state.engine) {
+        (Some(hub), Some(engine)) if !hub.is_driven() => {
+            engine.release_hub(owner, key, &hub);
+            None
+        }
+        (Some(hub), _) if hub.ended_in_error() => None,
+        (hub, _) => hub,
+    };
+    let submission = submitted?;
+    if let Some(hub) = hub {
+        hub.changed_past(0).await;
+        let first = hub.events_from(0).0.into_iter().next();
+        return Ok(Opened {
+            job: submission.job,
+            replayed: submission.replayed,
+            events: Events::Live(hub),
+            first,
+        });
+    }
+    let wait = preferred_wait(headers)
+        .unwrap_or(DEFAULT_WAIT_SECS)
+        .min(MAX_WAIT_SECS);
+    let job = match &state.engine {
+        Some(engine) => engine
+            .wait_for(&submission.job.id, Duration::from_secs(wait))
+            .await
+            .unwrap_or(submission.job),
+        None => submission.job,
+    };
+    let attempts = if job.state == JobState::Succeeded {
+        state.store.list_attempts(&job.id).await?
+    } else {
+        Vec::new()
+    };
+    let settled = Settled {
+        job,
+        attempts,
+        replayed: submission.replayed,
+    };
+    let events = stored_events(state, &settled);
+    Ok(Opened {
+        first: events.first().cloned(),
+        job: settled.job,
+        replayed: settled.replayed,
+        events: Events::Stored(events),
+    })
+}
+
+/// The events of a finished (or failed) job, as a stream would have had them.
+fn stored_events(state: &AppState, settled: &Settled) -> Vec<StreamEvent> {
+    let job = &settled.job;
+    if job.state != JobState::Succeeded {
+        let code = match job.state {
+            JobState::Failed => "job_failed",
+            JobState::NeedsReview => "job_needs_review",
+            JobState::Cancelled => "job_cancelled",
+            _ => "job_pending",
+        };
+        let message = format!(
+            "job {} is {}: {}",
+            job.id,
+            job.state.as_str(),
+            job.last_error.as_deref().unwrap_or("no result yet")
+        );
+        return vec![StreamEvent::Error {
+            code: code.to_string(),
+            message,
+        }];
+    }
+    let winner = settled.winner();
+    let answer = answer_of(state, job, winner);
+    let finish_reason = if answer.tool_calls.is_empty() {
+        "stop"
+    } else {
+        "tool_calls"
+    };
+    let model = answer.model;
+    let mut events = vec![StreamEvent::Start {
+        model: model.clone(),
+        provider: winner.map(|a| a.provider.clone()).unwrap_or_default(),
+        attempt_id: winner.map(|a| a.id.clone()).unwrap_or_default(),
+    }];
+    if let Some(text) = answer.text.filter(|t| !t.is_empty()) {
+        events.push(StreamEvent::Piece {
+            model: model.clone(),
+            delta: Delta::text(text),
+        });
+    }
+    for (index, call) in answer.tool_calls.into_iter().enumerate() {
+        let mut piece = call;
+        piece["index"] = json!(index);
+        events.push(StreamEvent::Piece {
+            model: model.clone(),
+            delta: Delta {
+                content: String::new(),
+                tool_calls: vec![piece],
+            },
+        });
+    }
+    let usage = winner
+        .and_then(|a| a.usage.as_deref())
+        .and_then(|u| serde_json::from_str::<Usage>(u).ok());
+    events.push(StreamEvent::Finish {
+        model,
+        finish_reason: finish_reason.into(),
+        usage,
+    });
+    events
+}
+
+/// A dialect's stream encoding: each event as the frames its clients read.
+pub trait StreamEncoder: Send + 'static {
+    fn encode(&mut self, event: &StreamEvent) -> String;
+}
+
+/// The response body of a stream: the events, encoded, until it ends.
+fn sse_body(events: Events, mut encoder: impl StreamEncoder) -> Body {
+    let hub = match events {
+        Events::Stored(events) => {
+            let text: String = events.iter().map(|e| encoder.encode(e)).collect();
+            return Body::from(text);
+        }
+        Events::Live(hub) => hub,
+    };
+    // The hub's events from the start (the encoder skips what the client
+    // has), buffered then live.
+    let frames = futures::stream::unfold(
+        (hub, encoder, 0usize, false),
+        |(hub, mut encoder, next, done)| async move {
+            if done {
+                return None;
+            }
+            loop {
+                let (events, ended) = hub.events_from(next);
+                if !events.is_empty() {
+                    let text: String = events.iter().map(|e| encoder.encode(e)).collect();
+                    let next = next + events.len();
+                    let done = ended && hub.events_from(next).0.is_empty();
+                    return Some((
+                        Ok::<_, std::io::Error>(Bytes::from(text)),
+                        (hub, encoder, next, done),
+                    ));
+                }
+                if ended {
+                    return None;
+                }
+                hub.changed_past(next).await;
+            }
+        },
+    );
+    Body::from_stream(frames)
+}
+
+/// A `200 text/event-stream` response with the job's headers, its body
+/// the events as `encoder` writes them.
+pub fn stream_response(
+    opened: Opened,
+    key: &DoorKey,
+    encoder: impl StreamEncoder,
+) -> Result<Response, ApiError> {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        "content-type",
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert("cache-control", HeaderValue::from_static("no-cache"));
+    job_headers(
+        &mut headers,
+        &opened.job,
+        opened.answered_by(),
+        key,
+        opened.replayed,
+    )?;
+    let mut response = Response::new(sse_body(opened.events, encoder));
+    *response.status_mut() = StatusCode::OK;
+    *response.headers_mut() = headers;
+    Ok(response)
+}

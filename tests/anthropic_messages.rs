@@ -1,0 +1,579 @@
+//! `POST /v1/messages` and `/v1/messages/count_tokens` over raw HTTP: the
+//! statuses, shapes and headers an Anthropic client sees, checked against
+//! the job rows and the simulator's ledger (and, for the native pass-through,
+//! what a fake Anthropic upstream received).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+mod upstream;
+
+use common::world::{route, set_window, start_world, ProviderSpec, World};
+use common::Backend;
+use serde_json::{json, Value};
+
+on_both_backends!(
+    a_message_is_answered_in_anthropics_shape_by_the_model_that_answered,
+    the_same_key_with_another_body_is_a_conflict_in_anthropics_shape,
+    a_streamed_replay_of_a_message_is_the_same_job_and_its_events_are_anthropics,
+    refused_requests_are_invalid_request_errors_and_write_nothing,
+    a_call_without_credentials_is_an_authentication_error,
+    count_tokens_needs_no_key_calls_no_provider_and_names_its_tokenizer,
+    context_length_exceeded_moves_to_a_larger_window_never_back,
+    context_length_exceeded_with_no_larger_window_is_an_invalid_request_error,
+    a_content_filter_is_an_invalid_request_error_after_one_attempt,
+    blocks_reach_an_anthropic_provider_natively_with_cache_control_untouched,
+);
+
+fn spec(name: &'static str, model: &'static str) -> ProviderSpec {
+    ProviderSpec { name, model }
+}
+
+fn message_body(text: &str) -> Value {
+    json!({
+        "model": "default",
+        "max_tokens": 256,
+        "system": "Be brief.",
+        "messages": [{"role": "user", "content": text}],
+    })
+}
+
+fn post(world: &World, path: &str, key: Option<&str>, body: &Value) -> reqwest::RequestBuilder {
+    let mut request = world
+        .client
+        .post(format!("{}{path}", world.address))
+        .header("x-api-key", &world.key)
+        .header("anthropic-version", "2023-06-01")
+        .json(body);
+    if let Some(key) = key {
+        request = request.header("Idempotency-Key", key);
+    }
+    request
+}
+
+async fn send(request: reqwest::RequestBuilder) -> (u16, reqwest::header::HeaderMap, Value) {
+    let response = request.send().await.unwrap();
+    let (status, headers) = (response.status().as_u16(), response.headers().clone());
+    let text = response.text().await.unwrap();
+    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, headers, body)
+}
+
+fn header<'a>(headers: &'a reqwest::header::HeaderMap, name: &str) -> &'a str {
+    headers
+        .get(name)
+        .unwrap_or_else(|| panic!("no {name} header in {headers:?}"))
+        .to_str()
+        .unwrap()
+}
+
+/// An error in Anthropic's shape: its status, `error.type` and message.
+fn anthropic_error(status: u16, body: &Value) -> (u16, String, String) {
+    assert_eq!(body["type"], "error", "{body}");
+    (
+        status,
+        body["error"]["type"].as_str().unwrap().to_string(),
+        body["error"]["message"].as_str().unwrap().to_string(),
+    )
+}
+
+/// The `event:` name and JSON data of each SSE event.
+fn events(text: &str) -> Vec<(String, Value)> {
+    text.split("\n\n")
+        .filter(|block| !block.trim().is_empty())
+        .map(|block| {
+            let (mut name, mut data) = (String::new(), String::new());
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("event: ") {
+                    name = v.to_string();
+                } else if let Some(v) = line.strip_prefix("data: ") {
+                    data.push_str(v);
+                }
+            }
+            (name, serde_json::from_str(&data).unwrap_or(Value::Null))
+        })
+        .collect()
+}
+
+async fn a_message_is_answered_in_anthropics_shape_by_the_model_that_answered(backend: Backend) {
+    let world = start_world(
+        backend,
+        &[spec("primary", "healthy")],
+        route("primary", &[]),
+        |_| {},
+    )
+    .await;
+    let (status, headers, message) = send(post(
+        &world,
+        "/v1/messages",
+        Some("m-1"),
+        &message_body("Say hello."),
+    ))
+    .await;
+    assert_eq!(status, 200, "{message}");
+    let job_id = header(&headers, "x-onejob-job-id").to_string();
+    assert_eq!(header(&headers, "x-onejob-provider"), "primary");
+    let attempts = world.attempts(&job_id).await;
+    assert_eq!(header(&headers, "x-onejob-attempt"), attempts[0]["id"]);
+    assert_eq!(message["type"], "message");
+    assert_eq!(message["role"], "assistant");
+    assert_eq!(message["id"], format!("msg_{}", job_id.replace('-', "")));
+    assert_eq!(
+        message["model"], "healthy",
+        "the model that answered, not the route"
+    );
+    assert_eq!(message["stop_reason"], "end_turn");
+    assert_eq!(message["stop_sequence"], Value::Null);
+    assert_eq!(message["content"][0]["type"], "text");
+    let job = world.job(&job_id).await;
+    assert_eq!(job["state"], "succeeded");
+    assert_eq!(
+        message["content"][0]["text"], job["result"],
+        "the stored answer"
+    );
+    assert!(
+        message["usage"]["input_tokens"].as_u64().unwrap() > 0,
+        "{message}"
+    );
+    assert!(
+        message["usage"]["output_tokens"].as_u64().unwrap() > 0,
+        "{message}"
+    );
+    // The system text reached the job as a system turn.
+    let stored = world.store.get_job(&job_id).await.unwrap().unwrap();
+    let request: Value = serde_json::from_str(&stored.request).unwrap();
+    assert_eq!(
+        request["messages"][0],
+        json!({"role": "system", "content": "Be brief."})
+    );
+    assert_eq!(request["params"]["max_tokens"], 256);
+    assert_eq!(world.executions(&job_id, "primary"), 1);
+
+    // Bearer works too, and the replay is the same message, not run again.
+    let (status, headers, again) = send(
+        world
+            .client
+            .post(format!("{}/v1/messages", world.address))
+            .bearer_auth(&world.key)
+            .header("Idempotency-Key", "m-1")
+            .json(&message_body("Say hello.")),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(header(&headers, "idempotent-replayed"), "true");
+    assert_eq!(again, message);
+    assert_eq!(world.executions(&job_id, "primary"), 1);
+    assert_eq!(world.store.count_jobs().await.unwrap(), 1);
+    world.stop().await;
+}
+
+async fn the_same_key_with_another_body_is_a_conflict_in_anthropics_shape(backend: Backend) {
+    let world = start_world(
+        backend,
+        &[spec("primary", "healthy")],
+        route("primary", &[]),
+        |_| {},
+    )
+    .await;
+    let (status, _, _) = send(post(
+        &world,
+        "/v1/messages",
+        Some("m-2"),
+        &message_body("One."),
+    ))
+    .await;
+    assert_eq!(status, 200);
+    let (status, headers, body) = send(post(
+        &world,
+        "/v1/messages",
+        Some("m-2"),
+        &message_body("Two."),
+    ))
+    .await;
+    let (status, kind, message) = anthropic_error(status, &body);
+    assert_eq!((status, kind.as_str()), (409, "invalid_request_error"));
+    assert!(message.contains("m-2"), "{message}");
+    assert_eq!(
+        header(&headers, "x-should-retry"),
+        "false",
+        "the SDK must not retry it"
+    );
+    assert_eq!(world.store.count_jobs().await.unwrap(), 1);
+    world.stop().await;
+}
+
+async fn a_streamed_replay_of_a_message_is_the_same_job_and_its_events_are_anthropics(
+    backend: Backend,
+) {
+    let world = start_world(
+        backend,
+        &[spec("primary", "healthy")],
+        route("primary", &[]),
+        |_| {},
+    )
+    .await;
+    let body = message_body("Explain tides");
+    let (_, headers, message) = send(post(&world, "/v1/messages", Some("m-3"), &body)).await;
+    let job_id = header(&headers, "x-onejob-job-id").to_string();
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let response = post(&world, "/v1/messages", Some("m-3"), &streamed)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        header(response.headers(), "content-type"),
+        "text/event-stream"
+    );
+    assert_eq!(
+        header(response.headers(), "x-onejob-job-id"),
+        job_id,
+        "the same job"
+    );
+    assert_eq!(header(response.headers(), "x-onejob-provider"), "primary");
+    let text = response.text().await.unwrap();
+    let events = events(&text);
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        vec![
+            "message_start",
+            "ping",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop"
+        ],
+        "{text}"
+    );
+    for (name, data) in &events {
+        assert_eq!(
+            data["type"],
+            name.as_str(),
+            "every event names its type: {text}"
+        );
+    }
+    let start = &events[0].1["message"];
+    assert_eq!(start["id"], message["id"]);
+    assert_eq!(start["model"], "healthy");
+    assert!(
+        start["usage"].is_object(),
+        "message_start has usage: {start}"
+    );
+    assert_eq!(events[3].1["delta"]["type"], "text_delta");
+    assert_eq!(events[3].1["delta"]["text"], message["content"][0]["text"]);
+    assert_eq!(events[5].1["delta"]["stop_reason"], "end_turn");
+    assert_eq!(events[5].1["usage"], message["usage"], "the final usage");
+    assert_eq!(
+        world.executions(&job_id, "primary"),
+        1,
+        "streamed or not, one execution"
+    );
+    assert_eq!(world.store.count_jobs().await.unwrap(), 1);
+    world.stop().await;
+}
+
+async fn refused_requests_are_invalid_request_errors_and_write_nothing(backend: Backend) {
+    let world = start_world(
+        backend,
+        &[spec("primary", "healthy")],
+        route("primary", &[]),
+        |_| {},
+    )
+    .await;
+    let (status, headers, body) =
+        send(post(&world, "/v1/messages", None, &message_body("No key."))).await;
+    let (status, kind, message) = anthropic_error(status, &body);
+    assert_eq!((status, kind.as_str()), (400, "invalid_request_error"));
+    assert!(message.contains("Idempotency-Key"), "{message}");
+    assert_eq!(header(&headers, "x-should-retry"), "false");
+
+    let mut cases: Vec<(Value, u16, &str, &str)> = Vec::new();
+    let mut no_max = message_body("x");
+    no_max.as_object_mut().unwrap().remove("max_tokens");
+    cases.push((no_max, 400, "invalid_request_error", "max_tokens"));
+    let mut thinking = message_body("x");
+    thinking["thinking"] = json!({"type": "enabled", "budget_tokens": 1024});
+    cases.push((thinking, 400, "invalid_request_error", "thinking"));
+    let mut server_tool = message_body("x");
+    server_tool["tools"] = json!([{"type": "web_search_20250305", "name": "web_search"}]);
+    cases.push((
+        server_tool,
+        400,
+        "invalid_request_error",
+        "web_search_20250305",
+    ));
+    let mut top_choice = message_body("x");
+    top_choice["tool_choice"] = json!({"type": "sometimes"});
+    cases.push((top_choice, 400, "invalid_request_error", "tool_choice.type"));
+    let mut hot = message_body("x");
+    hot["temperature"] = json!(7);
+    cases.push((hot, 400, "invalid_request_error", "temperature"));
+    let mut stops = message_body("x");
+    stops["stop_sequences"] = json!(["a", "b", "c", "d", "e"]);
+    cases.push((stops, 400, "invalid_request_error", "stop_sequences"));
+    let mut unknown_route = message_body("x");
+    unknown_route["model"] = json!("claude-nonexistent");
+    cases.push((unknown_route, 404, "not_found_error", "claude-nonexistent"));
+    for (i, (body, want_status, want_kind, names)) in cases.into_iter().enumerate() {
+        let key = format!("bad-{i}");
+        let (status, _, answer) = send(post(&world, "/v1/messages", Some(&key), &body)).await;
+        let (status, kind, message) = anthropic_error(status, &answer);
+        assert_eq!(
+            (status, kind.as_str()),
+            (want_status, want_kind),
+            "{body}: {message}"
+        );
+        assert!(message.contains(names), "{message} should name {names}");
+    }
+    let (status, _, answer) =
+        send(post(&world, "/v1/messages", Some("bad-json"), &json!(null)).body("{\"model\":"))
+            .await;
+    assert_eq!(anthropic_error(status, &answer).0, 400);
+    assert_eq!(
+        world.store.count_jobs().await.unwrap(),
+        0,
+        "nothing written"
+    );
+    assert_eq!(world.sim.ledger().total_executions(), 0);
+    world.stop().await;
+}
+
+async fn a_call_without_credentials_is_an_authentication_error(backend: Backend) {
+    let world = start_world(
+        backend,
+        &[spec("primary", "healthy")],
+        route("primary", &[]),
+        |_| {},
+    )
+    .await;
+    for request in [
+        world.client.post(format!("{}/v1/messages", world.address)),
+        world
+            .client
+            .post(format!("{}/v1/messages", world.address))
+            .header("x-api-key", "oj_not-a-key"),
+    ] {
+        let (status, headers, body) = send(
+            request
+                .header("Idempotency-Key", "auth-1")
+                .json(&message_body("Hello")),
+        )
+        .await;
+        let (status, kind, _) = anthropic_error(status, &body);
+        assert_eq!((status, kind.as_str()), (401, "authentication_error"));
+        assert_eq!(header(&headers, "x-should-retry"), "false");
+    }
+    assert_eq!(world.store.count_jobs().await.unwrap(), 0);
+    world.stop().await;
+}
+
+async fn count_tokens_needs_no_key_calls_no_provider_and_names_its_tokenizer(backend: Backend) {
+    let world = start_world(
+        backend,
+        &[spec("primary", "healthy")],
+        route("primary", &[]),
+        |_| {},
+    )
+    .await;
+    let short = json!({"model": "default", "messages": [{"role": "user", "content": "Hi"}]});
+    let long = json!({
+        "model": "default",
+        "system": "You are a careful assistant who answers in full sentences.",
+        "messages": [{"role": "user", "content": "Explain the tides, the moon and the sun."}],
+        "tools": [{"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+    });
+    let (status, headers, counted) =
+        send(post(&world, "/v1/messages/count_tokens", None, &short)).await;
+    assert_eq!(status, 200, "{counted}");
+    assert_eq!(counted["tokenizer"], "o200k_base");
+    assert_eq!(header(&headers, "x-onejob-tokenizer"), "o200k_base");
+    let few = counted["input_tokens"].as_u64().unwrap();
+    assert!(few > 0);
+    let (_, _, counted) = send(post(&world, "/v1/messages/count_tokens", None, &long)).await;
+    let many = counted["input_tokens"].as_u64().unwrap();
+    assert!(
+        many > few + 20,
+        "system, text and tools are counted: {few} vs {many}"
+    );
+    let (status, _, body) = send(post(
+        &world,
+        "/v1/messages/count_tokens",
+        None,
+        &json!({"model": "nope", "messages": [{"role": "user", "content": "Hi"}]}),
+    ))
+    .await;
+    assert_eq!(anthropic_error(status, &body).1, "not_found_error");
+    assert_eq!(world.store.count_jobs().await.unwrap(), 0, "no job");
+    assert_eq!(world.sim.ledger().total_executions(), 0, "no upstream call");
+    world.stop().await;
+}
+
+async fn context_length_exceeded_moves_to_a_larger_window_never_back(backend: Backend) {
+    let providers = [spec("primary", "context_length"), spec("large", "healthy")];
+    let world = start_world(backend, &providers, route("primary", &["large"]), |c| {
+        set_window(c, "large", 65_536);
+    })
+    .await;
+    let (status, headers, message) = send(post(
+        &world,
+        "/v1/messages",
+        Some("long-1"),
+        &message_body("A long story"),
+    ))
+    .await;
+    assert_eq!(status, 200, "{message}");
+    let job_id = header(&headers, "x-onejob-job-id").to_string();
+    assert_eq!(header(&headers, "x-onejob-provider"), "large");
+    assert_eq!(message["model"], "healthy");
+    let attempts = world.attempts(&job_id).await;
+    assert_eq!(attempts.len(), 2, "{attempts:?}");
+    assert_eq!(attempts[0]["error_kind"], "context_length_exceeded");
+    assert_eq!(
+        world.deliveries(&job_id, "primary"),
+        1,
+        "never re-sent to it"
+    );
+    world.stop().await;
+}
+
+async fn context_length_exceeded_with_no_larger_window_is_an_invalid_request_error(
+    backend: Backend,
+) {
+    let world = start_world(
+        backend,
+        &[spec("primary", "context_length")],
+        route("primary", &[]),
+        |_| {},
+    )
+    .await;
+    let (status, headers, body) = send(post(
+        &world,
+        "/v1/messages",
+        Some("long-2"),
+        &message_body("A long story"),
+    ))
+    .await;
+    let (status, kind, message) = anthropic_error(status, &body);
+    assert_eq!((status, kind.as_str()), (400, "invalid_request_error"));
+    assert!(message.starts_with("prompt is too long"), "{message}");
+    assert_eq!(header(&headers, "x-should-retry"), "false");
+    let job_id = header(&headers, "x-onejob-job-id").to_string();
+    assert_eq!(world.job(&job_id).await["state"], "failed");
+    assert_eq!(world.attempts(&job_id).await.len(), 1);
+    world.stop().await;
+}
+
+async fn a_content_filter_is_an_invalid_request_error_after_one_attempt(backend: Backend) {
+    let providers = [spec("primary", "content_filter"), spec("backup", "healthy")];
+    let world = start_world(backend, &providers, route("primary", &["backup"]), |_| {}).await;
+    let (status, headers, body) = send(post(
+        &world,
+        "/v1/messages",
+        Some("filter-1"),
+        &message_body("Hello"),
+    ))
+    .await;
+    let (status, kind, _) = anthropic_error(status, &body);
+    assert_eq!((status, kind.as_str()), (400, "invalid_request_error"));
+    let job_id = header(&headers, "x-onejob-job-id").to_string();
+    assert_eq!(world.attempts(&job_id).await.len(), 1, "one attempt");
+    assert_eq!(world.executions(&job_id, "backup"), 0);
+
+    // Streamed, the refusal is an in-band error event of the same type.
+    let mut streamed = message_body("Hello again");
+    streamed["stream"] = json!(true);
+    let response = post(&world, "/v1/messages", Some("filter-2"), &streamed)
+        .send()
+        .await
+        .unwrap();
+    let text = response.text().await.unwrap();
+    let events = events(&text);
+    let (name, error) = events.last().unwrap();
+    assert_eq!(name, "error", "{text}");
+    assert_eq!(error["error"]["type"], "invalid_request_error", "{text}");
+    assert!(events.iter().all(|(n, _)| n != "message_stop"), "{text}");
+    world.stop().await;
+}
+
+const NATIVE_ANSWER: &str = r#"{"id":"msg_up","type":"message","role":"assistant","model":"claude-test",
+ "content":[{"type":"text","text":"Cached."}],
+ "stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":12,"output_tokens":2}}"#;
+
+async fn blocks_reach_an_anthropic_provider_natively_with_cache_control_untouched(
+    backend: Backend,
+) {
+    let up = upstream::upstream(upstream::json(200, NATIVE_ANSWER)).await;
+    let base_url = up.base_url.clone();
+    let world = start_world(
+        backend,
+        &[spec("primary", "healthy")],
+        route("primary", &[]),
+        |c| {
+            std::env::set_var(upstream::KEY_ENV, upstream::KEY_VALUE);
+            let text = format!(
+                "kind = \"anthropic\"\nbase_url = \"{base_url}\"\nmodel = \"claude-test\"\n\
+             api_key_env = \"{}\"\ntokenizer = \"o200k_base\"\ncontext_window = 16384\n",
+                upstream::KEY_ENV
+            );
+            std::fs::write(c.providers_dir.join("native.toml"), text).unwrap();
+            c.routes.insert("native".into(), route("native", &[]));
+        },
+    )
+    .await;
+    let cached = json!({"type": "ephemeral"});
+    let body = json!({
+        "model": "native",
+        "max_tokens": 100,
+        "system": "Be brief.",
+        "metadata": {"user_id": "u-7"},
+        "stop_sequences": ["END"],
+        "tools": [{"name": "get_weather", "description": "Weather", "input_schema": {"type": "object"}}],
+        "tool_choice": {"type": "auto"},
+        "messages": [
+            {"role": "user", "content": [
+                {"type": "text", "text": "A long document.", "cache_control": cached},
+                {"type": "text", "text": " And a question."}
+            ]},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}
+            ]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "18 C"}
+            ]}
+        ],
+    });
+    let (status, headers, message) =
+        send(post(&world, "/v1/messages", Some("native-1"), &body)).await;
+    assert_eq!(status, 200, "{message}");
+    assert_eq!(header(&headers, "x-onejob-provider"), "native");
+    assert_eq!(message["model"], "claude-test");
+    assert_eq!(message["content"][0]["text"], "Cached.");
+    let seen = up.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].headers["x-api-key"], upstream::KEY_VALUE);
+    let sent = &seen[0].body;
+    assert_eq!(sent["model"], "claude-test");
+    assert_eq!(sent["system"], "Be brief.");
+    assert_eq!(sent["max_tokens"], 100);
+    assert_eq!(sent["metadata"], json!({"user_id": "u-7"}));
+    assert_eq!(sent["stop_sequences"], json!(["END"]));
+    assert_eq!(sent["tool_choice"], json!({"type": "auto"}));
+    assert_eq!(sent["tools"][0]["input_schema"], json!({"type": "object"}));
+    assert_eq!(
+        sent["messages"][0]["content"][0],
+        json!({"type": "text", "text": "A long document.", "cache_control": cached}),
+        "{sent}"
+    );
+    assert_eq!(sent["messages"][1]["content"][0]["type"], "tool_use");
+    assert_eq!(
+        sent["messages"][1]["content"][0]["input"],
+        json!({"city": "Paris"})
+    );
+    assert_eq!(
+        sent["messages"][2]["content"][0],
+        json!({"type": "tool_result", "tool_use_id": "toolu_1", "content": "18 C"})
+    );
+    world.stop().await;
+}

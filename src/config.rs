@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+pub use crate::store::DatabaseUrl;
+
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_CONFIG: &str = "onejob.toml";
 
@@ -20,8 +22,8 @@ pub enum ConfigError {
     Parse { path: PathBuf, message: String },
     #[error("config {path}: {message}")]
     Invalid { path: PathBuf, message: String },
-    #[error("database URL {0:?}: expected postgres://…, sqlite://PATH or a file path")]
-    DatabaseUrl(String),
+    #[error(transparent)]
+    DatabaseUrl(#[from] crate::store::InvalidDatabaseUrl),
 }
 
 /// The whole file.
@@ -39,7 +41,7 @@ pub struct FileConfig {
     /// `[limits.default]`, `[limits.owners.NAME]`: per-owner request rate,
     /// concurrent jobs and tokens per day.
     #[serde(default)]
-    pub limits: crate::tenants::limits::LimitsConfig,
+    pub limits: crate::domain::limits::LimitsConfig,
 }
 
 /// How the engine inside `onejob serve` runs jobs.
@@ -150,6 +152,39 @@ pub struct RouteConfig {
     /// between two chunks; then the stream counts as broken (`unknown`).
     #[serde(default = "defaults::stall_ms")]
     pub stall_ms: u64,
+    /// How the hedge's silence threshold is chosen: `fixed` (`silence_ms`)
+    /// or `auto` (learned per provider; see `docs/hedging.md`).
+    #[serde(default)]
+    pub silence: SilenceMode,
+    /// `auto`: the quantile of the provider's time to first token (or to
+    /// answer) that the hedge waits for.
+    #[serde(default = "defaults::hedge_quantile")]
+    pub hedge_quantile: f64,
+    /// `auto`: the learned threshold is clamped to at least this
+    /// [default: 50].
+    #[serde(default)]
+    pub silence_min_ms: Option<u64>,
+    /// `auto`: ... and to at most this [default: `silence_ms`].
+    #[serde(default)]
+    pub silence_max_ms: Option<u64>,
+    /// Over `hedge_window_ms`, hedges may not exceed this share of the
+    /// route's jobs [default: 5 with `silence = "auto"`, no budget with a
+    /// fixed silence].
+    #[serde(default)]
+    pub hedge_budget_percent: Option<f64>,
+    /// The budget's sliding window; the learned estimate forgets at the
+    /// same pace (a sample's weight halves every quarter window).
+    #[serde(default = "defaults::hedge_window_ms")]
+    pub hedge_window_ms: u64,
+}
+
+/// `silence = "fixed" | "auto"` on a route.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SilenceMode {
+    #[default]
+    Fixed,
+    Auto,
 }
 
 mod defaults {
@@ -180,41 +215,11 @@ mod defaults {
     pub fn stall_ms() -> u64 {
         10_000
     }
-}
-
-/// Which database, from a URL.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DatabaseUrl {
-    Sqlite(PathBuf),
-    Postgres(String),
-}
-
-impl DatabaseUrl {
-    pub fn parse(url: &str) -> Result<Self, ConfigError> {
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            return Ok(DatabaseUrl::Postgres(url.to_string()));
-        }
-        let path = url
-            .strip_prefix("sqlite://")
-            .or_else(|| url.strip_prefix("sqlite:"))
-            .unwrap_or(url);
-        if path.is_empty() || path.contains("://") {
-            return Err(ConfigError::DatabaseUrl(url.to_string()));
-        }
-        Ok(DatabaseUrl::Sqlite(PathBuf::from(path)))
+    pub fn hedge_quantile() -> f64 {
+        0.95
     }
-}
-
-impl std::fmt::Display for DatabaseUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            DatabaseUrl::Sqlite(p) => write!(f, "sqlite://{}", p.display()),
-            // Never print a password that may be in the URL.
-            DatabaseUrl::Postgres(u) => match (u.find("://"), u.rfind('@')) {
-                (Some(s), Some(at)) if at > s => write!(f, "{}://***{}", &u[..s], &u[at..]),
-                _ => f.write_str(u),
-            },
-        }
+    pub fn hedge_window_ms() -> u64 {
+        300_000
     }
 }
 
@@ -240,7 +245,7 @@ pub struct Config {
     pub routes: BTreeMap<String, RouteConfig>,
     pub engine: EngineConfig,
     pub idempotency: IdempotencyMode,
-    pub limits: crate::tenants::limits::LimitsConfig,
+    pub limits: crate::domain::limits::LimitsConfig,
     /// Set by `onejob demo` and tests that start their own simulator: every
     /// `kind = "sim"` provider talks to this URL instead of its `base_url`.
     pub sim_base_url: Option<String>,
@@ -320,6 +325,8 @@ impl Config {
         };
         let mut routes = file.routes;
         for (name, route) in &routes {
+            crate::domain::hedging::HedgePolicy::check(route)
+                .map_err(|e| invalid(format!("routes.{name}: {e}")))?;
             if route.attempt_timeout_ms <= route.silence_ms {
                 return Err(invalid(format!(
                     "routes.{name}: attempt_timeout_ms ({}) must exceed silence_ms ({})",
@@ -381,6 +388,12 @@ impl RouteConfig {
             backoff_cap_ms: defaults::backoff_cap_ms(),
             unknown_deadline_ms: defaults::unknown_deadline_ms(),
             stall_ms: defaults::stall_ms(),
+            silence: SilenceMode::Fixed,
+            hedge_quantile: defaults::hedge_quantile(),
+            silence_min_ms: None,
+            silence_max_ms: None,
+            hedge_budget_percent: None,
+            hedge_window_ms: defaults::hedge_window_ms(),
         }
     }
 }
@@ -388,29 +401,6 @@ impl RouteConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn database_urls() {
-        assert_eq!(
-            DatabaseUrl::parse("postgres://u:p@h/db").unwrap(),
-            DatabaseUrl::Postgres("postgres://u:p@h/db".into())
-        );
-        assert_eq!(
-            DatabaseUrl::parse("sqlite://a/b.db").unwrap(),
-            DatabaseUrl::Sqlite("a/b.db".into())
-        );
-        assert_eq!(
-            DatabaseUrl::parse("x.db").unwrap(),
-            DatabaseUrl::Sqlite("x.db".into())
-        );
-        assert!(DatabaseUrl::parse("mysql://x").is_err());
-        assert_eq!(
-            DatabaseUrl::parse("postgres://u:secret@h/db")
-                .unwrap()
-                .to_string(),
-            "postgres://***@h/db"
-        );
-    }
 
     #[test]
     fn a_relative_database_path_is_relative_to_where_it_was_written() {
@@ -475,7 +465,7 @@ mod tests {
             Config::resolve(file, PathBuf::from("."), &path, &Overrides::default()).unwrap();
         assert_eq!(
             config.limits,
-            crate::tenants::limits::LimitsConfig::default()
+            crate::domain::limits::LimitsConfig::default()
         );
         assert_eq!(config.header_read_timeout.as_millis(), 10_000);
         assert_eq!(config.body_read_timeout.as_millis(), 30_000);
@@ -494,7 +484,7 @@ mod tests {
             .filter(|l| !l.starts_with('#'))
             .collect::<Vec<_>>()
             .join("\n");
-        let limits: crate::tenants::limits::LimitsConfig =
+        let limits: crate::domain::limits::LimitsConfig =
             toml::from_str(&uncommented.replace("[limits.", "[")).unwrap();
         assert_eq!(limits.default.tokens_per_day, Some(5_000_000));
         assert_eq!(limits.for_owner("acme").tokens_per_day, Some(20_000_000));

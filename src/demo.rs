@@ -15,6 +15,8 @@ use std::sync::Arc;
 struct Demo {
     base: String,
     key: String,
+    /// For `GET /v1/admin/routes/{name}/hedging`.
+    admin_key: String,
     client: reqwest::Client,
     store: Arc<dyn Store>,
     sim: SimHandle,
@@ -38,6 +40,7 @@ fn route(
         backoff_cap_ms: 200,
         unknown_deadline_ms: 60_000,
         stall_ms: 2_000,
+        ..RouteConfig::builtin_default()
     }
 }
 
@@ -78,6 +81,12 @@ pub async fn run() -> anyhow::Result<()> {
     config
         .routes
         .insert("solo".into(), route("primary", &[], 0, 800));
+    let mut learned = route("primary", &["fallback"], 1, 3_000);
+    learned.silence = crate::config::SilenceMode::Auto;
+    learned.silence_ms = 2_000;
+    learned.silence_min_ms = Some(20);
+    learned.hedge_budget_percent = Some(10.0);
+    config.routes.insert("learned".into(), learned);
     config.engine.poll_interval_ms = 20;
     config.engine.reconcile_interval_ms = 100;
     // Old enough to ask about: after the demo has shown the unknown state.
@@ -91,6 +100,7 @@ pub async fn run() -> anyhow::Result<()> {
         let _ = stopped.await;
     }));
     let key = crate::keys::create_key(store.as_ref(), &SystemClock, "demo", false).await?;
+    let admin_key = crate::keys::create_key(store.as_ref(), &SystemClock, "demo-ops", true).await?;
     println!(
         "onejob demo: simulator at {}, server at {base}, SQLite {}",
         sim.base_url(),
@@ -98,10 +108,12 @@ pub async fn run() -> anyhow::Result<()> {
     );
     println!("providers: primary and fallback, both on the simulator");
     println!("routes: default = primary, hedge to fallback after 300 ms of silence, attempts time out after 3 s;");
-    println!("        solo = primary only, attempts time out after 800 ms");
+    println!("        solo = primary only, attempts time out after 800 ms;");
+    println!("        learned = silence \"auto\": hedge after the primary's learned p95 (fixed 2000 ms until 30 samples)");
     let demo = Demo {
         base,
         key,
+        admin_key,
         client: reqwest::Client::new(),
         store,
         sim,
@@ -112,6 +124,7 @@ pub async fn run() -> anyhow::Result<()> {
     demo.timeout_is_unknown().await?;
     demo.reverse_order().await?;
     demo.lost_response().await?;
+    demo.learned_threshold().await?;
 
     let _ = stop.send(());
     server.await??;
@@ -345,6 +358,51 @@ impl Demo {
             self.ledger(&id, "primary"),
             self.ledger(&id, "fallback")
         );
+        Ok(())
+    }
+
+    async fn learned_threshold(&self) -> anyhow::Result<()> {
+        println!("\n6. A learned threshold: 35 jobs teach route learned the primary's time to answer (40-80 ms)");
+        self.bind("healthy:latency=40..80", "healthy:latency=40")?;
+        for i in 0..35 {
+            let text = format!("Summarise order {}", 100 + i);
+            self.submit(&format!("warm-{i}"), &text, "learned", 5)
+                .await?;
+        }
+        let hedging: Value = self
+            .client
+            .get(format!("{}/v1/admin/routes/learned/hedging", self.base))
+            .bearer_auth(&self.admin_key)
+            .send()
+            .await?
+            .json()
+            .await?;
+        let primary = &hedging["providers"][0];
+        println!(
+            "   GET /v1/admin/routes/learned/hedging: primary's silence in force {} ms, learned {} from {} samples (fixed silence_ms: {} ms)",
+            primary["silence_ms_in_force"], primary["learned"], primary["samples"], hedging["silence_ms"]
+        );
+        println!("   now the primary takes 1.5 s; the fallback 40 ms");
+        self.bind("healthy:latency=1500", "healthy:latency=40")?;
+        let (_, job) = self
+            .submit("order-47", "Summarise order 47", "learned", 5)
+            .await?;
+        let id = job["id"].as_str().unwrap_or_default().to_string();
+        self.timeline(&id).await?;
+        let attempts = self.store.list_attempts(&id).await?;
+        let first = attempts.first().map_or(0, |a| a.started_at);
+        let hedge = attempts
+            .iter()
+            .find(|a| a.kind == crate::domain::AttemptKind::Hedge);
+        match hedge {
+            Some(h) => println!(
+                "   hedged at the learned threshold: {} ms after the primary started, not the fixed 2000 ms; state {}, answered by {}",
+                h.started_at - first,
+                job["state"],
+                h.provider
+            ),
+            None => println!("   not hedged: state {}", job["state"]),
+        }
         Ok(())
     }
 

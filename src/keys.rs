@@ -8,10 +8,10 @@
 //! functions here.
 
 use crate::clock::Clock;
+use crate::domain::limits::Limits;
 use crate::domain::{new_id, Millis};
 use crate::store::tenants::{KeyRecord, Rotation};
 use crate::store::{ApiKey, Store, StoreError};
-use crate::tenants::limits::Limits;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use std::time::Duration;

@@ -36,6 +36,8 @@ pub struct Metrics {
     pub jobs_failed: AtomicU64,
     pub jobs_to_review: AtomicU64,
     pub hedges_started: AtomicU64,
+    /// Hedges the route's hedge budget refused.
+    pub hedges_denied: AtomicU64,
     pub cas_lost: AtomicU64,
     pub attempts_abandoned: AtomicU64,
     /// Prompt + completion tokens of attempts whose result was discarded: the
@@ -70,6 +72,7 @@ impl Default for Metrics {
             jobs_failed: AtomicU64::new(0),
             jobs_to_review: AtomicU64::new(0),
             hedges_started: AtomicU64::new(0),
+            hedges_denied: AtomicU64::new(0),
             cas_lost: AtomicU64::new(0),
             attempts_abandoned: AtomicU64::new(0),
             discarded_tokens: AtomicU64::new(0),
@@ -210,6 +213,11 @@ impl Metrics {
                 "onejob_hedges_started",
                 "Hedge attempts started",
                 read(&self.hedges_started),
+            ),
+            (
+                "onejob_hedges_denied",
+                "Hedges the route's hedge budget refused",
+                read(&self.hedges_denied),
             ),
             (
                 "onejob_hedges_won",

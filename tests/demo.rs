@@ -28,6 +28,8 @@ fn the_demo_plays_the_breakpoints_and_the_lost_response() {
         "primary executed 1, fallback executed 1",
         "outcome UNKNOWN (connection_reset)",
         "executed 1 time(s) (no second charge)",
+        "learned true from",
+        "hedged at the learned threshold",
     ] {
         assert!(
             stdout.contains(expected),

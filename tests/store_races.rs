@@ -47,7 +47,7 @@ fn attempt(job_id: &str, kind: AttemptKind, max_hedges: i64) -> NewAttempt {
     NewAttempt {
         id: new_id(),
         job_id: job_id.to_string(),
-        // A hedge goes to another provider than the attempt it backs up (invariant 3).
+        // A hedge goes to a provider with no live attempt of the job (invariant 4).
         provider: if kind == AttemptKind::Hedge {
             "sim-backup"
         } else {

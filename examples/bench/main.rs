@@ -21,15 +21,16 @@
 //! `processes.rs`. `--soak SECS --rate R` (with `--server-bin`) watches a
 //! server's resident set under a steady load.
 
+mod doors;
 mod processes;
+
+use doors::Door;
 
 use clap::Parser;
 use onejob::app::Application;
 use onejob::clock::SystemClock;
 use onejob::config::{Config, DatabaseUrl, Overrides};
 use onejob::sim::SimServer;
-use reqwest::StatusCode;
-use serde::Deserialize;
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -83,31 +84,50 @@ struct Args {
     /// With --soak: seconds between rows.
     #[arg(long, default_value_t = 30)]
     soak_every: u64,
+    /// With --server-bin: the doors to drive, each through its own phases
+    /// (jobs to completion, a lone client, replays): `jobs`, `chat`,
+    /// `chat-stream`, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "jobs")]
+    doors: Vec<Door>,
+    /// With --server-bin: fsyncs of a 4 KiB append timed on this disk, for
+    /// the latency targets that are stated in fsyncs.
+    #[arg(long, default_value_t = 200)]
+    fsyncs: usize,
 }
 
 /// The prompt every benchmark job sends.
 const MESSAGE: &str = "Summarise order 42 in one line.";
 
-/// The body of every benchmark job.
-fn job_body() -> serde_json::Result<Vec<u8>> {
-    serde_json::to_vec(&json!({
-        "messages": [{ "role": "user", "content": MESSAGE }],
-        "params": { "temperature": 0, "max_tokens": 64 },
-        "route": "default",
-    }))
-}
-
-/// The part of a job answer the benchmark checks.
-#[derive(Deserialize)]
-struct JobAnswer {
-    state: String,
-}
-
 struct Bench {
     client: reqwest::Client,
-    jobs_url: String,
+    door: Door,
+    /// The door's URL on the server under test.
+    url: String,
     key: String,
     body: Arc<Vec<u8>>,
+}
+
+impl Bench {
+    fn new(client: reqwest::Client, base: &str, door: Door, key: String) -> anyhow::Result<Bench> {
+        Ok(Bench {
+            client,
+            door,
+            url: format!("{base}{}", door.path()),
+            key,
+            body: Arc::new(door.body()?),
+        })
+    }
+
+    /// The same door and body for another owner's key.
+    fn with_key(&self, key: String) -> Bench {
+        Bench {
+            client: self.client.clone(),
+            door: self.door,
+            url: self.url.clone(),
+            key,
+            body: self.body.clone(),
+        }
+    }
 }
 
 /// How one request went: when it finished, how long it took, whether it was right.
@@ -118,33 +138,31 @@ struct Sample {
 }
 
 impl Bench {
-    /// `POST /v1/jobs` with `Prefer: wait=30`; ok when the answer has `expect`
-    /// as status and says `succeeded` (and, for a replay, says so in a header).
-    async fn submit(&self, key: &str, expect: StatusCode) -> bool {
-        let sent = self
+    /// One request through the door (`/v1/jobs` with `Prefer: wait=30`);
+    /// ok when the door's check passes: a new job (`fresh`) answered as
+    /// new, or a replay answered as a replay, either with a finished answer.
+    async fn submit(&self, key: &str, fresh: bool) -> bool {
+        let mut request = self
             .client
-            .post(&self.jobs_url)
+            .post(&self.url)
             .bearer_auth(&self.key)
             .header("Idempotency-Key", key)
-            .header("Prefer", "wait=30")
-            .header("Content-Type", "application/json")
-            .body(self.body.as_ref().clone())
-            .send()
-            .await;
-        let Ok(response) = sent else {
+            .header("Content-Type", "application/json");
+        if self.door == Door::Jobs {
+            request = request.header("Prefer", "wait=30");
+        }
+        let Ok(response) = request.body(self.body.as_ref().clone()).send().await else {
             return false;
         };
         let status = response.status();
-        let replay_marked = response
+        let replayed = response
             .headers()
             .get("idempotent-replayed")
             .is_some_and(|v| v == "true");
         let Ok(bytes) = response.bytes().await else {
             return false;
         };
-        let succeeded = serde_json::from_slice::<JobAnswer>(&bytes)
-            .is_ok_and(|answer| answer.state == "succeeded");
-        status == expect && succeeded && (replay_marked == (expect == StatusCode::OK))
+        self.door.check(status, replayed, &bytes, fresh)
     }
 }
 
@@ -206,14 +224,10 @@ async fn main() -> anyhow::Result<()> {
     let key = onejob::keys::create_key(store.as_ref(), &SystemClock, "bench", false).await?;
 
     let message = MESSAGE;
-    let bench = Arc::new(Bench {
-        client: reqwest::Client::builder()
-            .pool_max_idle_per_host(4 * args.concurrency)
-            .build()?,
-        jobs_url: format!("{base}/v1/jobs"),
-        key,
-        body: Arc::new(job_body()?),
-    });
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(4 * args.concurrency)
+        .build()?;
+    let bench = Arc::new(Bench::new(client, &base, Door::Jobs, key)?);
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
         "onejob bench: {backend}, {cores} cores shared by simulator, server and client (one process)"
@@ -223,12 +237,7 @@ async fn main() -> anyhow::Result<()> {
     if args.limits_ab > 0 {
         let limited_key =
             onejob::keys::create_key(store.as_ref(), &SystemClock, "limited", false).await?;
-        let limited = Arc::new(Bench {
-            client: bench.client.clone(),
-            jobs_url: bench.jobs_url.clone(),
-            key: limited_key,
-            body: bench.body.clone(),
-        });
+        let limited = Arc::new(bench.with_key(limited_key));
         let sides = [
             ("without limits", bench.clone()),
             ("with every limit", limited),
@@ -240,13 +249,13 @@ async fn main() -> anyhow::Result<()> {
             let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
             for side in order {
                 let (_, b) = &sides[side];
-                for (phase, expect) in [(0, StatusCode::CREATED), (1, StatusCode::OK)] {
+                for (phase, fresh) in [(0, true), (1, false)] {
                     let run = Arc::new(AtomicUsize::new(0));
                     let n = args.jobs;
                     let cpu = cpu_time();
                     let samples = closed_loop(b, args.concurrency, move || {
                         let i = run.fetch_add(1, Ordering::Relaxed);
-                        (i < n).then(|| (format!("ab-{side}-{round}-{i}"), expect))
+                        (i < n).then(|| (format!("ab-{side}-{round}-{i}"), fresh))
                     })
                     .await;
                     let t = &mut totals[side][phase];
@@ -289,7 +298,7 @@ async fn main() -> anyhow::Result<()> {
         let n = args.jobs;
         move || {
             let i = run.fetch_add(1, Ordering::Relaxed);
-            (i < n).then(|| (format!("bench-{i}"), StatusCode::CREATED))
+            (i < n).then(|| (format!("bench-{i}"), true))
         }
     })
     .await;
@@ -301,9 +310,7 @@ async fn main() -> anyhow::Result<()> {
     let mut lone = Vec::with_capacity(args.lone);
     for i in 0..args.lone {
         let t = Instant::now();
-        let ok = bench
-            .submit(&format!("lone-{i}"), StatusCode::CREATED)
-            .await;
+        let ok = bench.submit(&format!("lone-{i}"), true).await;
         lone.push(Sample {
             done: Instant::now(),
             latency: t.elapsed(),
@@ -392,9 +399,7 @@ async fn main() -> anyhow::Result<()> {
         tokio::time::sleep_until(due.into()).await;
         let bench = bench.clone();
         flights.push(tokio::spawn(async move {
-            let ok = bench
-                .submit(&format!("rate-{i}"), StatusCode::CREATED)
-                .await;
+            let ok = bench.submit(&format!("rate-{i}"), true).await;
             Sample {
                 done: Instant::now(),
                 latency: due.elapsed(),
@@ -416,7 +421,7 @@ async fn main() -> anyhow::Result<()> {
     let replayed = args.jobs.max(1);
     let samples = closed_loop(&bench, args.concurrency, move || {
         let i = run.fetch_add(1, Ordering::Relaxed);
-        (Instant::now() < replay_until).then(|| (format!("bench-{}", i % replayed), StatusCode::OK))
+        (Instant::now() < replay_until).then(|| (format!("bench-{}", i % replayed), false))
     })
     .await;
     let replays = Phase::new(&samples, started, cpu);
@@ -518,12 +523,12 @@ async fn first_token(request: reqwest::RequestBuilder) -> Sample {
     }
 }
 
-/// Run `concurrency` clients, each taking the next (key, expected status)
+/// Run `concurrency` clients, each taking the next (key, whether it is new)
 /// from `next` until it says stop; every request is one sample.
 async fn closed_loop(
     bench: &Arc<Bench>,
     concurrency: usize,
-    next: impl Fn() -> Option<(String, StatusCode)> + Send + Sync + 'static,
+    next: impl Fn() -> Option<(String, bool)> + Send + Sync + 'static,
 ) -> Vec<Sample> {
     let next = Arc::new(next);
     let clients: Vec<_> = (0..concurrency)
@@ -531,9 +536,9 @@ async fn closed_loop(
             let (bench, next) = (bench.clone(), next.clone());
             tokio::spawn(async move {
                 let mut samples = Vec::new();
-                while let Some((key, expect)) = next() {
+                while let Some((key, fresh)) = next() {
                     let t = Instant::now();
-                    let ok = bench.submit(&key, expect).await;
+                    let ok = bench.submit(&key, fresh).await;
                     samples.push(Sample {
                         done: Instant::now(),
                         latency: t.elapsed(),

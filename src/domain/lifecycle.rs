@@ -7,7 +7,7 @@
 //! through the store operations on real databases.
 //!
 //! Jobs: `pending` → `running` → `succeeded` | `failed` | `needs_review` |
-//! `cancelled` (DESIGN.md, "States"). Attempts: `started` → `succeeded` |
+//! `cancelled` (`docs/design.md`, "States"). Attempts: `started` → `succeeded` |
 //! `failed` | `unknown` | `discarded`; `unknown` → `succeeded` | `failed` |
 //! `cancelled` | `discarded`.
 

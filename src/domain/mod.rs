@@ -1,11 +1,14 @@
-//! Pure types and transitions: jobs, attempts, job requests, fingerprints and
-//! the guard that decides whether an attempt may start. No I/O here.
+//! Pure types and transitions: jobs, attempts, job requests, fingerprints,
+//! owners' and keys' limits, and the guard that decides whether an attempt
+//! may start. No I/O here.
 
 pub mod attempt;
 pub mod breaker;
 pub mod fingerprint;
+pub mod hedging;
 pub mod job;
 pub mod lifecycle;
+pub mod limits;
 pub mod request;
 pub mod retry;
 

@@ -3,6 +3,7 @@
 //! outcome, fails for good, or goes to review.
 
 use super::durable::{self, retrying, Fence};
+use super::hedging::Measure;
 use super::plan::JobPlan;
 use super::routing::{choose_hedge, choose_provider, Choice, Steer};
 use super::Inner;
@@ -233,6 +234,11 @@ async fn drive(
         blocked: Steer::blocked_by(inner, &history),
         ..Steer::default()
     };
+    // A job's first round (not a job taken over) counts once in its
+    // route's hedge window: the budget is a share of these.
+    if prestarted.is_some() || job.attempt_count == 0 {
+        inner.hedging.job_started(&job.route, inner.clock.now_ms());
+    }
     let mut same_provider_streak = 0u32;
     let mut idle_rounds = 0u32;
     loop {
@@ -568,11 +574,20 @@ pub(super) enum Settled {
 
 /// An answer not streamed arrives whole: its first token is its end. (A
 /// streamed attempt's first token is observed when its first piece arrives.)
-fn observe_whole_answer(inner: &Inner, attempt: &Attempt, outcome: &AttemptOutcome) {
+/// Its time to answer is a sample of the route's learned silence.
+fn observe_whole_answer(inner: &Inner, route: &str, attempt: &Attempt, outcome: &AttemptOutcome) {
     if let AttemptOutcome::Succeeded(_) = outcome {
-        inner.metrics.observe_time_to_first_token(
+        let now = inner.clock.now_ms();
+        let elapsed = now - attempt.started_at;
+        inner
+            .metrics
+            .observe_time_to_first_token(&attempt.provider, elapsed);
+        inner.hedging.observe(
+            route,
             &attempt.provider,
-            inner.clock.now_ms() - attempt.started_at,
+            Measure::TimeToAnswer,
+            elapsed,
+            now,
         );
     }
 }
@@ -722,7 +737,9 @@ pub(super) async fn record(
 }
 
 /// Start a hedge to a provider the job has not tried, if one may take it;
-/// `why` is logged. The flight, or `None` when no hedge may start.
+/// `why` is logged. `budgeted`: a hedge after a silence, which the route's
+/// hedge budget may refuse (the rescue of an unknown attempt is not
+/// refused). The flight, or `None` when no hedge may start.
 async fn hedge(
     inner: &Arc<Inner>,
     job: &Job,
@@ -730,12 +747,22 @@ async fn hedge(
     plan: &JobPlan,
     tried: &mut Vec<String>,
     why: &str,
+    budgeted: bool,
 ) -> Option<Flight> {
     let entry = choose_hedge(inner, route, plan, tried)?;
     let request = plan.request_for(entry).ok()?;
-    let attempt = start(inner, job, route, entry, AttemptKind::Hedge)
-        .await
-        .ok()?;
+    let admitted = if budgeted {
+        super::hedging::admit(inner, job)
+    } else {
+        inner.hedging.admit(&job.route, inner.clock.now_ms(), false)
+    };
+    if !admitted {
+        return None;
+    }
+    let Ok(attempt) = start(inner, job, route, entry, AttemptKind::Hedge).await else {
+        inner.hedging.not_started(&job.route, inner.clock.now_ms());
+        return None;
+    };
     Metrics::inc(&inner.metrics.hedges_started);
     tracing::info!(provider = %entry.name, "{why}; hedging");
     tried.push(entry.name.clone());
@@ -805,7 +832,8 @@ async fn run_round(
         Err(_) => return RoundEnd::Done,
     }
     let mut hedges_left = route.max_hedges;
-    let silence = tokio::time::sleep(Duration::from_millis(route.silence_ms));
+    let silent_for = super::hedging::silence(inner, job, route, &first.name, Measure::TimeToAnswer);
+    let silence = tokio::time::sleep(silent_for);
     tokio::pin!(silence);
     let mut silence_armed = true;
     let (mut unknown, mut failure) = (None::<String>, None::<RoundFailure>);
@@ -813,17 +841,26 @@ async fn run_round(
         tokio::select! {
             biased;
             Some((attempt, outcome)) = flights.next() => {
-                observe_whole_answer(inner, &attempt, &outcome);
+                observe_whole_answer(inner, &job.route, &attempt, &outcome);
                 let settled = settle(inner, plan, &attempt, outcome, Source::Live).await;
+                let won_by_hedge = matches!(settled, Settled::Won) && attempt.kind == AttemptKind::Hedge;
                 if matches!(settled, Settled::Won) {
                     inner.metrics.observe_job_latency(inner.clock.now_ms() - job.created_at);
+                    if won_by_hedge {
+                        inner.hedging.hedge_won(&job.route, inner.clock.now_ms());
+                    }
                 }
                 match settled {
                     Settled::Won | Settled::Lost => {
                         let losers = std::mem::take(&mut flights);
                         if !losers.is_empty() {
                             let plan = Arc::new(plan.clone());
-                            inner.spawn(finish_losers(inner.clone(), losers, plan, job.id.clone()));
+                            let round = LostRound {
+                                job_id: job.id.clone(),
+                                route: job.route.clone(),
+                                won_at: won_by_hedge.then(|| inner.clock.now_ms()),
+                            };
+                            inner.spawn(finish_losers(inner.clone(), losers, plan, round));
                         }
                         return RoundEnd::Done;
                     }
@@ -833,7 +870,7 @@ async fn run_round(
                         // provider, not the planned fan-out to another.
                         if hedges_left > 0 && flights.len() <= 1 {
                             let why = format!("attempt on {} ended unknown", attempt.provider);
-                            if let Some(flight) = hedge(inner, job, route, plan, &mut tried, &why).await {
+                            if let Some(flight) = hedge(inner, job, route, plan, &mut tried, &why, false).await {
                                 flights.push(flight);
                                 hedges_left -= 1;
                             }
@@ -849,11 +886,13 @@ async fn run_round(
             }
             _ = &mut silence, if silence_armed && hedges_left > 0 && flights.len() == 1 => {
                 silence_armed = false;
-                if let Some(flight) = hedge(inner, job, route, plan, &mut tried, "attempt silent").await {
+                // Denied by the budget (or no target): the job waits for
+                // the attempt in flight or its time limits.
+                if let Some(flight) = hedge(inner, job, route, plan, &mut tried, "attempt silent", true).await {
                     flights.push(flight);
                     hedges_left -= 1;
                     if hedges_left > 0 {
-                        silence.as_mut().reset(tokio::time::Instant::now() + Duration::from_millis(route.silence_ms));
+                        silence.as_mut().reset(tokio::time::Instant::now() + silent_for);
                         silence_armed = true;
                     }
                 }
@@ -863,14 +902,25 @@ async fn run_round(
     RoundEnd::Ended { unknown, failure }
 }
 
+/// A round that ended with attempts still in flight, as its losers'
+/// cost is counted.
+struct LostRound {
+    job_id: String,
+    route: String,
+    /// When a hedge won the round (`None`: another attempt won).
+    won_at: Option<Millis>,
+}
+
 /// After a winner committed: attempts still in flight get `loser_grace_ms`
 /// to answer (their result then loses the CAS and their usage is counted);
 /// after that their requests are dropped and they are recorded as abandoned.
+/// A primary that answers after its hedge won tells how much the hedge
+/// saved; one dropped unanswered is a lower bound of its latency.
 async fn finish_losers(
     inner: Arc<Inner>,
     mut losers: FuturesUnordered<Flight>,
     plan: Arc<JobPlan>,
-    job_id: String,
+    round: LostRound,
 ) {
     let grace = tokio::time::sleep(Duration::from_millis(inner.config.engine.loser_grace_ms));
     tokio::pin!(grace);
@@ -879,14 +929,29 @@ async fn finish_losers(
             biased;
             next = losers.next() => match next {
                 Some((attempt, outcome)) => {
-                    observe_whole_answer(&inner, &attempt, &outcome);
-                    settle(&inner, &plan, &attempt, outcome, Source::Live).await;
+                    observe_whole_answer(&inner, &round.route, &attempt, &outcome);
+                    let tokens = match &outcome {
+                        AttemptOutcome::Succeeded(Success { usage: Some(u), .. }) => {
+                            u64::from(u.prompt_tokens) + u64::from(u.completion_tokens)
+                        }
+                        _ => 0,
+                    };
+                    let answered = matches!(outcome, AttemptOutcome::Succeeded(_));
+                    let settled = settle(&inner, &plan, &attempt, outcome, Source::Live).await;
+                    let now = inner.clock.now_ms();
+                    if matches!(settled, Settled::Lost) && answered {
+                        inner.hedging.discarded(&round.route, tokens, now);
+                        if let (Some(won_at), true) = (round.won_at, attempt.kind != AttemptKind::Hedge) {
+                            inner.hedging.latency_saved(&round.route, now - won_at, now);
+                        }
+                    }
                 }
                 None => return,
             },
             _ = &mut grace => break,
         }
     }
+    let job_id = round.job_id.clone();
     // Dropping the futures drops their HTTP requests. Which attempts they were
     // is only known inside them, so ask the store for the job's live ones.
     drop(losers);
@@ -897,10 +962,20 @@ async fn finish_losers(
     let Ok(attempts) = listed else {
         return;
     };
+    let now = inner.clock.now_ms();
     for attempt in attempts
         .into_iter()
         .filter(|a| a.state == AttemptState::Started)
     {
+        if attempt.kind != AttemptKind::Hedge {
+            inner.hedging.censored(
+                &round.route,
+                &attempt.provider,
+                Measure::TimeToAnswer,
+                now - attempt.started_at,
+                now,
+            );
+        }
         let outcome = AttemptOutcome::Abandoned {
             reason: "another attempt won; request dropped".to_string(),
         };

@@ -11,6 +11,7 @@
 mod driver;
 mod durable;
 pub mod gate;
+pub mod hedging;
 pub mod plan;
 mod reconciler;
 mod routing;
@@ -60,6 +61,8 @@ pub(crate) struct Inner {
     pub gate: Arc<dyn Gate>,
     pub metrics: Arc<Metrics>,
     pub rng: Mutex<StdRng>,
+    /// Learned silence thresholds, the hedge budget and hedging's cost.
+    pub(crate) hedging: hedging::Hedging,
     breakers: Mutex<HashMap<String, Breaker>>,
     /// Jobs this process is driving now; a job is never driven twice here.
     active: Mutex<HashSet<String>>,
@@ -109,6 +112,7 @@ impl Engine {
             None => StdRng::from_entropy(),
         };
         let slots = Semaphore::new(config.engine.max_concurrent_jobs.max(1));
+        let hedging = hedging::Hedging::new(&config);
         Engine {
             inner: Arc::new(Inner {
                 instance: crate::domain::new_id(),
@@ -120,6 +124,7 @@ impl Engine {
                 gate,
                 metrics,
                 rng: Mutex::new(rng),
+                hedging,
                 breakers: Mutex::new(HashMap::new()),
                 active: Mutex::new(HashSet::new()),
                 slots,
@@ -206,9 +211,16 @@ impl Engine {
             self.inner
                 .spawn(async move { reconciler::run(inner, stop).await })
         };
+        let sharing = {
+            let inner = self.inner.clone();
+            let stop = stop.clone();
+            self.inner
+                .spawn(async move { hedging::share_loop(inner, stop).await })
+        };
         let _ = stop.wait_for(|s| *s).await;
         let _ = dispatcher.await;
         let _ = reconciler.await;
+        let _ = sharing.await;
     }
 
     /// Wait until the job reaches a state a caller can act on (finished, in
@@ -312,6 +324,22 @@ impl Engine {
             .unwrap_or_default()
     }
 
+    /// The hedging of route `name` as this instance (and those sharing
+    /// with it) sees it now: `None` for a route not configured.
+    pub fn hedging(&self, name: &str) -> Option<hedging::RouteHedging> {
+        let route = self.inner.config.routes.get(name)?;
+        self.inner
+            .hedging
+            .view(name, route, self.inner.clock.now_ms())
+    }
+
+    /// The hedging gauges of `/metrics`, as Prometheus text.
+    pub fn hedging_metrics(&self) -> String {
+        self.inner
+            .hedging
+            .metrics_text(&self.inner.config, self.inner.clock.now_ms())
+    }
+
     /// Sets the gauges the engine owns (breakers, jobs driven) on `metrics`.
     pub fn report_gauges(&self, metrics: &Metrics) {
         let mut readings = Vec::new();
@@ -358,9 +386,10 @@ impl Inner {
     }
 
     /// How long a lease must last for one round of attempts on `route`: the
-    /// hedge's silence, an attempt's timeout, and `lease_margin_ms`.
+    /// hedge's longest silence, an attempt's timeout, and `lease_margin_ms`.
     pub(crate) fn lease_ms(&self, route: &RouteConfig) -> Millis {
-        (route.silence_ms + route.attempt_timeout_ms + self.config.engine.lease_margin_ms) as Millis
+        let silence = crate::domain::hedging::HedgePolicy::of(route).longest_silence_ms();
+        (silence + route.attempt_timeout_ms + self.config.engine.lease_margin_ms) as Millis
     }
 
     /// The longest lease of any route.

@@ -16,6 +16,7 @@
 //!   truncated answer is never reported as finished.
 
 use super::driver::{settle, start, RoundEnd, RoundFailure, Settled, Source};
+use super::hedging::Measure;
 use super::plan::JobPlan;
 use super::routing::choose_hedge;
 use super::Inner;
@@ -408,8 +409,17 @@ pub(super) async fn run_streamed_round(
     }];
     tried.push(first.name.clone());
     let mut hedges_left = route.max_hedges;
-    let silence = tokio::time::sleep(Duration::from_millis(route.silence_ms));
+    let silence = tokio::time::sleep(super::hedging::silence(
+        inner,
+        job,
+        route,
+        &first.name,
+        Measure::TimeToFirstToken,
+    ));
     tokio::pin!(silence);
+    // Fires once: a hedge denied (or with no target) leaves the job to its
+    // attempt in flight and its time limits.
+    let mut silence_armed = true;
     let stall = tokio::time::sleep(Duration::from_secs(86_400));
     tokio::pin!(stall);
     let mut owner: Option<usize> = None;
@@ -451,11 +461,16 @@ pub(super) async fn run_streamed_round(
         let (index, event) = tokio::select! {
             biased;
             Some(next) = rx.recv() => next,
-            _ = &mut silence, if owner.is_none() && hedges_left > 0 && running == 1 => {
+            _ = &mut silence, if silence_armed && owner.is_none() && hedges_left > 0 && running == 1 => {
+                silence_armed = false;
                 if let Some(entry) = choose_hedge(inner, route, plan, &tried) {
                     if let Ok(request) = plan.request_for(entry) {
-                        tracing::info!(provider = %entry.name, "no first token within silence_ms; hedging");
-                        hedge!(entry, request);
+                        if super::hedging::admit(inner, job) {
+                            tracing::info!(provider = %entry.name, "no first token within the silence threshold; hedging");
+                            if hedge!(entry, request).is_none() {
+                                inner.hedging.not_started(&job.route, inner.clock.now_ms());
+                            }
+                        }
                     }
                 }
                 continue;
@@ -477,14 +492,22 @@ pub(super) async fn run_streamed_round(
             Event::Piece(delta) => {
                 if !live[index].answered {
                     live[index].answered = true;
-                    inner.metrics.observe_time_to_first_token(
+                    let now = inner.clock.now_ms();
+                    let elapsed = now - live[index].attempt.started_at;
+                    inner
+                        .metrics
+                        .observe_time_to_first_token(&live[index].attempt.provider, elapsed);
+                    inner.hedging.observe(
+                        &job.route,
                         &live[index].attempt.provider,
-                        inner.clock.now_ms() - live[index].attempt.started_at,
+                        Measure::TimeToFirstToken,
+                        elapsed,
+                        now,
                     );
                 }
                 if owner.is_none() {
                     owner = Some(index);
-                    claim(inner, plan, hub, &mut live, index).await;
+                    claim(inner, plan, hub, &job.route, &mut live, index).await;
                 }
                 if owner != Some(index) {
                     continue;
@@ -507,7 +530,7 @@ pub(super) async fn run_streamed_round(
                         // the stream now.
                         if owner.is_none() {
                             owner = Some(index);
-                            claim(inner, plan, hub, &mut live, index).await;
+                            claim(inner, plan, hub, &job.route, &mut live, index).await;
                         }
                     }
                 }
@@ -520,7 +543,13 @@ pub(super) async fn run_streamed_round(
                             if let Some(entry) = choose_hedge(inner, route, plan, &tried) {
                                 if let Ok(request) = plan.request_for(entry) {
                                     tracing::info!(provider = %entry.name, "attempt ended unknown before any token; hedging at once");
-                                    hedge!(entry, request);
+                                    if hedge!(entry, request).is_some() {
+                                        inner.hedging.admit(
+                                            &job.route,
+                                            inner.clock.now_ms(),
+                                            false,
+                                        );
+                                    }
                                 }
                             }
                         }
@@ -551,6 +580,9 @@ pub(super) async fn run_streamed_round(
                                 inner
                                     .metrics
                                     .observe_job_latency(inner.clock.now_ms() - job.created_at);
+                                if live[index].attempt.kind == AttemptKind::Hedge {
+                                    inner.hedging.hedge_won(&job.route, inner.clock.now_ms());
+                                }
                                 hub.push(StreamEvent::Finish {
                                     model: entry.config.model.clone(),
                                     finish_reason: finish
@@ -651,6 +683,11 @@ pub(super) async fn run_streamed_round(
                                     ));
                                     continued = hedge!(next, request);
                                     if continued.is_some() {
+                                        inner.hedging.admit(
+                                            &job.route,
+                                            inner.clock.now_ms(),
+                                            false,
+                                        );
                                         tracing::info!(provider = %next.name, "stream broke mid-answer; continuing it");
                                     }
                                 }
@@ -736,11 +773,13 @@ fn ended(unknown: Option<String>, failure: Option<RoundFailure>) -> RoundEnd {
 }
 
 /// The attempt at `index` owns the client's stream: say so, and cancel the
-/// others.
+/// others. An attempt of `route` cut off before its first token would
+/// have taken at least this long (a censored sample of the learned silence).
 async fn claim(
     inner: &Inner,
     plan: &JobPlan,
     hub: &StreamHub,
+    route: &str,
     live: &mut [Live<'_>],
     index: usize,
 ) {
@@ -750,8 +789,18 @@ async fn claim(
         provider: owner.entry.name.clone(),
         attempt_id: owner.attempt.id.clone(),
     });
+    let now = inner.clock.now_ms();
     for (i, other) in live.iter_mut().enumerate() {
         if i != index {
+            if !other.done && !other.answered && other.attempt.kind != AttemptKind::Hedge {
+                inner.hedging.censored(
+                    route,
+                    &other.attempt.provider,
+                    Measure::TimeToFirstToken,
+                    now - other.attempt.started_at,
+                    now,
+                );
+            }
             abandon(inner, plan, other, "another attempt owns the stream").await;
         }
     }

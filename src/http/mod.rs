@@ -1,6 +1,7 @@
 //! The HTTP API (axum): routes, shared state, auth and the error shape.
 
 pub mod admin_contracts;
+pub mod admin_hedging;
 pub mod admin_providers;
 pub mod admin_review;
 pub mod auth;
@@ -95,6 +96,7 @@ pub fn router(state: AppState) -> Router {
             "/v1/admin/providers/{name}/audit",
             get(admin_providers::audit),
         )
+        .route("/v1/admin/routes/{name}/hedging", get(admin_hedging::show))
         .route("/v1/admin/contracts/run", post(admin_contracts::run))
         .route("/v1/admin/contracts/runs", get(admin_contracts::latest))
         .route("/v1/admin/contracts/runs/{id}", get(admin_contracts::show))
@@ -132,8 +134,10 @@ pub fn router(state: AppState) -> Router {
 /// Prometheus text. The review-queue depth is read from the database here,
 /// so every replica reports the same queue.
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    let mut hedging = String::new();
     if let Some(engine) = state.engine.as_ref() {
         engine.report_gauges(&state.metrics);
+        hedging = engine.hedging_metrics();
     }
     match state.store.review_queue_depth().await {
         Ok(depth) => state.metrics.set_review_queue_depth(depth),
@@ -144,7 +148,7 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             axum::http::header::CONTENT_TYPE,
             crate::metrics::CONTENT_TYPE,
         )],
-        state.metrics.render(""),
+        state.metrics.render(&hedging),
     )
 }
 

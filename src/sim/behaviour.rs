@@ -7,7 +7,10 @@
 //! continues it (the answer's remainder, when the turn is its beginning).
 //!
 //! Grammar: `NAME[:PARAM(,PARAM)*]`, a PARAM being `KEY=VALUE` or a bare
-//! status code. `latency` applies to every behaviour that answers. `times=N`
+//! status code. `latency` applies to every behaviour that answers (for a
+//! stream it is the time to its first token). `tail=P%:MS` makes the
+//! latency heavy-tailed: P percent of requests (e.g. `4%`, `0.5%`) wait MS
+//! milliseconds more (`healthy:latency=20..60,tail=4%:1500`). `times=N`
 //! makes the fault transient: the first N requests for that model name meet
 //! it, later ones are answered healthily (`rate_limit:retry_after=1,times=1`
 //! is one 429, then service).
@@ -95,6 +98,43 @@ impl Latency {
     }
 }
 
+/// A heavy tail on top of a latency: `per_mille` of the requests wait `ms` more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tail {
+    pub per_mille: u32,
+    pub ms: u64,
+}
+
+impl Tail {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let bad = || format!("tail {text:?}: expected P%:MS, e.g. 4%:1500");
+        let (p, ms) = text.split_once(':').ok_or_else(bad)?;
+        let p: f64 = p
+            .trim()
+            .strip_suffix('%')
+            .ok_or_else(bad)?
+            .parse()
+            .map_err(|_| bad())?;
+        let ms: u64 = ms.trim().parse().map_err(|_| bad())?;
+        if !(0.0..=100.0).contains(&p) {
+            return Err(format!("tail {text:?}: P must be between 0% and 100%"));
+        }
+        Ok(Tail {
+            per_mille: (p * 10.0).round() as u32,
+            ms,
+        })
+    }
+
+    /// The extra wait of one request: `ms` for `per_mille` of them, else none.
+    pub fn sample(&self) -> Duration {
+        if rand::thread_rng().gen_range(0..1000) < self.per_mille {
+            Duration::from_millis(self.ms)
+        } else {
+            Duration::ZERO
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Behaviour {
     pub fault: Fault,
@@ -105,6 +145,8 @@ pub struct Behaviour {
     /// Stream faults: pieces of text sent before the fault (`tokens=N`);
     /// unset, half the stream.
     pub after_pieces: Option<u32>,
+    /// Added to the latency of some requests (`tail=P%:MS`).
+    pub tail: Option<Tail>,
 }
 
 impl Behaviour {
@@ -116,6 +158,7 @@ impl Behaviour {
         let mut retry_after_s = None;
         let mut times = None;
         let mut after_pieces = None;
+        let mut tail = None;
         for param in params.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let number = |v: &str| {
                 v.parse::<u64>()
@@ -123,6 +166,7 @@ impl Behaviour {
             };
             match param.split_once('=') {
                 Some(("latency", v)) => latency = Some(Latency::parse(v)?),
+                Some(("tail", v)) => tail = Some(Tail::parse(v)?),
                 Some(("ms", v)) => ms = Some(number(v)?),
                 Some(("retry_after", v)) => retry_after_s = Some(number(v)?),
                 Some(("times", v)) => times = Some(number(v)?),
@@ -168,6 +212,7 @@ impl Behaviour {
             latency,
             times,
             after_pieces,
+            tail,
         })
     }
 }
@@ -203,6 +248,17 @@ mod tests {
                 .after_pieces,
             Some(3)
         );
+        let tailed = Behaviour::parse("healthy:latency=20..60,tail=4%:1500").unwrap();
+        assert_eq!(
+            tailed.tail,
+            Some(Tail {
+                per_mille: 40,
+                ms: 1500
+            })
+        );
+        assert_eq!(Tail::parse("0.5%:10").unwrap().per_mille, 5);
+        assert!(Behaviour::parse("healthy:tail=4:1500").is_err());
+        assert!(Behaviour::parse("healthy:tail=140%:1").is_err());
         assert!(Behaviour::parse("gpt-4o").is_err());
         assert!(Behaviour::parse("healthy:speed=3").is_err());
     }

@@ -672,6 +672,9 @@ async fn chat(
     if let Some(latency) = behaviour.latency.or(state.config.default_latency) {
         tokio::time::sleep(latency.sample()).await;
     }
+    if let Some(tail) = behaviour.tail {
+        tokio::time::sleep(tail.sample()).await;
+    }
     match behaviour.fault {
         Fault::DropResponse => Response::new(Body::from_stream(stream::once(async {
             Err::<Bytes, _>(aborted())

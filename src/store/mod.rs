@@ -77,7 +77,6 @@
 //! resource files, which use them and compile once under each. The SQL
 //! files name no dialect.
 
-use crate::config::DatabaseUrl;
 pub use crate::domain::attempt::AttemptOutcome;
 use crate::domain::{Job, Millis};
 use async_trait::async_trait;
@@ -85,7 +84,9 @@ use std::sync::Arc;
 
 pub mod console;
 mod contract_runs;
+mod database_url;
 pub mod faulty;
+pub mod hedging;
 pub mod postgres;
 mod rows;
 mod sql;
@@ -93,6 +94,7 @@ pub mod sqlite;
 pub mod tenants;
 
 pub use contract_runs::{ContractRun, ContractRunSummary, NewContractRun};
+pub use database_url::{DatabaseUrl, InvalidDatabaseUrl};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -347,6 +349,7 @@ impl ApiKey {
 #[doc(hidden)]
 pub mod signature {
     pub use super::console::{JobFilter, WindowStats};
+    pub use super::hedging::HedgingShare;
     pub use super::tenants::{
         KeyRecord, OwnerLimitsRow, OwnerLoad, Rotation, TenantAuditEntry, UsageRow,
     };
@@ -577,6 +580,14 @@ macro_rules! store_methods {
             /// Aggregates of jobs created and attempts started in `[from, to)`,
             /// jobs counted in columns `column_ms` wide from `from`.
             reader fn window_stats(from: Millis, to: Millis, column_ms: i64) -> WindowStats;
+
+            // Hedging shares: what each instance learned (`engine::hedging`).
+
+            /// Upsert this instance's shares; delete those written before `forget_before`.
+            transaction fn put_hedging_shares(shares: Vec<HedgingShare>, forget_before: Millis) -> ();
+
+            /// Every share written at or after `since`.
+            reader fn hedging_shares(since: Millis) -> Vec<HedgingShare>;
         }
     };
 }

@@ -703,6 +703,7 @@ carry_owned!(
     Rotation,
     Vec<(String, Millis)>,
     OwnerLimitsRow,
+    Vec<HedgingShare>,
 );
 
 #[cfg(test)]

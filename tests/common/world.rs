@@ -33,6 +33,7 @@ pub fn route(primary: &str, fallbacks: &[&str]) -> RouteConfig {
         backoff_cap_ms: 50,
         unknown_deadline_ms: 60_000,
         stall_ms: 10_000,
+        ..RouteConfig::builtin_default()
     }
 }
 

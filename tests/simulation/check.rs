@@ -1,4 +1,4 @@
-//! The invariants (DESIGN.md), checked on what a run left and on what its
+//! The invariants (`docs/design.md`), checked on what a run left and on what its
 //! clients saw along the way.
 
 use super::world::{Outcome, Seen, EPOCH_MS};

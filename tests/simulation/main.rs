@@ -11,10 +11,11 @@
 //! ONEJOB_SIM_SEEDS=5000 cargo test --release --test simulation -- --ignored --nocapture
 //! ```
 //!
-//! After every run the invariants of DESIGN.md are checked (`check.rs`).
+//! After every run the invariants of `docs/design.md` are checked (`check.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod check;
+mod hedging;
 mod provider;
 mod scenario;
 mod store;

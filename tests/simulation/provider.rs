@@ -58,6 +58,48 @@ pub enum Kind {
     Reject,
 }
 
+/// A heavy-tailed latency: lognormal around `median_ms`, a share `tail_p`
+/// of calls `tail_factor` times slower, everything `slow_factor` times
+/// slower from `slow_from_ms` (virtual ms since the start) on. Replaces the
+/// temper's uniform latency range (`Scripted::with_latency`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LatencyModel {
+    pub median_ms: f64,
+    pub sigma: f64,
+    pub tail_p: f64,
+    pub tail_factor: f64,
+    pub slow_from_ms: Option<u64>,
+    pub slow_factor: f64,
+}
+
+impl LatencyModel {
+    pub fn lognormal(median_ms: f64, sigma: f64) -> Self {
+        LatencyModel {
+            median_ms,
+            sigma,
+            tail_p: 0.0,
+            tail_factor: 1.0,
+            slow_from_ms: None,
+            slow_factor: 1.0,
+        }
+    }
+
+    /// One latency at virtual time `now` (ms since the start).
+    pub fn draw(&self, rng: &mut StdRng, now: u64) -> u64 {
+        // Box-Muller: one standard normal from two uniforms.
+        let (u1, u2): (f64, f64) = (rng.gen_range(f64::EPSILON..1.0), rng.gen());
+        let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
+        let mut ms = self.median_ms * (self.sigma * z).exp();
+        if rng.gen_bool(self.tail_p) {
+            ms *= self.tail_factor;
+        }
+        if self.slow_from_ms.is_some_and(|from| now >= from) {
+            ms *= self.slow_factor;
+        }
+        ms.round().max(1.0) as u64
+    }
+}
+
 /// One key's record on the provider's side.
 #[derive(Debug, Clone, Default)]
 pub struct KeyRecord {
@@ -87,6 +129,8 @@ pub struct Scripted {
     rng: Mutex<StdRng>,
     /// Behaviours to play first, in order, before any is drawn.
     script: Mutex<std::collections::VecDeque<Behaviour>>,
+    /// Answer latencies drawn from this instead of the temper's range.
+    latency: Option<LatencyModel>,
     pub ledger: Ledger,
     /// Every call, in order: (virtual ms since start, key, behaviour).
     pub log: CallLog,
@@ -109,10 +153,18 @@ impl Scripted {
             temper,
             rng: Mutex::new(rng),
             script: Mutex::default(),
+            latency: None,
             ledger: Arc::default(),
             log: Arc::default(),
             started,
         }
+    }
+
+    /// Answers take latencies drawn from `model`.
+    #[allow(dead_code, reason = "used by the hedging simulation only")]
+    pub fn with_latency(mut self, model: LatencyModel) -> Self {
+        self.latency = Some(model);
+        self
     }
 
     /// The next calls behave like this, in order (then draws resume).
@@ -147,7 +199,10 @@ impl Scripted {
             pick -= w;
         }
         let (lo, hi) = self.temper.latency;
-        let ms = rng.gen_range(lo..=hi);
+        let ms = match &self.latency {
+            Some(model) => model.draw(&mut rng, self.now()),
+            None => rng.gen_range(lo..=hi),
+        };
         let short = rng.gen_range(1..=20);
         match kind {
             Kind::Answer => Behaviour::Answer { ms },

@@ -133,6 +133,7 @@ impl Scenario {
             backoff_cap_ms: rng.gen_range(100..=1_000),
             unknown_deadline_ms: rng.gen_range(1_000..=4_000),
             stall_ms: 10_000,
+            ..RouteConfig::builtin_default()
         };
         let engine = EngineTuning {
             poll_interval_ms: rng.gen_range(50..=400),

@@ -9,10 +9,12 @@
 //! - [`review`]: the review queue and its audited decisions.
 //! - [`providers`]: switches, breakers, eligibility, contract runs.
 //! - [`overview`]: charts over a chosen window, from the database.
+//! - [`hedging`]: thresholds in force, every provider, hedging's cost.
 //!
 //! Every action calls the same logic function as its API endpoint, so the
 //! console audits (and refuses) exactly as the API does.
 
+pub mod hedging;
 pub mod jobs;
 pub mod overview;
 pub mod providers;

@@ -240,6 +240,8 @@ pub async fn page(
             attempts_chart => safe(d.attempts_chart),
             latency_chart => safe(d.latency_chart),
             discarded_chart => safe(d.discarded_chart),
+            providers => super::hedging::providers(&state),
+            route_costs => super::hedging::route_costs(&state),
             ..layout(&admin, "Overview", "overview")
         },
     )

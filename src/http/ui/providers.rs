@@ -44,9 +44,14 @@ struct ProviderRow {
     breaker_class: &'static str,
     eligibility: Vec<EligibilityRow>,
     runs: Vec<RunRow>,
+    /// The hedge's silence threshold in force on each route it serves.
+    thresholds: Vec<super::hedging::ThresholdRow>,
 }
 
-fn breaker_text(state: &BreakerState, now: crate::domain::Millis) -> (String, &'static str) {
+pub(super) fn breaker_text(
+    state: &BreakerState,
+    now: crate::domain::Millis,
+) -> (String, &'static str) {
     match state {
         BreakerState::Closed {
             consecutive_failures,
@@ -106,6 +111,7 @@ pub async fn page(State(state): State<AppState>, admin: UiAdmin) -> Response {
                 .map(|d| super::when_ago(d.as_millis() as i64, now)),
             breaker,
             breaker_class,
+            thresholds: super::hedging::thresholds(&state, name),
             eligibility: v
                 .eligibility
                 .into_iter()

@@ -1,17 +1,16 @@
 //! Attempts: the guarded start (invariant 4), the finish and its CAS
-//! (invariant 5), the reconciler's lists and an admin's settlement.
+//! (invariant 5) and the reconciler's lists. An admin's settlement of an
+//! unknown attempt is in `jobs.rs`, beside the other decisions: it may
+//! restart the job.
 
-use super::events::{decision_event, insert_event};
-use super::jobs::{reload, restart};
+use super::events::insert_event;
 use super::keys::{add_usage, usage_counts};
 use crate::store::sql::db::{args, Db};
 use super::Conn;
 use crate::domain::attempt::{may_start, Ambiguous, AttemptOutcome, Failure, NewAttempt};
 use crate::domain::{Attempt, AttemptState, GuardRefusal, Job, LiveAttempts, Millis};
 use crate::store::rows::{attempt_columns, AttemptRow, JobRow, LiveRow};
-use crate::store::{
-    event, AttemptResolution, FinishAttempt, FinishOutcome, NewEvent, Refusal, StoreError,
-};
+use crate::store::{event, FinishAttempt, FinishOutcome, NewEvent, StoreError};
 use crate::{
     attempt_state_awaiting_settlement, attempt_states_live, job_states_settled_for_good,
     job_states_taking_attempts,
@@ -482,67 +481,4 @@ pub(super) async fn live_attempts(conn: &mut Conn, job_id: &str) -> Result<i64, 
     .fetch_one(&mut *conn)
     .await?;
     Ok(n)
-}
-
-pub(crate) async fn resolve_attempt(
-    conn: &mut Conn,
-    attempt_id: &str,
-    resolution: AttemptResolution,
-    actor: &str,
-    reason: &str,
-    at: Millis,
-) -> Result<Result<Job, Refusal>, StoreError> {
-    let row: Option<(String, String)> = sqlx::query_as(concat!(
-        "SELECT job_id, state FROM attempts WHERE id = $1",
-        for_update!()
-    ))
-    .bind(attempt_id)
-    .fetch_optional(&mut *conn)
-    .await?;
-    let Some((job_id, state)) = row else {
-        return Ok(Err(Refusal::NotFound));
-    };
-    let state = crate::store::parse_attempt_state(&state)?;
-    if state != AttemptState::Unknown {
-        return Ok(Err(Refusal::NotUnknown(state.as_str())));
-    }
-    let action = match resolution {
-        AttemptResolution::Executed { result } => {
-            let finish = FinishAttempt {
-                attempt_id: attempt_id.to_string(),
-                outcome: AttemptOutcome::succeeded(result),
-                at,
-                actor: actor.to_string(),
-            };
-            finish_attempt(conn, finish).await?;
-            "executed"
-        }
-        AttemptResolution::NotExecuted => {
-            sqlx::query("UPDATE attempts SET state = 'cancelled', finished_at = $2 WHERE id = $1")
-                .bind(attempt_id)
-                .bind(at)
-                .execute(&mut *conn)
-                .await?;
-            "not_executed"
-        }
-    };
-    let detail = serde_json::json!({ "action": action, "reason": reason });
-    decision_event(
-        conn,
-        &job_id,
-        Some(attempt_id),
-        event::ATTEMPT_RESOLVED,
-        actor,
-        detail,
-        at,
-    )
-    .await?;
-    // A human said it never ran: once nothing else is live, the job may go again.
-    if action == "not_executed" {
-        let job = reload(conn, &job_id).await?;
-        if !job.state.is_final() && live_attempts(conn, &job_id).await? == 0 {
-            restart(conn, &job_id, at).await?;
-        }
-    }
-    Ok(Ok(reload(conn, &job_id).await?))
 }

@@ -1,15 +1,17 @@
 //! Jobs: the idempotent create, claims and leases, the engine's job steps,
 //! user and admin decisions, and the review queue.
 
-use super::attempts::{insert_started_attempt, live_attempts, started_event};
+use super::attempts::{finish_attempt, insert_started_attempt, live_attempts, started_event};
 use super::events::{decision_event, insert_event};
 use crate::store::sql::db::{args, Arg, Db, IntoArg};
 use super::Conn;
+use crate::domain::attempt::AttemptOutcome;
 use crate::domain::job::NewJob;
-use crate::domain::{Job, Millis};
+use crate::domain::{AttemptState, Job, Millis};
 use crate::store::rows::{job_columns, JobRow};
 use crate::store::{
-    event, CreateOutcome, JobResolution, JobTransition, NewEvent, Refusal, ReviewItem, StoreError,
+    event, AttemptResolution, CreateOutcome, FinishAttempt, JobResolution, JobTransition, NewEvent,
+    Refusal, ReviewItem, StoreError,
 };
 use crate::{attempt_states_live, job_state_awaiting_decision, job_states_taking_attempts};
 
@@ -532,4 +534,67 @@ pub(crate) async fn list_review(
             })
         })
         .collect()
+}
+
+pub(crate) async fn resolve_attempt(
+    conn: &mut Conn,
+    attempt_id: &str,
+    resolution: AttemptResolution,
+    actor: &str,
+    reason: &str,
+    at: Millis,
+) -> Result<Result<Job, Refusal>, StoreError> {
+    let row: Option<(String, String)> = sqlx::query_as(concat!(
+        "SELECT job_id, state FROM attempts WHERE id = $1",
+        for_update!()
+    ))
+    .bind(attempt_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some((job_id, state)) = row else {
+        return Ok(Err(Refusal::NotFound));
+    };
+    let state = crate::store::parse_attempt_state(&state)?;
+    if state != AttemptState::Unknown {
+        return Ok(Err(Refusal::NotUnknown(state.as_str())));
+    }
+    let action = match resolution {
+        AttemptResolution::Executed { result } => {
+            let finish = FinishAttempt {
+                attempt_id: attempt_id.to_string(),
+                outcome: AttemptOutcome::succeeded(result),
+                at,
+                actor: actor.to_string(),
+            };
+            finish_attempt(conn, finish).await?;
+            "executed"
+        }
+        AttemptResolution::NotExecuted => {
+            sqlx::query("UPDATE attempts SET state = 'cancelled', finished_at = $2 WHERE id = $1")
+                .bind(attempt_id)
+                .bind(at)
+                .execute(&mut *conn)
+                .await?;
+            "not_executed"
+        }
+    };
+    let detail = serde_json::json!({ "action": action, "reason": reason });
+    decision_event(
+        conn,
+        &job_id,
+        Some(attempt_id),
+        event::ATTEMPT_RESOLVED,
+        actor,
+        detail,
+        at,
+    )
+    .await?;
+    // A human said it never ran: once nothing else is live, the job may go again.
+    if action == "not_executed" {
+        let job = reload(conn, &job_id).await?;
+        if !job.state.is_final() && live_attempts(conn, &job_id).await? == 0 {
+            restart(conn, &job_id, at).await?;
+        }
+    }
+    Ok(Ok(reload(conn, &job_id).await?))
 }

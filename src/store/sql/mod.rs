@@ -22,6 +22,8 @@ macro_rules! resource_modules {
         pub(crate) mod contract_runs;
         #[path = "events.rs"]
         pub(crate) mod events;
+        #[path = "hedging.rs"]
+        pub(crate) mod hedging;
         #[path = "jobs.rs"]
         pub(crate) mod jobs;
         #[path = "keys.rs"]
@@ -30,7 +32,8 @@ macro_rules! resource_modules {
         pub(crate) mod switches;
 
         pub(crate) use self::{
-            attempts::*, console::*, contract_runs::*, events::*, jobs::*, keys::*, switches::*,
+            attempts::*, console::*, contract_runs::*, events::*, hedging::*, jobs::*, keys::*,
+            switches::*,
         };
     };
 }

@@ -1,0 +1,144 @@
+//! Limits per owner: what the config file and an admin say, merged.
+//!
+//! `[limits.default]` applies to every owner, `[limits.owners.NAME]` over it
+//! for one owner, and limits an admin set at run time over both. A field
+//! left out (or `null`) means "as the level below"; unset at every level
+//! means unlimited. A key may carry limits of its own, checked besides its
+//! owner's. The rules are pure; [`crate::tenants`] enforces them.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The limits of one owner; every field optional.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Sustained requests per second to `POST /v1/jobs` and
+    /// `/v1/chat/completions` (replays included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_second: Option<f64>,
+    /// Requests allowed at once above the rate [default: the rate, at least 1].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u32>,
+    /// Jobs `pending` or `running` at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrent_jobs: Option<u32>,
+    /// Prompt + completion tokens per UTC day, every attempt counted
+    /// (hedges and discarded answers too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_day: Option<u64>,
+}
+
+/// `[limits]` in `onejob.toml`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    #[serde(default)]
+    pub default: Limits,
+    #[serde(default)]
+    pub owners: BTreeMap<String, Limits>,
+}
+
+impl Limits {
+    /// These limits, with `base`'s where these leave a field unset.
+    pub fn over(self, base: Limits) -> Limits {
+        Limits {
+            requests_per_second: self.requests_per_second.or(base.requests_per_second),
+            burst: self.burst.or(base.burst),
+            concurrent_jobs: self.concurrent_jobs.or(base.concurrent_jobs),
+            tokens_per_day: self.tokens_per_day.or(base.tokens_per_day),
+        }
+    }
+
+    pub fn is_unlimited(&self) -> bool {
+        self.requests_per_second.is_none()
+            && self.concurrent_jobs.is_none()
+            && self.tokens_per_day.is_none()
+    }
+
+    /// Whether admitting a new job needs the owner's load from the database.
+    pub fn needs_load(&self) -> bool {
+        self.concurrent_jobs.is_some() || self.tokens_per_day.is_some()
+    }
+
+    /// The first rule these break, as `field: why`.
+    pub fn check(&self) -> Result<(), String> {
+        if let Some(r) = self.requests_per_second {
+            if !(r.is_finite() && r > 0.0 && r <= 1e6) {
+                return Err("requests_per_second: must be a number in (0, 1000000]".into());
+            }
+        }
+        if self.burst == Some(0) {
+            return Err("burst: must be at least 1".into());
+        }
+        if self.concurrent_jobs == Some(0) {
+            return Err("concurrent_jobs: must be at least 1".into());
+        }
+        if self.tokens_per_day == Some(0) {
+            return Err("tokens_per_day: must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// The bucket size: `burst`, or the rate rounded up (at least 1).
+    pub fn burst_or_default(&self) -> f64 {
+        match (self.burst, self.requests_per_second) {
+            (Some(b), _) => f64::from(b),
+            (None, Some(r)) => r.ceil().max(1.0),
+            (None, None) => 1.0,
+        }
+    }
+}
+
+impl LimitsConfig {
+    /// Every level's rules hold.
+    pub fn check(&self) -> Result<(), String> {
+        self.default
+            .check()
+            .map_err(|e| format!("limits.default.{e}"))?;
+        for (owner, limits) in &self.owners {
+            limits
+                .check()
+                .map_err(|e| format!("limits.owners.{owner}.{e}"))?;
+        }
+        Ok(())
+    }
+
+    /// The config file's limits for `owner` (without run-time changes).
+    pub fn for_owner(&self, owner: &str) -> Limits {
+        match self.owners.get(owner) {
+            Some(own) => own.over(self.default),
+            None => self.default,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_over_default_field_by_field() {
+        let config: LimitsConfig = toml::from_str(
+            "[default]\nrequests_per_second = 10\ntokens_per_day = 1000\n\
+             [owners.big]\ntokens_per_day = 5000\n",
+        )
+        .unwrap();
+        let big = config.for_owner("big");
+        assert_eq!(big.requests_per_second, Some(10.0));
+        assert_eq!(big.tokens_per_day, Some(5000));
+        assert_eq!(config.for_owner("small").tokens_per_day, Some(1000));
+        assert!(config.check().is_ok());
+    }
+
+    #[test]
+    fn bad_limits_are_named() {
+        let config: LimitsConfig = toml::from_str("[owners.x]\nrequests_per_second = 0\n").unwrap();
+        let err = config.check().unwrap_err();
+        assert!(
+            err.starts_with("limits.owners.x.requests_per_second"),
+            "{err}"
+        );
+        assert!(toml::from_str::<LimitsConfig>("[default]\nrps = 1\n").is_err());
+    }
+}

@@ -24,6 +24,8 @@ fn kind_name(kind: ProviderKind) -> &'static str {
         ProviderKind::Openai => "openai",
         ProviderKind::Anthropic => "anthropic",
         ProviderKind::Sim => "sim",
+        ProviderKind::Gemini => "gemini",
+        ProviderKind::AzureOpenai => "azure_openai",
     }
 }
 

@@ -114,6 +114,7 @@ async fn run_case(
         contract_run_key(contract, &profile.name, &case.name),
     );
     let outcome = provider.call(&request).await;
+    let provider_count = provider.count_tokens(&request).await;
 
     let answer = match outcome {
         AttemptOutcome::Succeeded(success) => success,
@@ -144,10 +145,18 @@ async fn run_case(
         }
     };
 
-    record(
-        CheckKind::Tokenizer,
-        tokenizer_verdict(profile, contract, prompt_tokens, &answer),
-    );
+    record(CheckKind::Tokenizer, {
+        let ours = prompt_tokens.as_ref().map(|t| t.prompt_tokens).ok();
+        tokenizer_verdict(profile, contract, prompt_tokens, &answer).and_then(|note| {
+            match (ours, provider_count) {
+                (Some(ours), Some(counted)) => {
+                    count_tokens_verdict(ours, counted, contract.prompt_token_tolerance)
+                        .map(|more| format!("{note}; {more}"))
+                }
+                _ => Ok(note),
+            }
+        })
+    });
     match contract.validate_output(&answer.output) {
         Ok(value) => {
             record(
@@ -206,6 +215,19 @@ fn record_without_answer(
     );
     record(CheckKind::Schema, Err(reason.to_string()));
     record(CheckKind::RoundTrip, Err(reason.to_string()));
+}
+
+/// The provider's count-tokens API (Gemini's `countTokens`) against our
+/// count, within the contract's tolerance.
+fn count_tokens_verdict(
+    ours: u32,
+    counted: Result<u32, String>,
+    tolerance: f64,
+) -> Result<String, String> {
+    let theirs = counted.map_err(|e| format!("the provider's count-tokens API failed: {e}"))?;
+    check_usage_agreement(ours, theirs, tolerance)
+        .map(|()| format!("its count-tokens API says {theirs}"))
+        .map_err(|e| format!("count-tokens API: {e}"))
 }
 
 fn tokenizer_verdict(

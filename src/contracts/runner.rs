@@ -34,6 +34,9 @@ pub fn profile_of(entry: &ProviderEntry) -> ProviderProfile {
         wire: match entry.config.kind {
             ProviderKind::Anthropic => WireFormat::Anthropic,
             ProviderKind::Openai | ProviderKind::Sim => WireFormat::OpenAi,
+            // systemInstruction is top level, as Anthropic's `system`.
+            ProviderKind::Gemini => WireFormat::Anthropic,
+            ProviderKind::AzureOpenai => WireFormat::OpenAi,
         },
         tokenizer: match entry.config.tokenizer {
             Tokenizer::O200kBase => "o200k_base",

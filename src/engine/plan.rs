@@ -72,6 +72,9 @@ impl JobPlan {
         match provider.config.kind {
             ProviderKind::Anthropic => WireFormat::Anthropic,
             ProviderKind::Openai | ProviderKind::Sim => WireFormat::OpenAi,
+            // systemInstruction is top level, as Anthropic's `system`.
+            ProviderKind::Gemini => WireFormat::Anthropic,
+            ProviderKind::AzureOpenai => WireFormat::OpenAi,
         }
     }
 
@@ -202,7 +205,7 @@ impl JobPlan {
                 provider.name
             )));
         }
-        if Self::wire(provider) == WireFormat::Anthropic {
+        if provider.config.kind == ProviderKind::Anthropic {
             let params = &self.request.params;
             for (name, given) in [
                 ("seed", params.seed.is_some()),

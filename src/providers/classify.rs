@@ -149,6 +149,192 @@ pub fn classify_response(
     }
 }
 
+/// How one row of a provider's error table sorts an answer: definitive
+/// (never retried), retryable (a definitive no for now), or ambiguous (the
+/// work may have been done; invariant 3). The `&str` is the stable kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Definitive(&'static str),
+    Retryable(&'static str),
+    Ambiguous(&'static str),
+}
+
+impl Verdict {
+    fn outcome(
+        self,
+        message: String,
+        status: u16,
+        retry_after: Option<Duration>,
+    ) -> AttemptOutcome {
+        let (retryable, kind) = match self {
+            Verdict::Ambiguous(kind) => return unknown(kind, message),
+            Verdict::Definitive(kind) => (false, kind),
+            Verdict::Retryable(kind) => (true, kind),
+        };
+        AttemptOutcome::Failed(Failure {
+            retryable,
+            retry_after: retry_after.filter(|_| retryable),
+            kind: kind.to_string(),
+            message,
+            status: Some(status),
+        })
+    }
+}
+
+/// Gemini's table (AI Studio and Vertex AI answer alike): the
+/// `google.rpc.Code` name in `error.status`. An input too long is an
+/// `INVALID_ARGUMENT` whose message says so ([`GEMINI_CONTEXT_LENGTH`]).
+pub const GEMINI_TABLE: &[(&str, Verdict)] = &[
+    ("INVALID_ARGUMENT", Verdict::Definitive("bad_request")),
+    ("FAILED_PRECONDITION", Verdict::Definitive("bad_request")),
+    ("OUT_OF_RANGE", Verdict::Definitive("bad_request")),
+    ("UNAUTHENTICATED", Verdict::Definitive("unauthorized")),
+    ("PERMISSION_DENIED", Verdict::Definitive("forbidden")),
+    ("NOT_FOUND", Verdict::Definitive("not_found")),
+    ("RESOURCE_EXHAUSTED", Verdict::Retryable("rate_limited")),
+    ("INTERNAL", Verdict::Retryable("server_error")),
+    ("UNAVAILABLE", Verdict::Retryable("unavailable")),
+    // Google's own deadline ran out while the model worked: it may have
+    // finished, as a gateway timeout may.
+    ("DEADLINE_EXCEEDED", Verdict::Ambiguous("timeout")),
+];
+
+/// How Gemini says the prompt does not fit: "The input token count (N)
+/// exceeds the maximum number of tokens allowed (M)."
+pub const GEMINI_CONTEXT_LENGTH: &[&str] = &[
+    "exceeds the maximum number of tokens",
+    "input token count",
+    "input is too long",
+];
+
+/// Classify a Gemini answer by [`GEMINI_TABLE`], carrying the provider's
+/// status name in the message (`RESOURCE_EXHAUSTED: …`) and the delay its
+/// `google.rpc.RetryInfo` detail asks for. A status the table does not
+/// know is classified by its HTTP code, as any provider's.
+pub fn classify_gemini(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &[u8],
+    parse_success: impl FnOnce(&[u8]) -> Result<Result<Success, Failure>, String>,
+) -> AttemptOutcome {
+    if status.is_success() {
+        return classify_response(status, headers, body, parse_success);
+    }
+    let value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let error = &value["error"];
+    let rpc = error["status"].as_str().unwrap_or_default();
+    let Some(&(_, verdict)) = GEMINI_TABLE.iter().find(|(name, _)| *name == rpc) else {
+        return classify_response(status, headers, body, parse_success);
+    };
+    let text = error["message"].as_str().unwrap_or_default();
+    let lower = text.to_ascii_lowercase();
+    let verdict = match verdict {
+        Verdict::Definitive("bad_request")
+            if GEMINI_CONTEXT_LENGTH.iter().any(|n| lower.contains(n)) =>
+        {
+            Verdict::Definitive("context_length_exceeded")
+        }
+        other => other,
+    };
+    let delay = gemini_retry_delay(error).or_else(|| retry_after(headers, SystemTime::now()));
+    verdict.outcome(format!("{rpc}: {text}"), status.as_u16(), delay)
+}
+
+/// The `retryDelay` of a `google.rpc.RetryInfo` in `error.details`: a
+/// protobuf Duration in JSON, seconds with an `s` suffix ("37s", "1.5s").
+pub fn gemini_retry_delay(error: &Value) -> Option<Duration> {
+    error["details"]
+        .as_array()?
+        .iter()
+        .find(|d| {
+            d["@type"]
+                .as_str()
+                .is_some_and(|t| t.ends_with("google.rpc.RetryInfo"))
+        })
+        .and_then(|d| d["retryDelay"].as_str())
+        .and_then(|d| d.trim().strip_suffix('s'))
+        .and_then(|secs| secs.parse::<f64>().ok())
+        .filter(|secs| secs.is_finite() && *secs >= 0.0)
+        .map(Duration::from_secs_f64)
+}
+
+/// Azure OpenAI's table: the `error.code` it adds to OpenAI's shape. What
+/// it does not list is classified as OpenAI's answers are.
+pub const AZURE_TABLE: &[(&str, Verdict)] = &[
+    ("content_filter", Verdict::Definitive("content_policy")),
+    (
+        "ResponsibleAIPolicyViolation",
+        Verdict::Definitive("content_policy"),
+    ),
+    (
+        "context_length_exceeded",
+        Verdict::Definitive("context_length_exceeded"),
+    ),
+    ("DeploymentNotFound", Verdict::Definitive("not_found")),
+    ("OperationNotSupported", Verdict::Definitive("bad_request")),
+    ("429", Verdict::Retryable("rate_limited")),
+    ("InternalServerError", Verdict::Retryable("server_error")),
+    ("ServiceUnavailable", Verdict::Retryable("unavailable")),
+];
+
+/// Classify an Azure OpenAI answer by [`AZURE_TABLE`]. A content-filter
+/// refusal keeps the filter's verdict per category in its message
+/// (`filtered: violence (medium)`).
+pub fn classify_azure(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &[u8],
+    parse_success: impl FnOnce(&[u8]) -> Result<Result<Success, Failure>, String>,
+) -> AttemptOutcome {
+    if status.is_success() || matches!(status.as_u16(), 502 | 504) {
+        return classify_response(status, headers, body, parse_success);
+    }
+    let value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let error = &value["error"];
+    let code = match &error["code"] {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        _ => String::new(),
+    };
+    let inner = error["innererror"]["code"].as_str().unwrap_or_default();
+    let row = AZURE_TABLE
+        .iter()
+        .find(|(name, _)| *name == code)
+        .or_else(|| AZURE_TABLE.iter().find(|(name, _)| *name == inner));
+    let Some(&(_, verdict)) = row else {
+        return classify_response(status, headers, body, parse_success);
+    };
+    let mut message = format!("{code}: {}", error["message"].as_str().unwrap_or_default());
+    let categories = azure_filtered_categories(&error["innererror"]["content_filter_result"]);
+    if !categories.is_empty() {
+        message.push_str(&format!(" [filtered: {}]", categories.join(", ")));
+    }
+    verdict.outcome(
+        message,
+        status.as_u16(),
+        retry_after(headers, SystemTime::now()),
+    )
+}
+
+/// The categories an Azure content-filter result marks as filtered (or,
+/// for jailbreak and protected material, detected), each with its severity
+/// when it has one: `["violence (medium)", "jailbreak"]`.
+pub fn azure_filtered_categories(result: &Value) -> Vec<String> {
+    let Some(categories) = result.as_object() else {
+        return Vec::new();
+    };
+    let mut filtered: Vec<String> = categories
+        .iter()
+        .filter(|(_, v)| v["filtered"] == true || v["detected"] == true)
+        .map(|(name, v)| match v["severity"].as_str() {
+            Some(severity) => format!("{name} ({severity})"),
+            None => name.clone(),
+        })
+        .collect();
+    filtered.sort();
+    filtered
+}
+
 /// `retry-after-ms` (OpenAI) wins over `Retry-After` (seconds or HTTP date).
 pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let header = |name: &str| {
@@ -266,5 +452,108 @@ mod tests {
         assert_eq!(retry_after(&h, now), Some(Duration::from_secs(30)));
         h.insert("retry-after-ms", HeaderValue::from_static("1500"));
         assert_eq!(retry_after(&h, now), Some(Duration::from_millis(1500)));
+    }
+
+    fn gemini(status: u16, body: &str) -> AttemptOutcome {
+        let status = StatusCode::from_u16(status).unwrap();
+        classify_gemini(status, &HeaderMap::new(), body.as_bytes(), never_parsed)
+    }
+
+    fn sorted_as(outcome: &AttemptOutcome) -> (Verdict, String) {
+        match outcome {
+            AttemptOutcome::Failed(f) if f.retryable => {
+                (Verdict::Retryable(leak(&f.kind)), f.message.clone())
+            }
+            AttemptOutcome::Failed(f) => (Verdict::Definitive(leak(&f.kind)), f.message.clone()),
+            AttemptOutcome::Unknown(a) => (Verdict::Ambiguous(leak(&a.kind)), a.message.clone()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn leak(s: &str) -> &'static str {
+        Box::leak(s.to_string().into_boxed_str())
+    }
+
+    /// The HTTP status Google answers with each `google.rpc.Code`.
+    fn http_status_of(rpc: &str) -> u16 {
+        match rpc {
+            "INVALID_ARGUMENT" | "FAILED_PRECONDITION" | "OUT_OF_RANGE" => 400,
+            "UNAUTHENTICATED" => 401,
+            "PERMISSION_DENIED" => 403,
+            "NOT_FOUND" => 404,
+            "RESOURCE_EXHAUSTED" => 429,
+            "UNAVAILABLE" => 503,
+            "DEADLINE_EXCEEDED" => 504,
+            _ => 500,
+        }
+    }
+
+    #[test]
+    fn every_gemini_row_sorts_its_status_and_carries_the_code() {
+        for &(rpc, verdict) in GEMINI_TABLE {
+            let code = http_status_of(rpc);
+            let body = format!(r#"{{"error":{{"code":{code},"message":"m","status":"{rpc}"}}}}"#);
+            let (sorted, message) = sorted_as(&gemini(code, &body));
+            assert_eq!(sorted, verdict, "{rpc}");
+            assert_eq!(message, format!("{rpc}: m"), "{rpc}");
+        }
+    }
+
+    #[test]
+    fn gemini_input_too_long_is_context_length_and_exhaustion_waits_as_told() {
+        let long = r#"{"error":{"code":400,"message":"The input token count (1200000) exceeds the maximum number of tokens allowed (1048576).","status":"INVALID_ARGUMENT"}}"#;
+        assert_eq!(
+            sorted_as(&gemini(400, long)).0,
+            Verdict::Definitive("context_length_exceeded")
+        );
+        let exhausted = r#"{"error":{"code":429,"message":"quota","status":"RESOURCE_EXHAUSTED",
+            "details":[{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"2.5s"}]}}"#;
+        let AttemptOutcome::Failed(f) = gemini(429, exhausted) else {
+            panic!()
+        };
+        assert_eq!(f.retry_after, Some(Duration::from_millis(2500)));
+        // A status the table does not know falls back to the HTTP code.
+        let odd = r#"{"error":{"code":409,"message":"m","status":"ABORTED"}}"#;
+        assert_eq!(
+            sorted_as(&gemini(409, odd)).0,
+            Verdict::Retryable("conflict")
+        );
+    }
+
+    fn azure(status: u16, body: &str) -> AttemptOutcome {
+        let status = StatusCode::from_u16(status).unwrap();
+        classify_azure(status, &HeaderMap::new(), body.as_bytes(), never_parsed)
+    }
+
+    #[test]
+    fn every_azure_row_sorts_its_code_and_carries_it() {
+        for &(code, verdict) in AZURE_TABLE {
+            let status = match verdict {
+                Verdict::Retryable("rate_limited") => 429,
+                Verdict::Retryable("unavailable") => 503,
+                Verdict::Retryable(_) => 500,
+                Verdict::Definitive("not_found") => 404,
+                _ => 400,
+            };
+            let body = format!(r#"{{"error":{{"code":"{code}","message":"m"}}}}"#);
+            let (sorted, message) = sorted_as(&azure(status, &body));
+            assert_eq!(sorted, verdict, "{code}");
+            assert_eq!(message, format!("{code}: m"), "{code}");
+        }
+        // The inner code decides when the outer one is unlisted.
+        let inner = r#"{"error":{"code":"BadRequest","message":"m",
+            "innererror":{"code":"ResponsibleAIPolicyViolation","content_filter_result":
+            {"hate":{"filtered":true,"severity":"high"},"jailbreak":{"filtered":true,"detected":true}}}}}"#;
+        let (sorted, message) = sorted_as(&azure(400, inner));
+        assert_eq!(sorted, Verdict::Definitive("content_policy"));
+        assert!(
+            message.ends_with("[filtered: hate (high), jailbreak]"),
+            "{message}"
+        );
+        // 502 and 504 stay unknown whatever the body says.
+        assert_eq!(
+            sorted_as(&azure(504, "")).0,
+            Verdict::Ambiguous("gateway_error")
+        );
     }
 }

@@ -14,12 +14,21 @@ use std::time::Duration;
 /// Default `anthropic-version` header.
 pub const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
 
+/// Google AI Studio's endpoint, the default `base_url` of a gemini provider
+/// without `vertex_project`.
+pub const GEMINI_AI_STUDIO_URL: &str = "https://generativelanguage.googleapis.com";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ProviderKind {
     Openai,
     Anthropic,
     Sim,
+    /// Google's Gemini API: AI Studio by API key, or Vertex AI by OAuth.
+    Gemini,
+    /// Azure OpenAI: OpenAI's wire at a deployment's URL.
+    #[serde(rename = "azure_openai")]
+    AzureOpenai,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,6 +114,9 @@ mod defaults {
 #[serde(deny_unknown_fields)]
 pub struct ProviderConfig {
     pub kind: ProviderKind,
+    /// Required, except for gemini, where it defaults to Google's endpoint
+    /// (AI Studio's, or the Vertex location's).
+    #[serde(default)]
     pub base_url: String,
     pub model: String,
     /// Name of the environment variable holding the API key (never the key).
@@ -133,9 +145,37 @@ pub struct ProviderConfig {
     /// Anthropic wire format and the simulator, false for OpenAI's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub supports_prefill: Option<bool>,
+    /// Gemini on Vertex AI: the Google Cloud project, its location (region),
+    /// and the NAME of the variable holding the service-account JSON file's
+    /// path. Without `vertex_project` a gemini provider is AI Studio's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vertex_project: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vertex_location: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_env: Option<String>,
+    /// Azure OpenAI: the deployment name in the URL, the `api-version`
+    /// query parameter, and how the key is sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub azure_auth: Option<AzureAuth>,
     /// The file this came from; not part of the configuration itself.
     #[serde(skip)]
     pub source: PathBuf,
+}
+
+/// How an Azure OpenAI provider sends the secret from `api_key_env`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AzureAuth {
+    /// The resource key, as the `api-key` header.
+    #[default]
+    ApiKey,
+    /// A Microsoft Entra ID token, as `Authorization: Bearer`.
+    Bearer,
 }
 
 /// An API key. It can be used, never shown: `Debug` prints `***` and there is
@@ -176,9 +216,11 @@ pub enum ProviderConfigError {
         line: usize,
         message: String,
     },
-    #[error("{}: {field}: {message}", path.display())]
+    #[error("{}: {}{field}: {message}", path.display(), line.map(|l| format!("line {l}: ")).unwrap_or_default())]
     Invalid {
         path: PathBuf,
+        /// The line that sets `field`, when the file sets it.
+        line: Option<usize>,
         field: &'static str,
         message: String,
     },
@@ -189,6 +231,14 @@ pub enum ProviderConfigError {
         path: PathBuf,
         base_url: String,
         connect_ms: u64,
+        message: String,
+    },
+    /// The service-account file named by `credentials_env` is missing or
+    /// unreadable. The message never quotes the file's content.
+    #[error("{}: credentials_env: {var}: {message}", path.display())]
+    Credentials {
+        path: PathBuf,
+        var: String,
         message: String,
     },
     #[error("{}: cannot build HTTP client: {message}", path.display())]
@@ -258,19 +308,59 @@ impl ProviderConfig {
             }
         })?;
         config.source = path.to_path_buf();
-        config.validate()?;
+        if config.base_url.is_empty() {
+            if let Some(url) = config.default_base_url() {
+                config.base_url = url;
+            }
+        }
+        config.validate().map_err(|e| match e {
+            ProviderConfigError::Invalid {
+                path,
+                line: None,
+                field,
+                message,
+            } => ProviderConfigError::Invalid {
+                line: text
+                    .lines()
+                    .position(|l| field_of_line(l) == Some(field))
+                    .map(|i| i + 1),
+                path,
+                field,
+                message,
+            },
+            other => other,
+        })?;
         Ok(config)
     }
 
     fn invalid(&self, field: &'static str, message: impl Into<String>) -> ProviderConfigError {
         ProviderConfigError::Invalid {
             path: self.source.clone(),
+            line: None,
             field,
             message: message.into(),
         }
     }
 
+    /// Google's endpoint for a gemini provider that names none.
+    fn default_base_url(&self) -> Option<String> {
+        if self.kind != ProviderKind::Gemini {
+            return None;
+        }
+        Some(match &self.vertex_location {
+            Some(location) if self.vertex_project.is_some() => {
+                format!("https://{location}-aiplatform.googleapis.com")
+            }
+            _ => GEMINI_AI_STUDIO_URL.to_string(),
+        })
+    }
+
     fn validate(&self) -> Result<(), ProviderConfigError> {
+        if self.base_url.is_empty() {
+            return Err(self.invalid("base_url", "required for this kind"));
+        }
+        // First: a bad location would otherwise show as a bad default URL.
+        self.validate_gemini()?;
         let url = reqwest::Url::parse(&self.base_url)
             .map_err(|e| self.invalid("base_url", format!("not a URL: {e}")))?;
         if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
@@ -288,8 +378,15 @@ impl ProviderConfig {
                      not starting with a digit, at most 128), never the key itself",
                 ));
             }
-            (None, ProviderKind::Openai | ProviderKind::Anthropic) => {
+            (None, ProviderKind::Openai | ProviderKind::Anthropic | ProviderKind::AzureOpenai) => {
                 return Err(self.invalid("api_key_env", "required for this kind"))
+            }
+            (None, ProviderKind::Gemini) if self.vertex_project.is_none() => {
+                return Err(self.invalid(
+                    "api_key_env",
+                    "required for AI Studio (or set vertex_project, vertex_location and \
+                     credentials_env for Vertex AI)",
+                ))
             }
             _ => {}
         }
@@ -325,6 +422,101 @@ impl ProviderConfig {
         }
         if self.anthropic_version.is_some() && self.kind != ProviderKind::Anthropic {
             return Err(self.invalid("anthropic_version", "only for kind = \"anthropic\""));
+        }
+        if self.store && matches!(self.kind, ProviderKind::Gemini | ProviderKind::AzureOpenai) {
+            return Err(self.invalid("store", "only OpenAI-style providers store completions"));
+        }
+        self.validate_azure()
+    }
+
+    fn validate_gemini(&self) -> Result<(), ProviderConfigError> {
+        let gemini = self.kind == ProviderKind::Gemini;
+        for (field, given) in [
+            ("vertex_project", self.vertex_project.is_some()),
+            ("vertex_location", self.vertex_location.is_some()),
+            ("credentials_env", self.credentials_env.is_some()),
+        ] {
+            if given && !gemini {
+                return Err(self.invalid(field, "only for kind = \"gemini\""));
+            }
+        }
+        if !gemini || self.vertex_project.is_none() {
+            return match (&self.vertex_location, &self.credentials_env) {
+                (None, None) => Ok(()),
+                (Some(_), _) => Err(self.invalid("vertex_location", "needs vertex_project")),
+                (_, Some(_)) => Err(self.invalid("credentials_env", "needs vertex_project")),
+            };
+        }
+        // Google's project ids and locations: lower-case letters, digits, -.
+        let path_segment = |v: &str| {
+            !v.is_empty()
+                && v.len() <= 63
+                && v.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        };
+        if !self.vertex_project.as_deref().is_some_and(path_segment) {
+            return Err(self.invalid(
+                "vertex_project",
+                "must be a project id (lower-case letters, digits and -)",
+            ));
+        }
+        match self.vertex_location.as_deref() {
+            Some(l) if path_segment(l) => {}
+            Some(_) => {
+                return Err(self.invalid(
+                    "vertex_location",
+                    "must be a location such as us-central1 (lower-case letters, digits and -)",
+                ))
+            }
+            None => return Err(self.invalid("vertex_location", "required with vertex_project")),
+        }
+        match self.credentials_env.as_deref() {
+            Some(var) if is_env_var_name(var) => Ok(()),
+            // The value is not echoed: it may be a path or the JSON itself.
+            Some(_) => Err(self.invalid(
+                "credentials_env",
+                "must be the NAME of an environment variable holding the service-account \
+                 file's path, never the path or the key itself",
+            )),
+            None => Err(self.invalid("credentials_env", "required with vertex_project")),
+        }
+    }
+
+    fn validate_azure(&self) -> Result<(), ProviderConfigError> {
+        let azure = self.kind == ProviderKind::AzureOpenai;
+        for (field, given) in [
+            ("deployment", self.deployment.is_some()),
+            ("api_version", self.api_version.is_some()),
+            ("azure_auth", self.azure_auth.is_some()),
+        ] {
+            if given && !azure {
+                return Err(self.invalid(field, "only for kind = \"azure_openai\""));
+            }
+        }
+        if !azure {
+            return Ok(());
+        }
+        let segment = |v: &str| {
+            !v.is_empty()
+                && v.len() <= 64
+                && v.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        };
+        if !self.deployment.as_deref().is_some_and(segment) {
+            return Err(self.invalid(
+                "deployment",
+                "required: the deployment name (letters, digits, -, _ and .)",
+            ));
+        }
+        if !self
+            .api_version
+            .as_deref()
+            .is_some_and(is_azure_api_version)
+        {
+            return Err(self.invalid(
+                "api_version",
+                "required: a dated version such as \"2024-10-21\" or \"2025-01-01-preview\"",
+            ));
         }
         Ok(())
     }
@@ -396,6 +588,17 @@ impl ProviderConfig {
     pub fn base(&self) -> &str {
         self.base_url.trim_end_matches('/')
     }
+}
+
+/// Azure's `api-version`: `YYYY-MM-DD`, optionally `-preview`.
+fn is_azure_api_version(v: &str) -> bool {
+    let date = v.strip_suffix("-preview").unwrap_or(v);
+    let bytes = date.as_bytes();
+    bytes.len() == 10
+        && bytes.iter().enumerate().all(|(i, b)| match i {
+            4 | 7 => *b == b'-',
+            _ => b.is_ascii_digit(),
+        })
 }
 
 /// A portable environment variable name: `[A-Za-z_][A-Za-z0-9_]*`.

@@ -6,14 +6,17 @@
 //! key, whether it executed the work.
 
 pub mod anthropic;
+pub mod azure;
 pub mod catalog;
 pub mod classify;
 pub mod config;
+pub mod gemini;
 pub mod openai;
 pub mod sim;
 pub mod stream;
 pub mod switches;
 pub mod transport;
+pub mod vertex_auth;
 
 use crate::domain::request::Message;
 use async_trait::async_trait;
@@ -90,6 +93,12 @@ pub trait Provider: Send + Sync {
         stream::whole(self.call(request).await, deltas)
     }
     async fn lookup(&self, idempotency_key: &str) -> Lookup;
+    /// The provider's own count of `request`'s prompt tokens, where its
+    /// API has one (Gemini's `countTokens`): the contract run compares it
+    /// with ours. `None` where there is none.
+    async fn count_tokens(&self, _request: &ChatRequest) -> Option<Result<u32, String>> {
+        None
+    }
 }
 
 /// Invariant 6: the key every call of `job_id` on `provider` carries, the same
@@ -122,7 +131,39 @@ pub fn build_provider(
         ProviderKind::Sim => Arc::new(sim::SimProvider::new(openai::OpenAiProvider::new(
             name, config, client, api_key,
         ))),
+        ProviderKind::Gemini => {
+            let auth = vertex_auth_of(config, &client)?;
+            Arc::new(gemini::GeminiProvider::new(
+                name, config, client, api_key, auth,
+            ))
+        }
+        ProviderKind::AzureOpenai => Arc::new(azure::AzureOpenAiProvider::new(
+            name, config, client, api_key,
+        )),
     })
+}
+
+/// Vertex AI's token source, for a gemini provider that names
+/// `vertex_project`: the service account read from the file that
+/// `credentials_env` names.
+fn vertex_auth_of(
+    config: &ProviderConfig,
+    client: &reqwest::Client,
+) -> Result<Option<vertex_auth::VertexAuth>, ProviderConfigError> {
+    let (Some(_), Some(var)) = (&config.vertex_project, &config.credentials_env) else {
+        return Ok(None);
+    };
+    let account =
+        vertex_auth::account_from_env(var).map_err(|message| ProviderConfigError::Credentials {
+            path: config.source.clone(),
+            var: var.clone(),
+            message,
+        })?;
+    Ok(Some(vertex_auth::VertexAuth::new(
+        account,
+        client.clone(),
+        config.timeouts,
+    )))
 }
 
 /// Log how a call ended, once, where it ended.

@@ -120,6 +120,12 @@ pub(crate) trait WireReader: Send {
     fn finish_reason(&self) -> Option<String>;
     fn usage(&self) -> Option<Usage>;
     fn provider_request_id(&self) -> Option<String>;
+    /// The connection closed cleanly: whether that ends the answer. Only on
+    /// a wire without an end marker (Gemini's), where a close after the
+    /// finish reason is how a stream ends.
+    fn closed(&mut self) -> bool {
+        false
+    }
 }
 
 /// Send a streaming request and read its events with `reader`, handing each
@@ -128,8 +134,23 @@ pub(crate) trait WireReader: Send {
 pub(crate) async fn run(
     request: RequestBuilder,
     timeouts: &Timeouts,
+    reader: impl WireReader,
+    deltas: &DeltaSender,
+) -> (AttemptOutcome, Option<StreamFinish>) {
+    let classify = |status, headers: &reqwest::header::HeaderMap, body: &[u8]| {
+        classify_response(status, headers, body, |_| Err("not a success".to_string()))
+    };
+    run_classified(request, timeouts, reader, deltas, classify).await
+}
+
+/// [`run`], with an error status before the stream began classified by
+/// `classify` (a provider's own table) rather than the shared rules.
+pub(crate) async fn run_classified(
+    request: RequestBuilder,
+    timeouts: &Timeouts,
     mut reader: impl WireReader,
     deltas: &DeltaSender,
+    classify: impl FnOnce(reqwest::StatusCode, &reqwest::header::HeaderMap, &[u8]) -> AttemptOutcome,
 ) -> (AttemptOutcome, Option<StreamFinish>) {
     let started = Instant::now();
     let first_byte = timeouts.first_byte();
@@ -145,14 +166,7 @@ pub(crate) async fn run(
     if !status.is_success() {
         let headers = response.headers().clone();
         let outcome = match response.bytes().await {
-            Ok(body) => {
-                classify_response(
-                    status,
-                    &headers,
-                    &body,
-                    |_| Err("not a success".to_string()),
-                )
-            }
+            Ok(body) => classify(status, &headers, &body),
             Err(e) => classify_body_error(status, &e),
         };
         return (outcome, None);
@@ -164,7 +178,10 @@ pub(crate) async fn run(
     while !ended {
         let chunk = match response.chunk().await {
             Ok(Some(chunk)) => chunk,
-            Ok(None) => break,
+            Ok(None) => {
+                ended = reader.closed();
+                break;
+            }
             Err(e) => {
                 let message = format!(
                     "stream cut after {} characters: {}",

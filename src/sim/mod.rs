@@ -4,9 +4,13 @@
 //! a ledger counting executions per `Idempotency-Key`.
 //!
 //! Endpoints: `POST /v1/chat/completions`, `GET /v1/chat/completions?metadata[K]=V`
-//! (stored completions), `POST /v1/messages`, `GET /sim/ledger?key=K`, `GET /healthz`.
+//! (stored completions), `POST /v1/messages`, Gemini's
+//! `POST /v1beta/models/{model}:generateContent` (also `:streamGenerateContent`,
+//! `:countTokens`), Azure OpenAI's `POST /openai/deployments/{d}/chat/completions`,
+//! `GET /sim/ledger?key=K`, `GET /healthz`.
 
 pub mod behaviour;
+mod gemini;
 pub mod ledger;
 pub mod schema_gen;
 mod wire;
@@ -174,6 +178,11 @@ fn router(state: Arc<SimState>) -> Router {
             post(wire::openai_chat).get(wire::list_stored),
         )
         .route("/v1/messages", post(wire::anthropic_messages))
+        .route("/v1beta/models/{model_method}", post(gemini::models))
+        .route(
+            "/openai/deployments/{deployment}/chat/completions",
+            post(wire::openai_chat),
+        )
         .route("/sim/ledger", get(wire::ledger))
         .route("/sim/models/{model}", axum::routing::put(wire::set_model))
         .route("/healthz", get(|| async { "ok" }))

@@ -32,6 +32,8 @@ use std::sync::Arc;
 pub(crate) enum Wire {
     OpenAi,
     Anthropic,
+    /// Gemini's requests arrive translated to OpenAI's shape (`super::gemini`).
+    Gemini,
 }
 
 /// A chat request, whichever wire it came in on.
@@ -81,7 +83,9 @@ fn tools_of(wire: Wire, body: &Value) -> Vec<(String, Value)> {
         .flatten()
         .filter_map(|t| {
             let (name, schema) = match wire {
-                Wire::OpenAi => (&t["function"]["name"], &t["function"]["parameters"]),
+                Wire::OpenAi | Wire::Gemini => {
+                    (&t["function"]["name"], &t["function"]["parameters"])
+                }
                 Wire::Anthropic => (&t["name"], &t["input_schema"]),
             };
             Some((name.as_str()?.to_string(), schema.clone()))
@@ -95,7 +99,7 @@ fn openai_tool_choice(wire: Wire, choice: &Value) -> Option<Value> {
         return None;
     }
     Some(match wire {
-        Wire::OpenAi => choice.clone(),
+        Wire::OpenAi | Wire::Gemini => choice.clone(),
         Wire::Anthropic => match choice["type"].as_str() {
             Some("any") => json!("required"),
             Some("none") => json!("none"),
@@ -135,7 +139,7 @@ fn parse_request(wire: Wire, body: &Value) -> Result<SimRequest, String> {
         turns.push((role.to_string(), content));
     }
     let schema = match wire {
-        Wire::OpenAi => body.pointer("/response_format/json_schema/schema"),
+        Wire::OpenAi | Wire::Gemini => body.pointer("/response_format/json_schema/schema"),
         Wire::Anthropic => body.pointer("/output_format/schema"),
     }
     .cloned();
@@ -326,6 +330,7 @@ fn error(wire: Wire, status: u16, kind: &str, code: &str, message: &str) -> Resp
             json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
         }
         Wire::Anthropic => json!({"type": "error", "error": {"type": kind, "message": message}}),
+        Wire::Gemini => return super::gemini::error_body(status.as_u16(), message, None),
     };
     (status, Json(body)).into_response()
 }
@@ -397,6 +402,7 @@ fn sse_frames(wire: Wire, a: &Answer, include_usage: bool) -> Vec<String> {
                 "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": a.usage.completion_tokens}})));
             frames.push(frame(Some("message_stop"), json!({"type": "message_stop"})));
         }
+        Wire::Gemini => frames = super::gemini::frames(a),
     }
     frames
 }
@@ -414,6 +420,7 @@ fn answer_response(
         let body = match wire {
             Wire::OpenAi => openai_completion(a),
             Wire::Anthropic => anthropic_message(a),
+            Wire::Gemini => super::gemini::response(a),
         };
         return Json(body).into_response();
     }
@@ -425,6 +432,7 @@ fn answer_response(
     let (head, tail_len) = match wire {
         Wire::OpenAi => (1, 2 + usize::from(include_usage)),
         Wire::Anthropic => (2, 3),
+        Wire::Gemini => (0, 1),
     };
     let pieces = frames.len() - head - tail_len;
     let keep = |after: Option<u32>| match after {
@@ -487,6 +495,22 @@ pub(crate) async fn anthropic_messages(
     body: Bytes,
 ) -> Response {
     chat(state, Wire::Anthropic, headers, body).await
+}
+
+/// A request already decoded to the OpenAI shape (Gemini's, translated),
+/// answered on `wire`.
+pub(crate) async fn chat_on(
+    state: State<Arc<SimState>>,
+    wire: Wire,
+    headers: HeaderMap,
+    body: Value,
+) -> Response {
+    chat(state, wire, headers, Bytes::from(body.to_string())).await
+}
+
+/// The prompt tokens the executor would report for an OpenAI-shaped body.
+pub(crate) fn prompt_tokens_of(body: &Value) -> Result<u32, String> {
+    parse_request(Wire::OpenAi, body).map(|r| honest_prompt_tokens(&r.turns))
 }
 
 async fn chat(
@@ -576,6 +600,24 @@ async fn chat(
         }
         Fault::Overloaded => {
             return error(wire, 529, "overloaded_error", "overloaded", "Overloaded")
+        }
+        Fault::ContextLength if wire == Wire::Gemini => {
+            let tokens = honest_prompt_tokens(&request.turns);
+            let message = format!(
+                "The input token count ({tokens}) exceeds the maximum number of tokens \
+                 allowed (simulated)."
+            );
+            return super::gemini::error_body(400, &message, None);
+        }
+        Fault::ContentFilter if wire == Wire::Gemini => {
+            let tokens = honest_prompt_tokens(&request.turns);
+            return Json(json!({"promptFeedback": {"blockReason": "SAFETY"},
+                "usageMetadata": {"promptTokenCount": tokens, "totalTokenCount": tokens}}))
+            .into_response();
+        }
+        Fault::RateLimit { retry_after_s } if wire == Wire::Gemini => {
+            let message = "Resource has been exhausted (e.g. check quota) (simulated).";
+            return super::gemini::error_body(429, message, Some(retry_after_s));
         }
         Fault::ContextLength => {
             let tokens = honest_prompt_tokens(&request.turns);

@@ -266,10 +266,19 @@ pub struct Row {
 /// The shared suite: every row against a fresh upstream; all failures are
 /// collected so one run shows every misclassified row.
 pub async fn run_rows(kind: &str, rows: Vec<Row>) {
+    run_rows_with(kind, "", rows).await
+}
+
+/// [`run_rows`] for a kind whose file needs more fields (`extra`, TOML lines).
+pub async fn run_rows_with(kind: &str, extra: &str, rows: Vec<Row>) {
     let mut wrong = Vec::new();
     for row in rows {
         let up = upstream(row.reply.clone()).await;
-        let outcome = provider(kind, &up.base_url).call(&request()).await;
+        let config = config(kind, &up.base_url, extra);
+        let outcome = build_provider("test", &config)
+            .unwrap()
+            .call(&request())
+            .await;
         let ok = match (&row.expect, &outcome) {
             (Expect::Succeeded { output }, AttemptOutcome::Succeeded(s)) => s.output == *output,
             (

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use crate::domain::hedging::HedgePolicy;
 pub use crate::store::DatabaseUrl;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -181,6 +182,81 @@ pub struct RouteConfig {
     pub hedge_window_ms: u64,
 }
 
+/// The hedging settings of a route, read by the engine's policy
+/// ([`HedgePolicy`]): here, so the domain's hedging math imports no config.
+impl RouteConfig {
+    /// What this route says about hedging, with its defaults resolved.
+    pub fn hedge_policy(&self) -> HedgePolicy {
+        let route = self;
+        let auto = route.silence == SilenceMode::Auto;
+        HedgePolicy {
+            auto,
+            quantile: route.hedge_quantile,
+            fixed_ms: route.silence_ms,
+            min_ms: route
+                .silence_min_ms
+                .unwrap_or(crate::domain::hedging::DEFAULT_SILENCE_MIN_MS),
+            max_ms: route.silence_max_ms.unwrap_or(route.silence_ms),
+            budget_percent: route
+                .hedge_budget_percent
+                .or(auto.then_some(crate::domain::hedging::DEFAULT_BUDGET_PERCENT)),
+            window_ms: route.hedge_window_ms.max(1) as i64,
+        }
+    }
+
+    /// The settings' own rules, for `onejob serve --validate` and start-up.
+    pub fn check_hedging(&self) -> Result<(), String> {
+        let route = self;
+        let auto = route.silence == SilenceMode::Auto;
+        if !(0.5..=0.999).contains(&route.hedge_quantile) {
+            return Err(format!(
+                "hedge_quantile ({}) must be between 0.5 and 0.999",
+                route.hedge_quantile
+            ));
+        }
+        if let Some(b) = route.hedge_budget_percent {
+            if !(0.0..=100.0).contains(&b) {
+                return Err(format!(
+                    "hedge_budget_percent ({b}) must be between 0 and 100"
+                ));
+            }
+        }
+        if route.hedge_window_ms < 1_000 {
+            return Err(format!(
+                "hedge_window_ms ({}) must be at least 1000",
+                route.hedge_window_ms
+            ));
+        }
+        if !auto {
+            for (name, set) in [
+                ("silence_min_ms", route.silence_min_ms.is_some()),
+                ("silence_max_ms", route.silence_max_ms.is_some()),
+            ] {
+                if set {
+                    return Err(format!(
+                        "{name} applies only with silence = \"auto\" (silence is \"fixed\": silence_ms is the threshold)"
+                    ));
+                }
+            }
+            return Ok(());
+        }
+        let policy = route.hedge_policy();
+        if policy.min_ms == 0 || policy.min_ms > policy.max_ms {
+            return Err(format!(
+                "silence_min_ms ({}) must be at least 1 and at most silence_max_ms ({})",
+                policy.min_ms, policy.max_ms
+            ));
+        }
+        if route.attempt_timeout_ms <= policy.max_ms {
+            return Err(format!(
+                "attempt_timeout_ms ({}) must exceed silence_max_ms ({})",
+                route.attempt_timeout_ms, policy.max_ms
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// `silence = "fixed" | "auto"` on a route.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -334,7 +410,8 @@ impl Config {
         };
         let mut routes = file.routes;
         for (name, route) in &routes {
-            crate::domain::hedging::HedgePolicy::check(route)
+            route
+                .check_hedging()
                 .map_err(|e| invalid(format!("routes.{name}: {e}")))?;
             if route.attempt_timeout_ms <= route.silence_ms {
                 return Err(invalid(format!(
@@ -415,6 +492,67 @@ impl RouteConfig {
 
 #[cfg(test)]
 mod tests {
+    use crate::domain::hedging::{LatencyEstimate, Reading};
+
+    fn route(extra: &str) -> RouteConfig {
+        toml::from_str(&format!("primary = \"a\"\n{extra}")).unwrap()
+    }
+
+    fn read(e: &LatencyEstimate, now: crate::domain::Millis) -> Reading {
+        let mut r = Reading::default();
+        r.add(&e.snapshot(now), now);
+        r
+    }
+
+    #[test]
+    fn the_threshold_is_fixed_until_enough_samples_then_learned_and_clamped() {
+        let policy = route(
+            "silence = \"auto\"\nsilence_ms = 2000\nsilence_min_ms = 100\nsilence_max_ms = 1500\n",
+        )
+        .hedge_policy();
+        assert_eq!(policy.budget_percent, Some(5.0));
+        let mut e = LatencyEstimate::new(60_000, 0);
+        for _ in 0..29 {
+            e.observe(400, 0);
+        }
+        assert_eq!(policy.threshold_ms(Some(&read(&e, 0))), (2000, false));
+        e.observe(400, 0);
+        let (ms, learned) = policy.threshold_ms(Some(&read(&e, 0)));
+        assert!(learned && (380..=420).contains(&ms), "{ms}");
+        let mut slow = LatencyEstimate::new(60_000, 0);
+        let mut fast = LatencyEstimate::new(60_000, 0);
+        for _ in 0..100 {
+            slow.observe(60_000, 0);
+            fast.observe(3, 0);
+        }
+        assert_eq!(policy.threshold_ms(Some(&read(&slow, 0))), (1500, true));
+        assert_eq!(policy.threshold_ms(Some(&read(&fast, 0))), (100, true));
+        // A fixed silence is never learned, and has no budget unless given.
+        let fixed = route("silence_ms = 700\n").hedge_policy();
+        assert_eq!(fixed.threshold_ms(Some(&read(&slow, 0))), (700, false));
+        assert_eq!(fixed.budget_percent, None);
+    }
+
+    #[test]
+    fn bad_settings_are_refused_with_their_name() {
+        let err = |extra: &str| route(extra).check_hedging().unwrap_err();
+        assert!(err("hedge_quantile = 1.5\n").contains("hedge_quantile"));
+        assert!(err("hedge_budget_percent = 120\n").contains("hedge_budget_percent"));
+        assert!(err("silence_min_ms = 10\n").contains("only with silence = \"auto\""));
+        assert!(
+            err("silence = \"auto\"\nsilence_min_ms = 900\nsilence_max_ms = 800\n")
+                .contains("silence_min_ms")
+        );
+        assert!(err("silence = \"auto\"\nsilence_max_ms = 90000\n").contains("attempt_timeout_ms"));
+        assert!(err("hedge_window_ms = 5\n").contains("hedge_window_ms"));
+        assert!(
+            toml::from_str::<RouteConfig>("primary = \"a\"\nsilence = \"sometimes\"\n")
+                .unwrap_err()
+                .to_string()
+                .contains("auto")
+        );
+        route("silence = \"auto\"\n").check_hedging().unwrap();
+    }
     use super::*;
 
     #[test]

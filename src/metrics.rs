@@ -181,11 +181,11 @@ impl Metrics {
     }
 
     /// The outbox by state, as the database holds it (every replica agrees).
-    pub fn set_webhook_deliveries(&self, counts: &crate::store::webhooks::WebhookCounts) {
+    pub fn set_webhook_deliveries(&self, pending: i64, delivered: i64, failed: i64) {
         for (state, n) in [
-            ("pending", counts.pending),
-            ("delivered", counts.delivered),
-            ("failed", counts.failed),
+            ("pending", pending),
+            ("delivered", delivered),
+            ("failed", failed),
         ] {
             self.webhook_deliveries
                 .get_or_create(&vec![("state", state.to_string())])

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 /// Docs other work of this round is writing, linked before they exist.
 /// Empty this list once they are merged: a listed file that exists fails
 /// the test, so the list only shrinks.
-const NOT_YET_WRITTEN: &[&str] = &["docs/webhooks.md", "docs/doors.md"];
+const NOT_YET_WRITTEN: &[&str] = &[];
 
 /// The README's opening commands, exactly: CI and scripts run them.
 const FIRST_COMMANDS: [&str; 2] = [

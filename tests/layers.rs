@@ -33,10 +33,12 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("domain", &["domain", "clock", "metrics", "telemetry"]),
     ("store", &["store"]),
     // What the engine runs against and by: provider adapters, contracts,
-    // the simulated provider, and the typed configuration.
+    // the simulated provider, the typed configuration, and webhook delivery
+    // (which config names for its settings and the key its secrets are
+    // sealed with).
     (
         "providers/contracts",
-        &["providers", "contracts", "sim", "config"],
+        &["providers", "contracts", "sim", "config", "webhooks"],
     ),
     ("engine", &["engine"]),
     // Accepting work: who the caller is (keys, tenants), the job, its replays.
@@ -55,12 +57,10 @@ const ALLOWED_CYCLES: &[(&[&str], &str)] = &[
         "issue 23 step 2: one attempt round for streamed and unstreamed attempts",
     ),
     (
-        &[
-            "http/jobs.rs",
-            "http/openai_compat.rs",
-            "http/openai_stream.rs",
-        ],
-        "issue 23: one front-door pipeline, each dialect a module that only decodes and encodes",
+        &["sim/gemini.rs", "sim/wire.rs"],
+        "issue 20: the simulator's wire dispatch calls Gemini's encoder and Gemini's \
+         handler reuses the shared wire; removed when each simulated wire is its own \
+         module behind one trait, as the provider adapters are",
     ),
 ];
 

@@ -334,12 +334,7 @@ async fn main() -> anyhow::Result<()> {
                 },
             )
             .await?;
-        let hooked = Arc::new(Bench {
-            client: bench.client.clone(),
-            jobs_url: bench.jobs_url.clone(),
-            key: hooked_key,
-            body: bench.body.clone(),
-        });
+        let hooked = Arc::new(bench.with_key(hooked_key));
         let totals = webhooks_ab::run(
             args.webhooks_ab,
             args.jobs,

@@ -10,7 +10,6 @@
 
 use super::{closed_loop, cpu_time, Bench};
 use axum::routing::post;
-use reqwest::StatusCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,7 +31,7 @@ pub async fn receiver() -> anyhow::Result<Receiver> {
             let counter = counter.clone();
             async move {
                 counter.fetch_add(1, Ordering::Relaxed);
-                StatusCode::OK
+                axum::http::StatusCode::OK
             }
         }),
     );
@@ -61,7 +60,7 @@ pub async fn run(
             let cpu = cpu_time();
             let samples = closed_loop(&sides[side], concurrency, move || {
                 let i = run.fetch_add(1, Ordering::Relaxed);
-                (i < jobs).then(|| (format!("wh-ab-{side}-{round}-{i}"), StatusCode::CREATED))
+                (i < jobs).then(|| (format!("wh-ab-{side}-{round}-{i}"), true))
             })
             .await;
             if side == 1 {

@@ -6,7 +6,6 @@
 //! Time is passed in, so everything here is pure.
 
 use super::Millis;
-use crate::config::{RouteConfig, SilenceMode};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -40,21 +39,6 @@ pub struct HedgePolicy {
 }
 
 impl HedgePolicy {
-    pub fn of(route: &RouteConfig) -> Self {
-        let auto = route.silence == SilenceMode::Auto;
-        HedgePolicy {
-            auto,
-            quantile: route.hedge_quantile,
-            fixed_ms: route.silence_ms,
-            min_ms: route.silence_min_ms.unwrap_or(DEFAULT_SILENCE_MIN_MS),
-            max_ms: route.silence_max_ms.unwrap_or(route.silence_ms),
-            budget_percent: route
-                .hedge_budget_percent
-                .or(auto.then_some(DEFAULT_BUDGET_PERCENT)),
-            window_ms: route.hedge_window_ms.max(1) as i64,
-        }
-    }
-
     /// The longest silence a round of this route may wait before hedging.
     pub fn longest_silence_ms(&self) -> u64 {
         if self.auto {
@@ -76,57 +60,6 @@ impl HedgePolicy {
             },
             _ => (self.fixed_ms, false),
         }
-    }
-
-    /// The settings' own rules, for `onejob serve --validate` and start-up.
-    pub fn check(route: &RouteConfig) -> Result<(), String> {
-        let auto = route.silence == SilenceMode::Auto;
-        if !(0.5..=0.999).contains(&route.hedge_quantile) {
-            return Err(format!(
-                "hedge_quantile ({}) must be between 0.5 and 0.999",
-                route.hedge_quantile
-            ));
-        }
-        if let Some(b) = route.hedge_budget_percent {
-            if !(0.0..=100.0).contains(&b) {
-                return Err(format!(
-                    "hedge_budget_percent ({b}) must be between 0 and 100"
-                ));
-            }
-        }
-        if route.hedge_window_ms < 1_000 {
-            return Err(format!(
-                "hedge_window_ms ({}) must be at least 1000",
-                route.hedge_window_ms
-            ));
-        }
-        if !auto {
-            for (name, set) in [
-                ("silence_min_ms", route.silence_min_ms.is_some()),
-                ("silence_max_ms", route.silence_max_ms.is_some()),
-            ] {
-                if set {
-                    return Err(format!(
-                        "{name} applies only with silence = \"auto\" (silence is \"fixed\": silence_ms is the threshold)"
-                    ));
-                }
-            }
-            return Ok(());
-        }
-        let policy = HedgePolicy::of(route);
-        if policy.min_ms == 0 || policy.min_ms > policy.max_ms {
-            return Err(format!(
-                "silence_min_ms ({}) must be at least 1 and at most silence_max_ms ({})",
-                policy.min_ms, policy.max_ms
-            ));
-        }
-        if route.attempt_timeout_ms <= policy.max_ms {
-            return Err(format!(
-                "attempt_timeout_ms ({}) must exceed silence_max_ms ({})",
-                route.attempt_timeout_ms, policy.max_ms
-            ));
-        }
-        Ok(())
     }
 }
 
@@ -379,10 +312,6 @@ mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
 
-    fn route(extra: &str) -> RouteConfig {
-        toml::from_str(&format!("primary = \"a\"\n{extra}")).unwrap()
-    }
-
     fn read(e: &LatencyEstimate, now: Millis) -> Reading {
         let mut r = Reading::default();
         r.add(&e.snapshot(now), now);
@@ -439,34 +368,6 @@ mod tests {
     }
 
     #[test]
-    fn the_threshold_is_fixed_until_enough_samples_then_learned_and_clamped() {
-        let policy = HedgePolicy::of(&route(
-            "silence = \"auto\"\nsilence_ms = 2000\nsilence_min_ms = 100\nsilence_max_ms = 1500\n",
-        ));
-        assert_eq!(policy.budget_percent, Some(5.0));
-        let mut e = LatencyEstimate::new(60_000, 0);
-        for _ in 0..29 {
-            e.observe(400, 0);
-        }
-        assert_eq!(policy.threshold_ms(Some(&read(&e, 0))), (2000, false));
-        e.observe(400, 0);
-        let (ms, learned) = policy.threshold_ms(Some(&read(&e, 0)));
-        assert!(learned && (380..=420).contains(&ms), "{ms}");
-        let mut slow = LatencyEstimate::new(60_000, 0);
-        let mut fast = LatencyEstimate::new(60_000, 0);
-        for _ in 0..100 {
-            slow.observe(60_000, 0);
-            fast.observe(3, 0);
-        }
-        assert_eq!(policy.threshold_ms(Some(&read(&slow, 0))), (1500, true));
-        assert_eq!(policy.threshold_ms(Some(&read(&fast, 0))), (100, true));
-        // A fixed silence is never learned, and has no budget unless given.
-        let fixed = HedgePolicy::of(&route("silence_ms = 700\n"));
-        assert_eq!(fixed.threshold_ms(Some(&read(&slow, 0))), (700, false));
-        assert_eq!(fixed.budget_percent, None);
-    }
-
-    #[test]
     fn snapshots_of_two_instances_add_up() {
         let (mut a, mut b) = (
             LatencyEstimate::new(10_000, 0),
@@ -511,26 +412,5 @@ mod tests {
         other.at(11_000).jobs += 40;
         assert!(w.total_with(&[&other], 12_000).admits_hedge(5.0));
         assert_eq!(w.total_with(&[&other], 30_000).jobs, 0);
-    }
-
-    #[test]
-    fn bad_settings_are_refused_with_their_name() {
-        let err = |extra: &str| HedgePolicy::check(&route(extra)).unwrap_err();
-        assert!(err("hedge_quantile = 1.5\n").contains("hedge_quantile"));
-        assert!(err("hedge_budget_percent = 120\n").contains("hedge_budget_percent"));
-        assert!(err("silence_min_ms = 10\n").contains("only with silence = \"auto\""));
-        assert!(
-            err("silence = \"auto\"\nsilence_min_ms = 900\nsilence_max_ms = 800\n")
-                .contains("silence_min_ms")
-        );
-        assert!(err("silence = \"auto\"\nsilence_max_ms = 90000\n").contains("attempt_timeout_ms"));
-        assert!(err("hedge_window_ms = 5\n").contains("hedge_window_ms"));
-        assert!(
-            toml::from_str::<RouteConfig>("primary = \"a\"\nsilence = \"sometimes\"\n")
-                .unwrap_err()
-                .to_string()
-                .contains("auto")
-        );
-        HedgePolicy::check(&route("silence = \"auto\"\n")).unwrap();
     }
 }

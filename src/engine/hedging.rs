@@ -84,7 +84,7 @@ impl Hedging {
             .routes
             .iter()
             .map(|(name, route)| {
-                let policy = HedgePolicy::of(route);
+                let policy = route.hedge_policy();
                 let state = RouteState {
                     policy,
                     estimates: BTreeMap::new(),

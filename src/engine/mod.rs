@@ -388,7 +388,7 @@ impl Inner {
     /// How long a lease must last for one round of attempts on `route`: the
     /// hedge's longest silence, an attempt's timeout, and `lease_margin_ms`.
     pub(crate) fn lease_ms(&self, route: &RouteConfig) -> Millis {
-        let silence = crate::domain::hedging::HedgePolicy::of(route).longest_silence_ms();
+        let silence = route.hedge_policy().longest_silence_ms();
         (silence + route.attempt_timeout_ms + self.config.engine.lease_margin_ms) as Millis
     }
 

@@ -16,7 +16,7 @@ pub mod openai;
 pub mod serve;
 pub mod tenants;
 pub mod ui;
-pub mod views;
+pub use crate::domain::views;
 pub mod webhooks;
 
 use crate::clock::Clock;
@@ -161,7 +161,11 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         Err(e) => tracing::warn!(error = %e, "cannot count the review queue for /metrics"),
     }
     match state.store.webhook_counts().await {
-        Ok(counts) => state.metrics.set_webhook_deliveries(&counts),
+        Ok(counts) => {
+            state
+                .metrics
+                .set_webhook_deliveries(counts.pending, counts.delivered, counts.failed)
+        }
         Err(e) => tracing::warn!(error = %e, "cannot count webhook deliveries for /metrics"),
     }
     (

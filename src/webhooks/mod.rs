@@ -25,7 +25,7 @@ pub mod ssrf;
 pub mod views;
 
 use crate::clock::rfc3339;
-use crate::http::views::JobView;
+use crate::domain::views::JobView;
 use crate::store::webhooks::WebhookDelivery;
 use serde::Deserialize;
 

@@ -97,6 +97,7 @@ impl From<ApiError> for AnthropicError {
                 "overloaded_error",
             ),
             E::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "api_error"),
+            E::WebhooksNotConfigured(_) => (e.status_code(), "api_error"),
             // A key reused with another body keeps its 409 (the SDK's
             // ConflictError); Anthropic uses this type for other 4xx.
             E::IdempotencyKeyReused(_)
@@ -104,6 +105,7 @@ impl From<ApiError> for AnthropicError {
             | E::JobFinished(_)
             | E::AttemptNotUnknown(_)
             | E::KeyNotLive(_)
+            | E::DeliveryPending(_)
             | E::MethodNotAllowed
             | E::RequestTimeout(_) => (e.status_code(), "invalid_request_error"),
             // Anthropic answers every malformed or invalid request 400.

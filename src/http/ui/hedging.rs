@@ -4,7 +4,7 @@
 //! hedging per route over its window. Read from the engine's hedging state
 //! (`GET /v1/admin/routes/{name}/hedging` reads the same).
 
-use super::providers::breaker_text;
+use super::breaker_text;
 use crate::http::admin_providers::view;
 use crate::http::AppState;
 use serde::Serialize;

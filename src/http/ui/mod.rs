@@ -259,3 +259,24 @@ pub fn when(ms: crate::domain::Millis) -> String {
     let text = crate::clock::rfc3339(ms);
     text.get(..19).unwrap_or(&text).replace('T', " ")
 }
+
+pub(super) fn breaker_text(
+    state: &crate::domain::breaker::BreakerState,
+    now: crate::domain::Millis,
+) -> (String, &'static str) {
+    match state {
+        crate::domain::breaker::BreakerState::Closed {
+            consecutive_failures,
+        } => (
+            format!("closed ({consecutive_failures} failures in a row)"),
+            "enabled",
+        ),
+        crate::domain::breaker::BreakerState::Open { until } => (
+            format!("open for {} more", timeline::span((until - now).max(0))),
+            "disabled",
+        ),
+        crate::domain::breaker::BreakerState::HalfOpen { .. } => {
+            ("half-open: probing".to_string(), "unknown")
+        }
+    }
+}

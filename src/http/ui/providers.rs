@@ -4,8 +4,7 @@
 //! action goes through the API's own functions (`switch_as`, `run_as`).
 
 use super::session::{self, UiAdmin};
-use super::{error_page, layout, render_page, when};
-use crate::domain::breaker::BreakerState;
+use super::{breaker_text, error_page, layout, render_page, when};
 use crate::http::admin_contracts::run_as;
 use crate::http::admin_providers::{switch_as, view};
 use crate::http::error::ApiError;
@@ -46,28 +45,6 @@ struct ProviderRow {
     runs: Vec<RunRow>,
     /// The hedge's silence threshold in force on each route it serves.
     thresholds: Vec<super::hedging::ThresholdRow>,
-}
-
-pub(super) fn breaker_text(
-    state: &BreakerState,
-    now: crate::domain::Millis,
-) -> (String, &'static str) {
-    match state {
-        BreakerState::Closed {
-            consecutive_failures,
-        } => (
-            format!("closed ({consecutive_failures} failures in a row)"),
-            "enabled",
-        ),
-        BreakerState::Open { until } => (
-            format!(
-                "open for {} more",
-                super::timeline::span((until - now).max(0))
-            ),
-            "disabled",
-        ),
-        BreakerState::HalfOpen { .. } => ("half-open: probing".to_string(), "unknown"),
-    }
 }
 
 #[derive(Serialize)]

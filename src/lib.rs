@@ -41,4 +41,5 @@ pub mod sim;
 pub mod store;
 pub mod telemetry;
 pub mod tenants;
+pub mod views;
 pub mod webhooks;

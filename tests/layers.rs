@@ -29,8 +29,12 @@ use std::sync::OnceLock;
 /// from its own layer and the layers below it.
 const LAYERS: &[(&str, &[&str])] = &[
     // Pure types and transitions, and the leaves every layer may use:
-    // injected time, the process's metrics, logs and traces.
-    ("domain", &["domain", "clock", "metrics", "telemetry"]),
+    // injected time, the process's metrics, logs and traces, and the job as
+    // the API (and a webhook's body) shows it.
+    (
+        "domain",
+        &["domain", "clock", "metrics", "telemetry", "views"],
+    ),
     ("store", &["store"]),
     // What the engine runs against and by: provider adapters, contracts,
     // the simulated provider, the typed configuration, and webhook delivery

@@ -475,11 +475,18 @@ fn vertex_provider(
         "client_email": "onejob@proj-1.iam.gserviceaccount.com", "token_uri": token_uri});
     let path = dir.join("sa.json");
     std::fs::write(&path, account.to_string()).unwrap();
-    std::env::set_var("ONEJOB_TEST_VERTEX_CREDENTIALS", &path);
+    // One variable per provider: the tests of this binary run at once in one
+    // process, and a shared name would hand one test another's token server.
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let var = format!(
+        "ONEJOB_TEST_VERTEX_CREDENTIALS_{}",
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    std::env::set_var(&var, &path);
     let text = format!(
         "kind = \"gemini\"\nbase_url = \"{base_url}\"\nmodel = \"gemini-2.0-flash\"\n\
          vertex_project = \"proj-1\"\nvertex_location = \"europe-west4\"\n\
-         credentials_env = \"ONEJOB_TEST_VERTEX_CREDENTIALS\"\n\
+         credentials_env = \"{var}\"\n\
          tokenizer = \"o200k_base\"\ncontext_window = 8192\n"
     );
     let config = onejob::providers::config::ProviderConfig::parse(

@@ -11,7 +11,6 @@ pub mod lifecycle;
 pub mod limits;
 pub mod request;
 pub mod retry;
-pub mod views;
 
 pub use attempt::{Attempt, AttemptKind, AttemptState, GuardRefusal, LiveAttempts};
 pub use job::{Job, JobState};

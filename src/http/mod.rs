@@ -16,7 +16,7 @@ pub mod openai;
 pub mod serve;
 pub mod tenants;
 pub mod ui;
-pub use crate::domain::views;
+pub use crate::views;
 pub mod webhooks;
 
 use crate::clock::Clock;

@@ -25,8 +25,8 @@ pub mod ssrf;
 pub mod views;
 
 use crate::clock::rfc3339;
-use crate::domain::views::JobView;
 use crate::store::webhooks::WebhookDelivery;
+use crate::views::JobView;
 use serde::Deserialize;
 
 /// Every event type an endpoint may subscribe to.

@@ -14,7 +14,7 @@ use onejob::domain::request::IdempotencyKey;
 use onejob::domain::{JobState, Millis};
 use onejob::engine::hedging::RouteHedging;
 use onejob::engine::{Engine, Gate};
-use onejob::jobs::submit;
+use onejob::jobs::{submit, Intake};
 use onejob::keys::Caller;
 use onejob::metrics::Metrics;
 use onejob::providers::catalog::Catalog;
@@ -204,16 +204,19 @@ async fn drive(run: HedgeRun, db: std::path::PathBuf) -> HedgeOutcome {
             let key = IdempotencyKey::parse(format!("job-{n}").as_bytes()).unwrap();
             let store: Arc<dyn Store> = store;
             let submitted = Instant::now();
+            let intake = Intake {
+                store: &store,
+                clock: clock.as_ref(),
+                routes: &config.routes,
+                engine: Some(&engine),
+                replays: &replays,
+            };
             let accepted = submit(
-                &store,
-                clock.as_ref(),
-                &config.routes,
+                intake,
                 &caller,
                 &key,
                 &body(n),
-                Some(&engine),
                 &Admission::unlimited(OWNER),
-                &replays,
             )
             .await
             .expect("the job is accepted");

@@ -289,6 +289,33 @@ pub fn outcome(
     Ok(answer_of(state, job, winner))
 }
 
+/// A settled job's answer through a door: the door encodes the answer
+/// (`answered`) or the refusal (`refused`) in its dialect, and every door's
+/// job headers are added here, once.
+pub fn respond(
+    state: &AppState,
+    settled: &Settled,
+    key: &DoorKey,
+    answered: impl FnOnce(&Job, Answer) -> Response,
+    refused: impl FnOnce(Refused) -> Response,
+) -> Result<Response, ApiError> {
+    let mut response = match outcome(state, settled, key.made_here) {
+        Ok(answer) => answered(&settled.job, answer),
+        Err(refusal) => refused(refusal),
+    };
+    let winner = settled
+        .winner()
+        .map(|w| (w.provider.as_str(), w.id.as_str()));
+    job_headers(
+        response.headers_mut(),
+        &settled.job,
+        winner,
+        key,
+        settled.replayed,
+    )?;
+    Ok(response)
+}
+
 fn answer_of(state: &AppState, job: &Job, winner: Option<&Attempt>) -> Answer {
     let usage = winner
         .and_then(|w| w.usage.as_deref())

@@ -59,19 +59,12 @@ pub async fn create(
     let settled = door::run(&state, &arrival, &decoded.job_body, &headers)
         .await
         .map_err(AnthropicError::submit)?;
-    let winner = settled
-        .winner()
-        .map(|w| (w.provider.as_str(), w.id.as_str()));
-    let mut response = match door::outcome(&state, &settled, arrival.key.made_here) {
-        Ok(answer) => Json(encode::message(&settled.job, answer)).into_response(),
-        Err(refused) => encode::refusal(refused).into_response(),
-    };
-    door::job_headers(
-        response.headers_mut(),
-        &settled.job,
-        winner,
+    let response = door::respond(
+        &state,
+        &settled,
         &arrival.key,
-        settled.replayed,
+        |job, answer| Json(encode::message(job, answer)).into_response(),
+        |refused| encode::refusal(refused).into_response(),
     )?;
     Ok(response)
 }

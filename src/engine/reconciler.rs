@@ -136,6 +136,15 @@ async fn reconcile(inner: &Arc<Inner>, attempt: &Attempt) -> Result<(), crate::s
     // same step; a failure makes a parked job runnable in the same commit,
     // and the dispatcher looks now.
     let settled = match lookup {
+        Lookup::Found(_) if driven_live(inner, &job, attempt, now).await? => {
+            // Another attempt of this job is running under a live lease: it
+            // may be streaming to the client, and a found answer committed
+            // now would end that stream in an error however good it is. The
+            // live attempt finishes its race first; the next pass settles
+            // this one (as discarded if the live one won).
+            tracing::debug!("found executed, but the job's driver has a live attempt; deferred");
+            Settled::Unknown
+        }
         Lookup::Found(success) => {
             Metrics::inc(&inner.metrics.reconciled_found);
             // The provider's recorded answer: the contract check, then the CAS.
@@ -192,4 +201,21 @@ async fn reconcile(inner: &Arc<Inner>, attempt: &Attempt) -> Result<(), crate::s
     }
     inner.notify(&job.id);
     Ok(())
+}
+
+/// Whether a driver holds `job` and runs one of its attempts other than
+/// `attempt` right now.
+async fn driven_live(
+    inner: &Arc<Inner>,
+    job: &crate::domain::Job,
+    attempt: &Attempt,
+    now: crate::domain::Millis,
+) -> Result<bool, crate::store::StoreError> {
+    if job.state.is_final() || job.lease_until.is_none_or(|until| until < now) {
+        return Ok(false);
+    }
+    let attempts = inner.store.list_attempts(&job.id).await?;
+    Ok(attempts
+        .iter()
+        .any(|a| a.id != attempt.id && a.state == crate::domain::AttemptState::Started))
 }

@@ -29,6 +29,7 @@ on_both_backends!(
     a_streamed_context_length_exceeded_moves_to_a_larger_window_never_back,
     a_streamed_context_length_exceeded_with_no_larger_window_ends_with_that_code,
     a_streamed_primary_down_for_a_while_is_routed_around_then_probed_back,
+    the_simulator_streams_a_tool_call,
 );
 
 /// One SSE event as the client saw it.
@@ -431,8 +432,35 @@ async fn a_malformed_chunk_breaks_the_stream_and_it_is_continued(backend: Backen
 
 async fn a_stream_closed_without_done_is_never_a_finished_answer(backend: Backend) {
     // No fallback: the client must not take the text for a whole answer.
-    let providers = [spec("primary", "stream_no_done")];
-    let world = start_world(backend, &providers, route("primary", &[]), |_| {}).await;
+    let providers = [
+        spec("primary", "stream_no_finish"),
+        spec("nodone", "stream_no_done"),
+    ];
+    let world = start_world(backend, &providers, route("primary", &[]), |c| {
+        c.routes.insert("nodone".into(), route("nodone", &[]));
+    })
+    .await;
+    // A server that never sends `[DONE]` but said why it stopped: whole,
+    // with its usage, and one execution.
+    let mut ask = body("Explain tides");
+    ask["model"] = json!("nodone");
+    let (_, headers, events) = stream(&world, "nodone-0", &ask).await;
+    let id = job_id(&headers);
+    assert_eq!(
+        content(&events),
+        healthy_answer(&world, "Explain tides").await
+    );
+    assert_eq!(finish_reasons(&events), vec!["stop"]);
+    assert!(ends_done(&events), "the client gets its [DONE]");
+    let usage = events.iter().rev().find_map(|e| {
+        let u = e.json()["usage"].clone();
+        (!u.is_null()).then_some(u)
+    });
+    assert!(usage.is_some_and(|u| u["completion_tokens"].as_u64() > Some(0)));
+    assert_eq!(world.executions(&id, "nodone"), 1);
+    let attempts = world.attempts(&id).await;
+    assert_eq!(states(&attempts), vec![pair("nodone", "succeeded")]);
+    // Closed cleanly before a finish reason: never a finished answer.
     let (_, headers, events) = stream(&world, "nodone-1", &body("Explain tides")).await;
     let id = job_id(&headers);
     let error = error_event(&events).expect("an error, not a finish");
@@ -798,5 +826,48 @@ async fn a_streamed_primary_down_for_a_while_is_routed_around_then_probed_back(b
     let (headers, _, attempts) = run(i).await;
     assert_eq!(headers["x-onejob-provider"], "primary");
     assert_eq!(states(&attempts), vec![pair("primary", "succeeded")]);
+    world.stop().await;
+}
+
+/// The shipped default route is the simulator, so a new user's first
+/// streamed tool call meets it: the call arrives as OpenAI streams it (id
+/// and name, then the arguments in pieces) and the stream ends `tool_calls`.
+async fn the_simulator_streams_a_tool_call(backend: Backend) {
+    let providers = [spec("primary", "healthy")];
+    let world = start_world(backend, &providers, route("primary", &[]), |_| {}).await;
+    let mut ask = body("Weather in Paris?");
+    ask["tools"] = json!([{"type": "function", "function": {
+        "name": "get_weather", "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]);
+    ask["tool_choice"] = json!("required");
+    let (status, headers, events) = stream(&world, "tool-stream-1", &ask).await;
+    assert_eq!(status, 200);
+    assert!(ends_done(&events), "{events:?}");
+    assert_eq!(finish_reasons(&events), vec!["tool_calls"]);
+    let deltas: Vec<Value> = events
+        .iter()
+        .flat_map(|e| {
+            e.json()["choices"][0]["delta"]["tool_calls"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect();
+    assert!(deltas.len() >= 2, "the call comes in pieces: {deltas:?}");
+    assert_eq!(deltas[0]["function"]["name"], "get_weather");
+    assert!(deltas[0]["id"].is_string(), "{deltas:?}");
+    let arguments: String = deltas
+        .iter()
+        .filter_map(|d| d["function"]["arguments"].as_str())
+        .collect();
+    let arguments: Value = serde_json::from_str(&arguments).unwrap();
+    assert!(arguments["city"].is_string(), "{arguments}");
+    // The job keeps the call, as a non-streamed replay shows.
+    let id = job_id(&headers);
+    let job = world.store.get_job(&id).await.unwrap().unwrap();
+    let result: Value = serde_json::from_str(job.result.as_deref().unwrap()).unwrap();
+    assert_eq!(result["tool_calls"][0]["function"]["name"], "get_weather");
+    assert_eq!(world.executions(&id, "primary"), 1);
     world.stop().await;
 }

@@ -165,7 +165,7 @@ async fn simulator_streams_on_both_wires_and_its_faults_end_unknown() {
         for (model, kind_expected, delivered) in [
             ("stream_cut:tokens=2", "stream_cut", Some(2)),
             ("stream_malformed:tokens=1", "malformed_chunk", Some(1)),
-            ("stream_no_done", "stream_incomplete", None),
+            ("stream_no_finish", "stream_incomplete", None),
         ] {
             let p = sim_provider(kind, &sim.base_url(), model);
             let ((outcome, finish), pieces) = streamed(p.as_ref(), &ask("tell me something")).await;
@@ -178,6 +178,21 @@ async fn simulator_streams_on_both_wires_and_its_faults_end_unknown() {
                 Some(n) => assert_eq!(pieces.len(), n, "{kind} {model}"),
                 None => assert_eq!(text(&pieces), whole, "{kind} {model}"),
             }
+        }
+        // Everything but the end marker: on OpenAI's wire, whose `[DONE]`
+        // some compatible servers never send, the finish reason and a clean
+        // close end the answer; Anthropic's always sends `message_stop`.
+        let p = sim_provider(kind, &sim.base_url(), "stream_no_done");
+        let ((outcome, finish), pieces) = streamed(p.as_ref(), &ask("tell me something")).await;
+        assert_eq!(text(&pieces), whole, "{kind}");
+        match (kind, outcome) {
+            ("sim", AttemptOutcome::Succeeded(s)) => {
+                assert_eq!(s.output, whole);
+                assert!(s.usage.is_some(), "the usage chunk came before the close");
+                assert_eq!(finish.unwrap().finish_reason, "stop");
+            }
+            ("anthropic", AttemptOutcome::Unknown(a)) => assert_eq!(a.kind, "stream_incomplete"),
+            (kind, other) => panic!("{kind} stream_no_done: {other:?}"),
         }
     }
     sim.shutdown().await.unwrap();

@@ -120,9 +120,10 @@ pub(crate) trait WireReader: Send {
     fn finish_reason(&self) -> Option<String>;
     fn usage(&self) -> Option<Usage>;
     fn provider_request_id(&self) -> Option<String>;
-    /// The connection closed cleanly: whether that ends the answer. Only on
-    /// a wire without an end marker (Gemini's), where a close after the
-    /// finish reason is how a stream ends.
+    /// The connection closed cleanly: whether that ends the answer. On a
+    /// wire without an end marker (Gemini's), or one whose marker servers
+    /// leave out (OpenAI's `[DONE]`), a close after the finish reason is
+    /// how a stream ends.
     fn closed(&mut self) -> bool {
         false
     }
@@ -356,6 +357,13 @@ impl WireReader for OpenAiReader {
 
     fn provider_request_id(&self) -> Option<String> {
         self.id.clone()
+    }
+
+    /// Some OpenAI-compatible servers never send `[DONE]`: a clean close
+    /// after the finish reason is the end of the answer (and any usage
+    /// chunk has come by then). A close before it stays incomplete.
+    fn closed(&mut self) -> bool {
+        self.finish_reason.is_some()
     }
 }
 

@@ -2,7 +2,10 @@
 //! e.g. `healthy`, `healthy:latency=20`, `healthy:latency=10..50`, `fail:503`,
 //! `slow_first_byte:ms=500`, `rate_limit:retry_after=2`, and for streamed
 //! requests `stream_cut:tokens=3`, `stream_stall:tokens=3`,
-//! `stream_malformed:tokens=3`, `stream_no_done` (a piece is 16 characters).
+//! `stream_malformed:tokens=3`, `stream_no_done` (the whole answer, its
+//! finish reason and usage, but no end marker), `stream_no_finish` (the
+//! text, then a clean close: no finish reason, no end marker) (a piece is
+//! 16 characters).
 //! `no_prefill` refuses a trailing assistant turn; every other behaviour
 //! continues it (the answer's remainder, when the turn is its beginning).
 //!
@@ -31,7 +34,9 @@ pub enum Fault {
     /// An error status (500 unless given).
     Fail(u16),
     /// 429 with `Retry-After` seconds.
-    RateLimit { retry_after_s: u64 },
+    RateLimit {
+        retry_after_s: u64,
+    },
     /// 529 overloaded (Anthropic's).
     Overloaded,
     /// Executes, then waits this long before sending headers.
@@ -57,6 +62,7 @@ pub enum Fault {
     /// `stream: true`: every piece of text, then the connection closes
     /// cleanly without the finish reason and end marker.
     StreamNoDone,
+    StreamNoFinish,
     /// Refuses (400) a request whose last turn is the assistant's (prefill);
     /// otherwise healthy.
     NoPrefill,
@@ -204,6 +210,7 @@ impl Behaviour {
             "malformed_body" => Fault::MalformedBody,
             "stream_malformed" => Fault::StreamMalformed,
             "stream_no_done" => Fault::StreamNoDone,
+            "stream_no_finish" => Fault::StreamNoFinish,
             "no_prefill" => Fault::NoPrefill,
             other => return Err(format!("unknown behaviour {other:?}")),
         };

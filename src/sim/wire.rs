@@ -344,6 +344,16 @@ fn aborted() -> std::io::Error {
     )
 }
 
+/// A tool call's JSON arguments in the pieces a stream sends them in.
+fn arguments_pieces(call: &Value) -> Vec<String> {
+    let arguments: Vec<char> = call["function"]["arguments"]
+        .as_str()
+        .unwrap_or("{}")
+        .chars()
+        .collect();
+    arguments.chunks(8).map(|c| c.iter().collect()).collect()
+}
+
 /// SSE frames of `answer` in the wire's streaming format.
 fn sse_frames(wire: Wire, a: &Answer, include_usage: bool) -> Vec<String> {
     let chars: Vec<char> = a.output.chars().collect();
@@ -366,7 +376,29 @@ fn sse_frames(wire: Wire, a: &Answer, include_usage: bool) -> Vec<String> {
             for p in pieces {
                 frames.push(frame(None, chunk(json!({"content": p}), Value::Null)));
             }
-            frames.push(frame(None, chunk(json!({}), json!("stop"))));
+            // Tool calls as OpenAI streams them: the id and name first, then
+            // the arguments in pieces, each delta naming its call's index.
+            for (index, call) in a.tool_calls.iter().enumerate() {
+                let head = json!({"index": index, "id": call["id"], "type": "function",
+                                  "function": {"name": call["function"]["name"], "arguments": ""}});
+                frames.push(frame(
+                    None,
+                    chunk(json!({"tool_calls": [head]}), Value::Null),
+                ));
+                for piece in arguments_pieces(call) {
+                    let delta = json!({"index": index, "function": {"arguments": piece}});
+                    frames.push(frame(
+                        None,
+                        chunk(json!({"tool_calls": [delta]}), Value::Null),
+                    ));
+                }
+            }
+            let finish = if a.tool_calls.is_empty() {
+                "stop"
+            } else {
+                "tool_calls"
+            };
+            frames.push(frame(None, chunk(json!({}), json!(finish))));
             if include_usage {
                 frames.push(frame(None, json!({"id": a.id, "object": "chat.completion.chunk", "created": 0,
                     "model": a.model, "choices": [],
@@ -382,24 +414,54 @@ fn sse_frames(wire: Wire, a: &Answer, include_usage: bool) -> Vec<String> {
                 Some("message_start"),
                 json!({"type": "message_start", "message": start}),
             ));
-            frames.push(frame(
-                Some("content_block_start"),
-                json!({"type": "content_block_start",
-                "index": 0, "content_block": {"type": "text", "text": ""}}),
-            ));
-            for p in pieces {
+            let mut index = 0;
+            if !a.output.is_empty() || a.tool_calls.is_empty() {
                 frames.push(frame(
-                    Some("content_block_delta"),
-                    json!({"type": "content_block_delta",
-                    "index": 0, "delta": {"type": "text_delta", "text": p}}),
+                    Some("content_block_start"),
+                    json!({"type": "content_block_start",
+                    "index": 0, "content_block": {"type": "text", "text": ""}}),
                 ));
+                for p in pieces {
+                    frames.push(frame(
+                        Some("content_block_delta"),
+                        json!({"type": "content_block_delta",
+                        "index": 0, "delta": {"type": "text_delta", "text": p}}),
+                    ));
+                }
+                frames.push(frame(
+                    Some("content_block_stop"),
+                    json!({"type": "content_block_stop", "index": 0}),
+                ));
+                index += 1;
             }
-            frames.push(frame(
-                Some("content_block_stop"),
-                json!({"type": "content_block_stop", "index": 0}),
-            ));
+            // Each tool call a tool_use block: its input as JSON in pieces.
+            for call in &a.tool_calls {
+                frames.push(frame(
+                    Some("content_block_start"),
+                    json!({"type": "content_block_start", "index": index,
+                           "content_block": {"type": "tool_use", "id": call["id"],
+                                             "name": call["function"]["name"], "input": {}}}),
+                ));
+                for piece in arguments_pieces(call) {
+                    frames.push(frame(
+                        Some("content_block_delta"),
+                        json!({"type": "content_block_delta", "index": index,
+                               "delta": {"type": "input_json_delta", "partial_json": piece}}),
+                    ));
+                }
+                frames.push(frame(
+                    Some("content_block_stop"),
+                    json!({"type": "content_block_stop", "index": index}),
+                ));
+                index += 1;
+            }
+            let stop = if a.tool_calls.is_empty() {
+                "end_turn"
+            } else {
+                "tool_use"
+            };
             frames.push(frame(Some("message_delta"), json!({"type": "message_delta",
-                "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": a.usage.completion_tokens}})));
+                "delta": {"stop_reason": stop}, "usage": {"output_tokens": a.usage.completion_tokens}})));
             frames.push(frame(Some("message_stop"), json!({"type": "message_stop"})));
         }
         Wire::Gemini => frames = super::gemini::frames(a),
@@ -465,6 +527,12 @@ fn answer_response(
             stream::empty().boxed()
         }
         Fault::StreamNoDone => {
+            // What some OpenAI-compatible servers send: everything but the
+            // end marker (`[DONE]`, `message_stop`).
+            frames.pop();
+            stream::empty().boxed()
+        }
+        Fault::StreamNoFinish => {
             frames.truncate(head + pieces);
             stream::empty().boxed()
         }

@@ -107,6 +107,23 @@ async fn every_json_line_of_a_jobs_work_carries_its_ids_at_the_top_level() {
         assert!(Instant::now() < deadline, "attempts: {attempts:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
+    // Refused requests: the same key with another body, and a bad key.
+    let reused = client
+        .post(format!("{address}/v1/jobs"))
+        .bearer_auth(&key)
+        .header("Idempotency-Key", "json-logs-1")
+        .json(&chat_body("another intent"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reused.status(), 409);
+    let stranger = client
+        .get(format!("{address}/v1/jobs/{id}"))
+        .bearer_auth("ok_not_a_real_key")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stranger.status(), 401);
     Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -149,6 +166,21 @@ async fn every_json_line_of_a_jobs_work_carries_its_ids_at_the_top_level() {
         }
     }
     assert!(job_lines > 0, "no line of the job's work: {text}");
+    // Each refusal is one line an operator can read, never with the key.
+    let refused: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["message"] == "request refused")
+        .collect();
+    assert_eq!(refused.len(), 2, "{text}");
+    assert_eq!(refused[0]["status"], 409, "{}", refused[0]);
+    assert_eq!(refused[0]["code"], "idempotency_key_reused");
+    assert_eq!(refused[0]["owner"], "alice");
+    assert_eq!(refused[0]["path"], "/v1/jobs");
+    assert_eq!(refused[1]["status"], 401, "{}", refused[1]);
+    assert_eq!(refused[1]["code"], "unauthorized");
+    assert_eq!(refused[1]["owner"], "-");
+    assert!(!text.contains(key.as_str()), "the key is never logged");
+    assert!(!text.contains("ok_not_a_real_key"));
     assert!(attempt_lines > 0, "no line of an attempt: {text}");
     sim.shutdown().await.unwrap();
 }

@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod upstream;
 
 use common::world::{route, start_world, ProviderSpec, World};
 use common::Backend;
@@ -17,6 +18,9 @@ on_both_backends!(
     keyless_calls_get_a_made_key_when_idempotency_is_optional,
     image_parts_go_only_to_providers_that_accept_images,
     stream_is_not_part_of_the_fingerprint,
+    what_mainstream_clients_send_reaches_an_openai_provider,
+    answer_changing_openai_fields_skip_providers_on_other_wires,
+    an_unknown_path_answers_in_the_callers_error_shape,
 );
 
 async fn complete(
@@ -243,7 +247,12 @@ async fn what_onejob_cannot_honour_is_refused_naming_the_field(backend: Backend)
     for (extra, param) in [
         (json!({"n": 2}), "n"),
         (json!({"logit_bias": {"50256": -100}}), "logit_bias"),
-        (json!({"parallel_tool_calls": false}), "parallel_tool_calls"),
+        (json!({"parallel_tool_calls": "no"}), "parallel_tool_calls"),
+        (json!({"logprobs": true}), "logprobs"),
+        (
+            json!({"messages": [{"role": "user", "content": "hi", "name": 7}]}),
+            "messages[0].name",
+        ),
         (
             json!({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]}),
             "messages[0].content[0].type",
@@ -469,5 +478,150 @@ async fn image_parts_go_only_to_providers_that_accept_images(backend: Backend) {
     let (status, h2, _) = complete(&world, Some("image-2"), &plain).await;
     assert_eq!(status, 200);
     assert_eq!(h1["x-onejob-job-id"], h2["x-onejob-job-id"]);
+    world.stop().await;
+}
+
+const UPSTREAM_ANSWER: &str = r#"{"id":"chatcmpl-9","object":"chat.completion","created":1,"model":"gpt-test",
+ "choices":[{"index":0,"message":{"role":"assistant","content":"Bonjour."},"finish_reason":"stop"}],
+ "usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}"#;
+
+/// Provider `name` of a world becomes `kind = "openai"` at `base_url`.
+fn point_at_openai(config: &onejob::config::Config, name: &str, base_url: &str) {
+    std::env::set_var(upstream::KEY_ENV, upstream::KEY_VALUE);
+    let text = format!(
+        "kind = \"openai\"\nbase_url = \"{base_url}\"\nmodel = \"gpt-test\"\napi_key_env = \"{}\"\n\
+         tokenizer = \"o200k_base\"\ncontext_window = 16384\nlookup = \"none\"\n",
+        upstream::KEY_ENV
+    );
+    std::fs::write(config.providers_dir.join(format!("{name}.toml")), text).unwrap();
+}
+
+/// langchain's `with_structured_output(method="function_calling")` sends
+/// `parallel_tool_calls: false`; instructor's re-ask and langchain's named
+/// messages send a message `name`; newer SDKs send the rest. Each reaches
+/// an OpenAI provider as the client wrote it.
+async fn what_mainstream_clients_send_reaches_an_openai_provider(backend: Backend) {
+    let up = upstream::upstream(upstream::json(200, UPSTREAM_ANSWER)).await;
+    let providers = [ProviderSpec {
+        name: "primary",
+        model: "healthy",
+    }];
+    let base_url = up.base_url.clone();
+    let world = start_world(backend, &providers, route("primary", &[]), |c| {
+        point_at_openai(c, "primary", &base_url)
+    })
+    .await;
+    let body = json!({"model": "default", "tools": weather_tool(), "parallel_tool_calls": false,
+        "messages": [{"role": "system", "content": "Be brief."},
+                     {"role": "user", "content": "Say hello in French.", "name": "ada"}],
+        "metadata": {"ticket": "T-1"}, "store": false, "service_tier": "flex",
+        "prompt_cache_key": "greeting", "safety_identifier": "user-7",
+        "reasoning_effort": "low", "verbosity": "low"});
+    let (status, headers, answer) = complete(&world, Some("fields-1"), &body).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["choices"][0]["message"]["content"], "Bonjour.");
+    assert_eq!(headers["x-onejob-provider"], "primary");
+    let seen = up.seen();
+    assert_eq!(seen.len(), 1, "one upstream request");
+    let sent = &seen[0].body;
+    assert_eq!(sent["parallel_tool_calls"], false);
+    assert_eq!(sent["messages"][1]["name"], "ada", "{sent}");
+    for (field, value) in [
+        ("metadata", json!({"ticket": "T-1"})),
+        ("store", json!(false)),
+        ("service_tier", json!("flex")),
+        ("prompt_cache_key", json!("greeting")),
+        ("safety_identifier", json!("user-7")),
+        ("reasoning_effort", json!("low")),
+        ("verbosity", json!("low")),
+    ] {
+        assert_eq!(sent[field], value, "{field}: {sent}");
+    }
+    // The same body again is the same job: nothing more upstream.
+    let (status, again, _) = complete(&world, Some("fields-1"), &body).await;
+    assert_eq!(status, 200);
+    assert_eq!(again["x-onejob-job-id"], headers["x-onejob-job-id"]);
+    assert_eq!(up.seen().len(), 1);
+    world.stop().await;
+}
+
+/// `reasoning_effort` changes the answer and only OpenAI's wire takes it:
+/// a route whose primary speaks Anthropic's wire runs the job on the
+/// fallback that does, never on the primary without it.
+async fn answer_changing_openai_fields_skip_providers_on_other_wires(backend: Backend) {
+    let providers = [
+        ProviderSpec {
+            name: "claude",
+            model: "healthy",
+        },
+        ProviderSpec {
+            name: "gpt",
+            model: "healthy",
+        },
+    ];
+    let world = start_world(backend, &providers, route("claude", &["gpt"]), |c| {
+        // The simulator speaks Anthropic's wire too, at /v1/messages.
+        std::env::set_var(upstream::KEY_ENV, upstream::KEY_VALUE);
+        let path = c.providers_dir.join("claude.toml");
+        let text = std::fs::read_to_string(&path)
+            .unwrap()
+            .replace("kind = \"sim\"", "kind = \"anthropic\"")
+            .replace("lookup = \"sim_ledger\"\n", "");
+        let key = format!("api_key_env = \"{}\"\n", upstream::KEY_ENV);
+        std::fs::write(path, format!("{key}{text}")).unwrap();
+    })
+    .await;
+    let body = json!({"model": "default", "reasoning_effort": "high",
+                      "messages": [{"role": "user", "content": "hi"}]});
+    let (status, headers, answer) = complete(&world, Some("effort-1"), &body).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(headers["x-onejob-provider"], "gpt");
+    let job_id = headers["x-onejob-job-id"].to_str().unwrap();
+    assert_eq!(world.deliveries(job_id, "claude"), 0);
+    // Without it the primary takes the job.
+    let plain = json!({"model": "default", "messages": [{"role": "user", "content": "hi"}]});
+    let (status, headers, _) = complete(&world, Some("effort-2"), &plain).await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["x-onejob-provider"], "claude");
+    world.stop().await;
+}
+
+/// An SDK pointed at a path onejob does not serve reads a 404 it can parse:
+/// OpenAI's shape, or Anthropic's for a caller sending `anthropic-version`.
+async fn an_unknown_path_answers_in_the_callers_error_shape(backend: Backend) {
+    let providers = [ProviderSpec {
+        name: "primary",
+        model: "healthy",
+    }];
+    let world = start_world(backend, &providers, route("primary", &[]), |_| {}).await;
+    let url = format!("{}/v1/no/such/endpoint", world.address);
+    let response = world
+        .client
+        .post(&url)
+        .bearer_auth(&world.key)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "not_found_error", "{body}");
+    assert_eq!(body["error"]["code"], "not_found", "{body}");
+    assert!(body["error"]["message"].is_string(), "{body}");
+    assert!(body["error"].get("param").is_some(), "{body}");
+    let response = world
+        .client
+        .post(&url)
+        .header("x-api-key", &world.key)
+        .header("anthropic-version", "2023-06-01")
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["type"], "error", "{body}");
+    assert_eq!(body["error"]["type"], "not_found_error", "{body}");
+    assert_eq!(world.store.count_jobs().await.unwrap(), 0);
     world.stop().await;
 }

@@ -259,6 +259,8 @@ async fn options_tools_and_tool_calls_are_carried() {
         tool_choice: Some(json!("auto")),
         json_object: false,
         schema_name: Some("triage".into()),
+        parallel_tool_calls: Some(false),
+        openai: None,
     };
     let AttemptOutcome::Succeeded(success) = provider.call(&req).await else {
         panic!("not a success")
@@ -273,6 +275,7 @@ async fn options_tools_and_tool_calls_are_carried() {
         ("presence_penalty", json!(0.5)),
         ("frequency_penalty", json!(-0.5)),
         ("tool_choice", json!("auto")),
+        ("parallel_tool_calls", json!(false)),
     ] {
         assert_eq!(sent[field], value, "{field}");
     }

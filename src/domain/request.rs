@@ -44,6 +44,10 @@ pub struct Message {
     /// The content parts as given, when any is not text (e.g. `image_url`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parts: Option<Vec<Value>>,
+    /// The participant's name (OpenAI's message `name`), passed to
+    /// OpenAI-wire providers; the other wire formats have no such field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl Message {
@@ -55,6 +59,7 @@ impl Message {
             tool_calls: None,
             tool_call_id: None,
             parts: None,
+            name: None,
         }
     }
 
@@ -108,7 +113,31 @@ pub struct Params {
     /// that breaks it is a `contract_violation`, never the result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_format: Option<Value>,
+    /// `false` asks for at most one tool call per turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
+    /// Chat Completions fields only OpenAI's wire format has
+    /// ([`OPENAI_PASS_THROUGH`]), passed to OpenAI-wire providers as given.
+    /// A provider on another wire skips the job when one of them changes
+    /// the answer ([`OPENAI_ANSWER_CHANGING`]) and ignores the others.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub openai: Option<Map<String, Value>>,
 }
+
+/// The Chat Completions fields carried in [`Params::openai`].
+pub const OPENAI_PASS_THROUGH: &[&str] = &[
+    "metadata",
+    "store",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "reasoning_effort",
+    "verbosity",
+];
+
+/// Those of [`OPENAI_PASS_THROUGH`] that change the answer, so that a
+/// provider that cannot take them must not run the job.
+pub const OPENAI_ANSWER_CHANGING: &[&str] = &["reasoning_effort", "verbosity"];
 
 fn default_route() -> String {
     "default".to_string()
@@ -304,6 +333,20 @@ impl Params {
             }
             if self.tools.is_none() {
                 return invalid("params.tool_choice: given without tools".into());
+            }
+        }
+        if let Some(fields) = &self.openai {
+            if let Some(key) = fields
+                .keys()
+                .find(|k| !OPENAI_PASS_THROUGH.contains(&k.as_str()))
+            {
+                return invalid(format!(
+                    "params.openai.{key}: not a Chat Completions field onejob passes on ({})",
+                    OPENAI_PASS_THROUGH.join(", ")
+                ));
+            }
+            if fields.get("metadata").is_some_and(|m| !m.is_object()) {
+                return invalid("params.openai.metadata: an object is required".into());
             }
         }
         if let Some(format) = &self.response_format {

@@ -5,7 +5,7 @@
 use crate::contracts::{
     count_prompt_tokens, Contract, RenderedPrompt, WireFormat, CONTRACT_VIOLATION_KIND,
 };
-use crate::domain::request::{Message, Role};
+use crate::domain::request::{Message, Role, OPENAI_ANSWER_CHANGING};
 use crate::domain::JobRequest;
 use crate::providers::catalog::ProviderEntry;
 use crate::providers::config::ProviderKind;
@@ -187,6 +187,8 @@ impl JobPlan {
                 .and_then(|f| f.pointer("/json_schema/name"))
                 .and_then(Value::as_str)
                 .map(str::to_string),
+            parallel_tool_calls: params.parallel_tool_calls,
+            openai: params.openai.clone(),
         };
         Ok(request)
     }
@@ -205,8 +207,31 @@ impl JobPlan {
                 provider.name
             )));
         }
-        if provider.config.kind == ProviderKind::Anthropic {
-            let params = &self.request.params;
+        let params = &self.request.params;
+        let kind = provider.config.kind;
+        let openai_wire = matches!(
+            kind,
+            ProviderKind::Openai | ProviderKind::AzureOpenai | ProviderKind::Sim
+        );
+        if !openai_wire {
+            let fields = params.openai.iter().flat_map(|f| f.keys());
+            if let Some(name) = fields
+                .into_iter()
+                .find(|k| OPENAI_ANSWER_CHANGING.contains(&k.as_str()))
+            {
+                return Err(PlanError(format!(
+                    "{}: {name} is only taken by OpenAI's wire format",
+                    provider.name
+                )));
+            }
+        }
+        if kind == ProviderKind::Gemini && params.parallel_tool_calls == Some(false) {
+            return Err(PlanError(format!(
+                "{}: parallel_tool_calls = false cannot be asked of Gemini's wire format",
+                provider.name
+            )));
+        }
+        if kind == ProviderKind::Anthropic {
             for (name, given) in [
                 ("seed", params.seed.is_some()),
                 ("presence_penalty", params.presence_penalty.is_some()),

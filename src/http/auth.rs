@@ -25,11 +25,15 @@ impl FromRequestParts<AppState> for Caller {
             .or_else(|| parts.headers.get("x-api-key").and_then(|v| v.to_str().ok()))
             .map(str::trim)
             .ok_or(ApiError::Unauthorized)?;
-        state
+        let caller = state
             .tenants
             .authenticate(presented)
             .await?
-            .ok_or(ApiError::Unauthorized)
+            .ok_or(ApiError::Unauthorized)?;
+        if let Some(note) = parts.extensions.get::<super::refusals::Note>() {
+            note.set_owner(&caller.owner_id);
+        }
+        Ok(caller)
     }
 }
 

@@ -130,6 +130,9 @@ impl IntoResponse for ApiError {
         let body =
             serde_json::json!({ "error": { "code": self.code(), "message": self.to_string() } });
         let mut response = (status, Json(body)).into_response();
+        response
+            .extensions_mut()
+            .insert(super::refusals::ErrorCode(self.code().to_string()));
         if let ApiError::Limited(limit) = &self {
             let ms = limit.retry_after_ms();
             let headers = response.headers_mut();

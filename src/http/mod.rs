@@ -13,6 +13,7 @@ pub mod error;
 pub mod job_actions;
 pub mod jobs;
 pub mod openai;
+pub mod refusals;
 pub mod serve;
 pub mod tenants;
 pub mod ui;
@@ -28,8 +29,8 @@ use crate::providers::catalog::Catalog;
 use crate::providers::switches::ProviderSwitches;
 use crate::store::Store;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use error::ApiError;
@@ -132,19 +133,42 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .merge(ui::routes())
-        .fallback(|| async { ApiError::NotFound("route") })
-        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .fallback(unknown_route)
+        .method_not_allowed_fallback(|headers: HeaderMap, uri: Uri| async move {
+            in_dialect(&headers, &uri, ApiError::MethodNotAllowed)
+        })
         .layer(DefaultBodyLimit::max(body_limit))
         // A body answered before it was read is read to its end (bounded), so
         // the answer arrives and the connection stays usable.
         .layer(axum::middleware::from_fn(move |request, next| {
             drain::drain_unread_body(drain, request, next)
         }))
+        .layer(axum::middleware::from_fn(refusals::log_refusals))
         .with_state(state);
     if traced {
         router.layer(axum::middleware::from_fn(crate::telemetry::trace_request))
     } else {
         router
+    }
+}
+
+/// A path no route serves: 404 in the shape the caller's SDK reads, so an
+/// SDK pointed at an endpoint onejob lacks says so instead of failing to
+/// parse the error.
+async fn unknown_route(headers: HeaderMap, uri: Uri) -> Response {
+    in_dialect(&headers, &uri, ApiError::NotFound("route"))
+}
+
+/// An error for a request no door decoded: Anthropic's shape for a caller
+/// that speaks Anthropic (its SDK always sends `anthropic-version`),
+/// OpenAI's for any other `/v1/` path, onejob's own elsewhere.
+fn in_dialect(headers: &HeaderMap, uri: &Uri, error: ApiError) -> Response {
+    if headers.contains_key("anthropic-version") {
+        anthropic::AnthropicError::from(error).into_response()
+    } else if uri.path().starts_with("/v1/") {
+        openai::CompatError::from(error).into_response()
+    } else {
+        error.into_response()
     }
 }
 

@@ -252,6 +252,17 @@ pub fn request_body(model: &str, request: &ChatRequest) -> Result<Value, String>
     if let Some(choice) = &options.tool_choice {
         body.insert("tool_choice".into(), tool_choice(choice));
     }
+    if options.parallel_tool_calls == Some(false) && options.tools.is_some() {
+        // Anthropic's spelling: a flag on the tool choice (auto by default).
+        let choice = body
+            .entry("tool_choice")
+            .or_insert_with(|| json!({"type": "auto"}));
+        if let Some(choice) = choice.as_object_mut() {
+            if choice.get("type").and_then(Value::as_str) != Some("none") {
+                choice.insert("disable_parallel_tool_use".into(), json!(true));
+            }
+        }
+    }
     Ok(Value::Object(body))
 }
 

@@ -62,6 +62,11 @@ pub struct ChatOptions {
     pub json_object: bool,
     /// The name a `json_schema` response format goes by (default `output`).
     pub schema_name: Option<String>,
+    /// `Some(false)`: at most one tool call per turn.
+    pub parallel_tool_calls: Option<bool>,
+    /// Chat Completions fields only OpenAI's wire has (the request's
+    /// `params.openai`), sent as given by the OpenAI-wire kinds.
+    pub openai: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// How a call ends, and its parts: the domain's one outcome type, which

@@ -143,6 +143,9 @@ pub fn request_body(model: &str, request: &ChatRequest, store: bool) -> Value {
         if let Some(id) = &m.tool_call_id {
             message.insert("tool_call_id".into(), json!(id));
         }
+        if let Some(name) = &m.name {
+            message.insert("name".into(), json!(name));
+        }
         messages.push(Value::Object(message));
     }
     let mut body = Map::new();
@@ -189,12 +192,21 @@ pub fn request_body(model: &str, request: &ChatRequest, store: bool) -> Value {
     if let Some(choice) = &options.tool_choice {
         body.insert("tool_choice".into(), choice.clone());
     }
+    if let Some(parallel) = options.parallel_tool_calls {
+        body.insert("parallel_tool_calls".into(), json!(parallel));
+    }
+    for (name, value) in options.openai.iter().flatten() {
+        body.insert(name.clone(), value.clone());
+    }
     if store {
+        // The lookup key joins the client's own metadata (and wins).
         body.insert("store".into(), json!(true));
-        body.insert(
-            "metadata".into(),
-            json!({ METADATA_KEY: request.idempotency_key }),
-        );
+        let mut metadata = match body.remove("metadata") {
+            Some(Value::Object(m)) => m,
+            _ => Map::new(),
+        };
+        metadata.insert(METADATA_KEY.into(), json!(request.idempotency_key));
+        body.insert("metadata".into(), Value::Object(metadata));
     }
     Value::Object(body)
 }

@@ -155,6 +155,9 @@ impl IntoResponse for AnthropicError {
             "error": {"type": self.kind, "message": self.message},
         });
         let mut response = (self.status, Json(body)).into_response();
+        response
+            .extensions_mut()
+            .insert(crate::http::refusals::ErrorCode(self.kind.to_string()));
         let retry = if self.retry { "true" } else { "false" };
         let headers = response.headers_mut();
         headers.insert("x-should-retry", HeaderValue::from_static(retry));

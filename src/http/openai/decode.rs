@@ -28,8 +28,16 @@ const ACCEPTED: &[&str] = &[
     "tool_choice",
     "parallel_tool_calls",
     "response_format",
-    "store",
     "logprobs",
+    "top_logprobs",
+    // Passed on as given to OpenAI-wire providers (`params.openai`).
+    "metadata",
+    "store",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "reasoning_effort",
+    "verbosity",
 ];
 
 /// A message's content: the text, and the parts as given when one is not
@@ -95,7 +103,7 @@ fn message_of(i: usize, m: &Value) -> Result<Value, CompatError> {
     for key in fields.keys() {
         if !matches!(
             key.as_str(),
-            "role" | "content" | "tool_calls" | "tool_call_id" | "refusal"
+            "role" | "content" | "tool_calls" | "tool_call_id" | "refusal" | "name"
         ) {
             return Err(CompatError::unsupported(
                 &format!("messages[{i}].{key}"),
@@ -119,6 +127,18 @@ fn message_of(i: usize, m: &Value) -> Result<Value, CompatError> {
     message.insert("content".into(), json!(content));
     if let Some(parts) = parts {
         message.insert("parts".into(), Value::Array(parts));
+    }
+    match m.get("name") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(name)) if !name.is_empty() => {
+            message.insert("name".into(), json!(name));
+        }
+        Some(_) => {
+            return Err(CompatError::invalid(
+                &format!("messages[{i}].name"),
+                "a non-empty string is required",
+            ))
+        }
     }
     match (role, m.get("tool_calls")) {
         (_, None | Some(Value::Null)) => {}
@@ -194,15 +214,34 @@ pub(super) fn decode(raw: &[u8]) -> Result<Decoded, CompatError> {
             "only one choice per job (n = 1)",
         ));
     }
-    if request.get("parallel_tool_calls") == Some(&Value::Bool(false)) {
+    // A job keeps its answer's text and tool calls, not token
+    // probabilities: asked for, they could never be given back.
+    if request.get("logprobs") == Some(&Value::Bool(true)) {
         return Err(CompatError::unsupported(
-            "parallel_tool_calls",
-            "cannot be turned off through onejob",
+            "logprobs",
+            "a job's answer keeps no token log probabilities",
         ));
     }
-    for flag in ["store", "logprobs"] {
-        if request.get(flag) == Some(&Value::Bool(true)) {
-            return Err(CompatError::unsupported(flag, "not supported by onejob"));
+    if request.get("top_logprobs").is_some_and(|v| !v.is_null()) {
+        return Err(CompatError::unsupported(
+            "top_logprobs",
+            "a job's answer keeps no token log probabilities",
+        ));
+    }
+    let parallel_tool_calls = match request.get("parallel_tool_calls") {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(b)) => Some(*b),
+        Some(_) => {
+            return Err(CompatError::invalid(
+                "parallel_tool_calls",
+                "true or false is required",
+            ))
+        }
+    };
+    let mut openai = Map::new();
+    for name in crate::domain::request::OPENAI_PASS_THROUGH {
+        if let Some(v) = request.get(*name).filter(|v| !v.is_null()) {
+            openai.insert((*name).to_string(), v.clone());
         }
     }
     let messages = match request.get("messages") {
@@ -237,6 +276,12 @@ pub(super) fn decode(raw: &[u8]) -> Result<Decoded, CompatError> {
         if let Some(v) = value.filter(|v| !v.is_null()) {
             params.insert(name.into(), v.clone());
         }
+    }
+    if let Some(parallel) = parallel_tool_calls {
+        params.insert("parallel_tool_calls".into(), json!(parallel));
+    }
+    if !openai.is_empty() {
+        params.insert("openai".into(), Value::Object(openai));
     }
     match request.get("stop") {
         None | Some(Value::Null) => {}

@@ -124,6 +124,9 @@ impl IntoResponse for CompatError {
             "message": self.message, "type": self.kind, "param": self.param, "code": self.code,
         }});
         let mut response = (self.status, Json(body)).into_response();
+        response
+            .extensions_mut()
+            .insert(crate::http::refusals::ErrorCode(self.code));
         let retry = if self.retry { "true" } else { "false" };
         response
             .headers_mut()

@@ -112,17 +112,27 @@ pub struct ServerSection {
     pub contracts_dir: Option<String>,
     /// Whether `Idempotency-Key` is required [default: required].
     pub idempotency: Option<IdempotencyMode>,
+    /// With `idempotency = "fingerprint"`: how long after a job's creation
+    /// a keyless request with the same body is that job [default: 300].
+    pub fingerprint_window_s: Option<u64>,
 }
 
-/// `[server] idempotency`: whether a create without `Idempotency-Key` is
-/// refused (`required`, the default) or given a fresh server-made key,
-/// echoed in the `Idempotency-Key` response header (`optional`). A keyless
-/// call is then not protected against the client's own retries.
+/// `[server] idempotency`: what a create without `Idempotency-Key` gets.
+/// - `required` (the default): refused.
+/// - `fingerprint`: the key of its owner and canonical body, for
+///   `fingerprint_window_s` after the job it names was created. An SDK's
+///   blind retry of the same body is then the same job, and the next step
+///   of an agent loop (another body) a new one.
+/// - `optional`: a fresh server-made key, not protected against the
+///   client's own retries.
+///
+/// The key used is echoed in the `Idempotency-Key` response header.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum IdempotencyMode {
     #[default]
     Required,
+    Fingerprint,
     Optional,
 }
 
@@ -324,6 +334,8 @@ pub struct Config {
     pub routes: BTreeMap<String, RouteConfig>,
     pub engine: EngineConfig,
     pub idempotency: IdempotencyMode,
+    /// See [`IdempotencyMode::Fingerprint`].
+    pub fingerprint_window: std::time::Duration,
     pub limits: crate::domain::limits::LimitsConfig,
     /// Set by `onejob demo` and tests that start their own simulator: every
     /// `kind = "sim"` provider talks to this URL instead of its `base_url`.
@@ -456,6 +468,9 @@ impl Config {
             routes,
             engine: file.engine,
             idempotency: file.server.idempotency.unwrap_or_default(),
+            fingerprint_window: std::time::Duration::from_secs(
+                file.server.fingerprint_window_s.unwrap_or(300).max(1),
+            ),
             limits: file.limits,
             sim_base_url: None,
             telemetry: file.telemetry,

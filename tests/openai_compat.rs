@@ -21,6 +21,8 @@ on_both_backends!(
     what_mainstream_clients_send_reaches_an_openai_provider,
     answer_changing_openai_fields_skip_providers_on_other_wires,
     an_unknown_path_answers_in_the_callers_error_shape,
+    keyless_calls_are_keyed_by_their_body_in_fingerprint_mode,
+    a_fingerprint_key_names_its_job_for_one_window,
 );
 
 async fn complete(
@@ -623,5 +625,102 @@ async fn an_unknown_path_answers_in_the_callers_error_shape(backend: Backend) {
     assert_eq!(body["type"], "error", "{body}");
     assert_eq!(body["error"]["type"], "not_found_error", "{body}");
     assert_eq!(world.store.count_jobs().await.unwrap(), 0);
+    world.stop().await;
+}
+
+/// `idempotency = "fingerprint"`: an unmodified SDK (no key) keeps retry
+/// protection. Its blind retry of the same body is the same job, run once
+/// upstream, streamed or not; the next step of an agent loop (a longer
+/// conversation) is a new job; the Anthropic door keys the same way.
+async fn keyless_calls_are_keyed_by_their_body_in_fingerprint_mode(backend: Backend) {
+    let providers = [ProviderSpec {
+        name: "primary",
+        model: "healthy",
+    }];
+    let world = start_world(backend, &providers, route("primary", &[]), |c| {
+        c.idempotency = onejob::config::IdempotencyMode::Fingerprint;
+    })
+    .await;
+    let step1 =
+        json!({"model": "default", "messages": [{"role": "user", "content": "Plan a trip"}]});
+    let (status, headers, first) = complete(&world, None, &step1).await;
+    assert_eq!(status, 200, "{first}");
+    let key = headers["idempotency-key"].to_str().unwrap().to_string();
+    assert!(key.starts_with("onejob-fp-"), "{key}");
+    let job_id = headers["x-onejob-job-id"].to_str().unwrap().to_string();
+    // The SDK's retry: same body, no key.
+    let (status, again, second) = complete(&world, None, &step1).await;
+    assert_eq!(status, 200);
+    assert_eq!(again["x-onejob-job-id"], job_id.as_str());
+    assert_eq!(again["idempotent-replayed"], "true");
+    assert_eq!(second["choices"], first["choices"]);
+    // Streamed, the same intent: the same job.
+    let mut streamed = step1.clone();
+    streamed["stream"] = json!(true);
+    let response = world
+        .client
+        .post(format!("{}/v1/chat/completions", world.address))
+        .bearer_auth(&world.key)
+        .json(&streamed)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["x-onejob-job-id"], job_id.as_str());
+    let text = response.text().await.unwrap();
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert_eq!(world.executions(&job_id, "primary"), 1, "run once upstream");
+    // The loop's next step is another body: a new job.
+    let mut step2 = step1.clone();
+    step2["messages"] = json!([{"role": "user", "content": "Plan a trip"},
+        first["choices"][0]["message"].clone(),
+        {"role": "user", "content": "Make it shorter"}]);
+    let (status, next, _) = complete(&world, None, &step2).await;
+    assert_eq!(status, 200);
+    assert_ne!(next["x-onejob-job-id"], job_id.as_str());
+    assert_ne!(next["idempotency-key"], key.as_str());
+    // The echoed key replays like a client's own.
+    let (_, replay, _) = complete(&world, Some(&key), &step1).await;
+    assert_eq!(replay["x-onejob-job-id"], job_id.as_str());
+    // Another door, another body shape: keyed the same way, by its job body.
+    let message = |text: &str| {
+        json!({"model": "default", "max_tokens": 64,
+               "messages": [{"role": "user", "content": text}]})
+    };
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let response = world
+            .client
+            .post(format!("{}/v1/messages", world.address))
+            .header("x-api-key", &world.key)
+            .header("anthropic-version", "2023-06-01")
+            .json(&message("Name a colour"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        ids.push(response.headers()["x-onejob-job-id"].clone());
+    }
+    assert_eq!(ids[0], ids[1]);
+    assert_eq!(world.store.count_jobs().await.unwrap(), 3);
+    world.stop().await;
+}
+
+/// A fingerprint key names its job for one window after the job was made:
+/// with a 1 ms window, the same body a request later is a new job.
+async fn a_fingerprint_key_names_its_job_for_one_window(backend: Backend) {
+    let providers = [ProviderSpec {
+        name: "primary",
+        model: "healthy",
+    }];
+    let world = start_world(backend, &providers, route("primary", &[]), |c| {
+        c.idempotency = onejob::config::IdempotencyMode::Fingerprint;
+        c.fingerprint_window = std::time::Duration::from_millis(1);
+    })
+    .await;
+    let body = json!({"model": "default", "messages": [{"role": "user", "content": "hi"}]});
+    let (_, first, _) = complete(&world, None, &body).await;
+    let (_, second, _) = complete(&world, None, &body).await;
+    assert_ne!(first["x-onejob-job-id"], second["x-onejob-job-id"]);
+    assert_eq!(world.store.count_jobs().await.unwrap(), 2);
     world.stop().await;
 }

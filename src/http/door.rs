@@ -83,31 +83,78 @@ pub fn preferred_wait(headers: &HeaderMap) -> Option<u64> {
 pub struct DoorKey {
     pub key: IdempotencyKey,
     /// Made by onejob (`idempotency = "optional"` and the client sent
-    /// none): echoed in the answer's `Idempotency-Key` so it can replay.
+    /// none): the client's own retries are not protected.
     pub made_here: bool,
+    /// Not the client's: echoed in the answer's `Idempotency-Key`, so the
+    /// client can replay it (made here, or the body's fingerprint key).
+    pub echoed: bool,
+    /// `idempotency = "fingerprint"` and the client sent none: the key is
+    /// the body's, known once the door has decoded it ([`Arrival::key_body`]).
+    by_body: bool,
 }
 
-/// The client's `Idempotency-Key`, or with `idempotency = "optional"` a
-/// fresh one made here.
+/// The client's `Idempotency-Key`, or when it sent none, by the server's
+/// `idempotency` mode: a refusal, a placeholder for the body's fingerprint
+/// key, or a fresh one made here.
 pub fn door_key(state: &AppState, headers: &HeaderMap) -> Result<DoorKey, ApiError> {
+    let made = |prefix: &str, made_here: bool, by_body: bool| {
+        let made = format!("{prefix}{}", crate::domain::new_id());
+        IdempotencyKey::parse(made.as_bytes())
+            .map(|key| DoorKey {
+                key,
+                made_here,
+                echoed: true,
+                by_body,
+            })
+            .map_err(ApiError::InvalidIdempotencyKey)
+    };
     match headers.get("idempotency-key") {
         Some(raw) => IdempotencyKey::parse(raw.as_bytes())
             .map(|key| DoorKey {
                 key,
                 made_here: false,
+                echoed: false,
+                by_body: false,
             })
             .map_err(ApiError::InvalidIdempotencyKey),
-        None if state.config.idempotency == IdempotencyMode::Optional => {
-            let made = format!("onejob-made-{}", crate::domain::new_id());
-            IdempotencyKey::parse(made.as_bytes())
-                .map(|key| DoorKey {
-                    key,
-                    made_here: true,
-                })
-                .map_err(ApiError::InvalidIdempotencyKey)
-        }
-        None => Err(ApiError::MissingIdempotencyKey),
+        None => match state.config.idempotency {
+            IdempotencyMode::Optional => made("onejob-made-", true, false),
+            IdempotencyMode::Fingerprint => made("onejob-fp-pending-", false, true),
+            IdempotencyMode::Required => Err(ApiError::MissingIdempotencyKey),
+        },
     }
+}
+
+/// The key of a keyless request under `idempotency = "fingerprint"`: its
+/// owner's (keys are per owner) for its canonical body, in the window its
+/// job was created in. Windows are `fingerprint_window` long; the key of
+/// the window before names the same intent while its job is younger than
+/// one window, so a retry across a window's edge still finds its job.
+async fn fingerprint_key(
+    state: &AppState,
+    owner: &str,
+    job_body: &[u8],
+) -> Result<IdempotencyKey, ApiError> {
+    let request = crate::domain::JobRequest::parse(job_body).map_err(jobs::SubmitError::Request)?;
+    let fingerprint = crate::domain::fingerprint::fingerprint(&request.to_value());
+    let digest = fingerprint.get(..32).unwrap_or(&fingerprint);
+    let window = state.config.fingerprint_window.as_millis().max(1) as i64;
+    let now = state.clock.now_ms();
+    let key = |bucket: i64| {
+        IdempotencyKey::parse(format!("onejob-fp-{digest}-{bucket}").as_bytes())
+            .map_err(ApiError::InvalidIdempotencyKey)
+    };
+    let previous = key(now / window - 1)?;
+    if let Some(job) = state
+        .store
+        .find_job_by_key(owner, previous.as_str())
+        .await?
+    {
+        if job.created_at > now - window {
+            return Ok(previous);
+        }
+    }
+    key(now / window)
 }
 
 /// A request let in at a door: who asks, under which key, admitted by the
@@ -116,6 +163,19 @@ pub struct Arrival {
     pub caller: Caller,
     pub key: DoorKey,
     admission: Admission,
+}
+
+impl Arrival {
+    /// Under `idempotency = "fingerprint"`, a keyless request's key is its
+    /// body's: every door calls this with the job body it decoded, before
+    /// the key is used (the submit, a stream's hub). Otherwise a no-op.
+    pub async fn key_body(&mut self, state: &AppState, job_body: &[u8]) -> Result<(), ApiError> {
+        if self.key.by_body {
+            self.key.key = fingerprint_key(state, &self.caller.owner_id, job_body).await?;
+            self.key.by_body = false;
+        }
+        Ok(())
+    }
 }
 
 /// The key, then the caller's request-rate limit.
@@ -136,6 +196,13 @@ pub async fn submit(
     arrival: &Arrival,
     job_body: &[u8],
 ) -> Result<Submission, ApiError> {
+    if arrival.key.by_body {
+        // A door that skipped `key_body` would run under the placeholder: a
+        // fresh key, and no protection the client was promised.
+        return Err(ApiError::Internal(anyhow::anyhow!(
+            "a keyless request reached submit before its fingerprint key was made"
+        )));
+    }
     let intake = Intake {
         store: &state.store,
         clock: state.clock.as_ref(),
@@ -209,10 +276,11 @@ impl Settled {
 /// with the result (not a job) needs.
 pub async fn run(
     state: &AppState,
-    arrival: &Arrival,
+    arrival: &mut Arrival,
     job_body: &[u8],
     headers: &HeaderMap,
 ) -> Result<Settled, ApiError> {
+    arrival.key_body(state, job_body).await?;
     let submission = submit(state, arrival, job_body).await?;
     let wait = preferred_wait(headers)
         .unwrap_or(DEFAULT_WAIT_SECS)
@@ -405,7 +473,7 @@ pub fn job_headers(
         headers.insert("x-onejob-provider", value(provider)?);
         headers.insert("x-onejob-attempt", value(attempt_id)?);
     }
-    if key.made_here {
+    if key.echoed {
         headers.insert("idempotency-key", value(key.key.as_str())?);
     }
     if replayed {
@@ -453,10 +521,11 @@ impl Opened {
 /// job is final.
 pub async fn open_stream(
     state: &AppState,
-    arrival: &Arrival,
+    arrival: &mut Arrival,
     job_body: &[u8],
     headers: &HeaderMap,
 ) -> Result<Opened, ApiError> {
+    arrival.key_body(state, job_body).await?;
     let (owner, key) = (&arrival.caller.owner_id, arrival.key.key.as_str());
     let hub = state.engine.as_ref().map(|e| e.stream_hub(owner, key));
     let submitted = submit(state, arrival, job_body).await;

@@ -22,7 +22,8 @@ pub async fn create(
     headers: HeaderMap,
     LimitedBody(body): LimitedBody,
 ) -> Result<Response, ApiError> {
-    let arrival = door::arrive(&state, caller, &headers)?;
+    let mut arrival = door::arrive(&state, caller, &headers)?;
+    arrival.key_body(&state, &body).await?;
     let submission = door::submit(&state, &arrival, &body).await?;
     let status = if submission.replayed {
         StatusCode::OK
@@ -41,9 +42,9 @@ pub async fn create(
             .headers_mut()
             .insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
-    if arrival.key.made_here {
-        // `[server] idempotency = "optional"`: the key made for this call, so
-        // the client can replay it.
+    if arrival.key.echoed {
+        // `[server] idempotency = "optional"` or `"fingerprint"`: the key
+        // this call ran under, so the client can replay it.
         let key = HeaderValue::from_str(arrival.key.key.as_str())
             .map_err(|e| ApiError::Internal(e.into()))?;
         response.headers_mut().insert("idempotency-key", key);

@@ -47,16 +47,16 @@ pub async fn create(
 ) -> Result<Response, AnthropicError> {
     let caller = caller?;
     let LimitedBody(raw) = body?;
-    let arrival = door::arrive(&state, caller, &headers)?;
+    let mut arrival = door::arrive(&state, caller, &headers)?;
     let decoded = decode::decode(&raw, Endpoint::Messages)?;
     if decoded.stream {
-        let opened = door::open_stream(&state, &arrival, &decoded.job_body, &headers)
+        let opened = door::open_stream(&state, &mut arrival, &decoded.job_body, &headers)
             .await
             .map_err(AnthropicError::submit)?;
         let encoder = encode::Encoder::new(&opened.job);
         return Ok(door::stream_response(opened, &arrival.key, encoder)?);
     }
-    let settled = door::run(&state, &arrival, &decoded.job_body, &headers)
+    let settled = door::run(&state, &mut arrival, &decoded.job_body, &headers)
         .await
         .map_err(AnthropicError::submit)?;
     let response = door::respond(

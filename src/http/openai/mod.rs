@@ -40,16 +40,16 @@ pub async fn create(
 ) -> Result<Response, CompatError> {
     let caller = caller?;
     let LimitedBody(raw) = body?;
-    let arrival = door::arrive(&state, caller, &headers)?;
+    let mut arrival = door::arrive(&state, caller, &headers)?;
     let decoded = decode::decode(&raw)?;
     if let Some(ask) = decoded.stream {
-        let opened = door::open_stream(&state, &arrival, &decoded.job_body, &headers)
+        let opened = door::open_stream(&state, &mut arrival, &decoded.job_body, &headers)
             .await
             .map_err(CompatError::submit)?;
         let renderer = stream::Renderer::new(&opened.job, ask, &headers);
         return Ok(door::stream_response(opened, &arrival.key, renderer)?);
     }
-    let settled = door::run(&state, &arrival, &decoded.job_body, &headers)
+    let settled = door::run(&state, &mut arrival, &decoded.job_body, &headers)
         .await
         .map_err(CompatError::submit)?;
     let response = door::respond(

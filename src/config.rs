@@ -166,6 +166,12 @@ pub struct RouteConfig {
     /// between two chunks; then the stream counts as broken (`unknown`).
     #[serde(default = "defaults::stall_ms")]
     pub stall_ms: u64,
+    /// Streamed attempts: the longest a whole stream may run. A streamed
+    /// attempt's first piece must come within `attempt_timeout_ms`; after
+    /// that only `stall_ms` and this bound it, so a healthy long generation
+    /// is never cut at `attempt_timeout_ms`.
+    #[serde(default = "defaults::stream_timeout_ms")]
+    pub stream_timeout_ms: u64,
     /// How the hedge's silence threshold is chosen: `fixed` (`silence_ms`)
     /// or `auto` (learned per provider; see `docs/hedging.md`).
     #[serde(default)]
@@ -304,6 +310,9 @@ mod defaults {
     pub fn stall_ms() -> u64 {
         10_000
     }
+    pub fn stream_timeout_ms() -> u64 {
+        600_000
+    }
     pub fn hedge_quantile() -> f64 {
         0.95
     }
@@ -431,6 +440,12 @@ impl Config {
                     route.attempt_timeout_ms, route.silence_ms
                 )));
             }
+            if route.stream_timeout_ms < route.attempt_timeout_ms {
+                return Err(invalid(format!(
+                    "routes.{name}: stream_timeout_ms ({}) must be at least attempt_timeout_ms ({})",
+                    route.stream_timeout_ms, route.attempt_timeout_ms
+                )));
+            }
             if route.max_attempts == 0 {
                 return Err(invalid(format!(
                     "routes.{name}: max_attempts must be at least 1"
@@ -495,6 +510,7 @@ impl RouteConfig {
             backoff_cap_ms: defaults::backoff_cap_ms(),
             unknown_deadline_ms: defaults::unknown_deadline_ms(),
             stall_ms: defaults::stall_ms(),
+            stream_timeout_ms: defaults::stream_timeout_ms(),
             silence: SilenceMode::Fixed,
             hedge_quantile: defaults::hedge_quantile(),
             silence_min_ms: None,

@@ -30,6 +30,7 @@ on_both_backends!(
     a_streamed_context_length_exceeded_with_no_larger_window_ends_with_that_code,
     a_streamed_primary_down_for_a_while_is_routed_around_then_probed_back,
     the_simulator_streams_a_tool_call,
+    a_healthy_stream_longer_than_attempt_timeout_is_not_cut,
 );
 
 /// One SSE event as the client saw it.
@@ -869,5 +870,61 @@ async fn the_simulator_streams_a_tool_call(backend: Backend) {
     let result: Value = serde_json::from_str(job.result.as_deref().unwrap()).unwrap();
     assert_eq!(result["tool_calls"][0]["function"]["name"], "get_weather");
     assert_eq!(world.executions(&id, "primary"), 1);
+    world.stop().await;
+}
+
+/// `attempt_timeout_ms` bounds the wait for a stream's first token, not the
+/// stream: a healthy generation that runs longer is whole. Only
+/// `stream_timeout_ms` bounds a whole stream.
+async fn a_healthy_stream_longer_than_attempt_timeout_is_not_cut(backend: Backend) {
+    // A piece every 150 ms: about 1.2 s of stream.
+    let providers = [
+        spec("primary", "healthy:gap=150"),
+        spec("capped", "healthy:gap=150"),
+    ];
+    let mut long = route("primary", &[]);
+    long.silence_ms = 300;
+    long.attempt_timeout_ms = 400;
+    long.stall_ms = 1_000;
+    let mut capped = long.clone();
+    capped.primary = "capped".into();
+    capped.stream_timeout_ms = 500;
+    capped.max_attempts = 1;
+    let world = start_world(backend, &providers, long, |c| {
+        c.routes.insert("capped".into(), capped);
+    })
+    .await;
+    let (_, headers, events) = stream(&world, "long-1", &body("Tell a long story")).await;
+    let id = job_id(&headers);
+    assert_eq!(
+        content(&events),
+        healthy_answer(&world, "Tell a long story").await
+    );
+    assert_eq!(finish_reasons(&events), vec!["stop"]);
+    assert!(ends_done(&events));
+    let attempts = world.attempts(&id).await;
+    assert_eq!(states(&attempts), vec![pair("primary", "succeeded")]);
+    let started = ms(&attempts[0]["started_at"]);
+    let finished = ms(&attempts[0]["finished_at"]);
+    assert!(
+        finished - started > 400,
+        "it ran past attempt_timeout_ms: {attempts:?}"
+    );
+    // With stream_timeout_ms = 500 the same stream is cut, never finished.
+    let mut ask = body("Tell a long story");
+    ask["model"] = json!("capped");
+    let (_, headers, events) = stream(&world, "long-2", &ask).await;
+    let id = job_id(&headers);
+    assert!(finish_reasons(&events).is_empty(), "{events:?}");
+    assert!(error_event(&events).is_some(), "{events:?}");
+    let attempts = world.attempts(&id).await;
+    assert_eq!(attempts[0]["error_kind"], "attempt_timeout", "{attempts:?}");
+    assert!(
+        attempts[0]["error_message"]
+            .as_str()
+            .unwrap()
+            .contains("stream_timeout_ms"),
+        "{attempts:?}"
+    );
     world.stop().await;
 }

@@ -269,39 +269,62 @@ struct Live<'a> {
     answered: bool,
 }
 
+/// A streamed attempt's time limits: the first piece within
+/// `attempt_timeout_ms` (the hedge waits inside it), the whole stream
+/// within `stream_timeout_ms`; between pieces the round's `stall_ms`.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    first_token: Duration,
+    whole: Duration,
+}
+
+impl Limits {
+    fn of(route: &RouteConfig) -> Self {
+        Limits {
+            first_token: Duration::from_millis(route.attempt_timeout_ms),
+            whole: Duration::from_millis(route.stream_timeout_ms.max(route.attempt_timeout_ms)),
+        }
+    }
+}
+
 fn launch(
     inner: &Inner,
     entry: &ProviderEntry,
     request: crate::providers::ChatRequest,
-    timeout: Duration,
+    limits: Limits,
     index: usize,
     events: mpsc::UnboundedSender<(usize, Event)>,
 ) -> JoinHandle<()> {
     let client = entry.client.clone();
     inner.spawn(async move {
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let call = tokio::time::timeout(timeout, client.stream(&request, &tx));
+        let call = tokio::time::timeout(limits.whole, client.stream(&request, &tx));
         tokio::pin!(call);
+        let first_token = tokio::time::sleep(limits.first_token);
+        tokio::pin!(first_token);
+        let mut answering = false;
         let ended = loop {
             tokio::select! {
                 biased;
-                Some(delta) = rx.recv() => { let _ = events.send((index, Event::Piece(delta))); }
-                ended = &mut call => break ended,
+                Some(delta) = rx.recv() => {
+                    answering = true;
+                    let _ = events.send((index, Event::Piece(delta)));
+                }
+                ended = &mut call => break ended.map_err(|_| format!(
+                    "the stream did not end within stream_timeout_ms ({} ms)",
+                    limits.whole.as_millis()
+                )),
+                _ = &mut first_token, if !answering => break Err(format!(
+                    "no answer within attempt_timeout_ms ({} ms)",
+                    limits.first_token.as_millis()
+                )),
             }
         };
         while let Ok(delta) = rx.try_recv() {
             let _ = events.send((index, Event::Piece(delta)));
         }
-        let streamed = ended.unwrap_or_else(|_| {
-            let outcome = AttemptOutcome::unknown(
-                "attempt_timeout",
-                format!(
-                    "no answer within attempt_timeout_ms ({} ms)",
-                    timeout.as_millis()
-                ),
-            );
-            (outcome, None)
-        });
+        let streamed = ended
+            .unwrap_or_else(|message| (AttemptOutcome::unknown("attempt_timeout", message), None));
         let _ = events.send((index, Event::End(streamed)));
     })
 }
@@ -365,7 +388,7 @@ pub(super) async fn run_streamed_round(
     mut tried: Vec<String>,
     hub: &Arc<StreamHub>,
 ) -> RoundEnd {
-    let timeout = Duration::from_millis(route.attempt_timeout_ms);
+    let limits = Limits::of(route);
     let stall_for = Duration::from_millis(route.stall_ms.max(1));
     let request = match plan.request_for(first) {
         Ok(r) => r,
@@ -403,7 +426,7 @@ pub(super) async fn run_streamed_round(
     let mut live = vec![Live {
         attempt,
         entry: first,
-        task: launch(inner, first, request, timeout, 0, tx.clone()),
+        task: launch(inner, first, request, limits, 0, tx.clone()),
         done: false,
         answered: false,
     }];
@@ -422,6 +445,13 @@ pub(super) async fn run_streamed_round(
     let mut silence_armed = true;
     let stall = tokio::time::sleep(Duration::from_secs(86_400));
     tokio::pin!(stall);
+    // A stream may run past the job's lease (stream_timeout_ms is longer
+    // than attempt_timeout_ms): the driver renews it while the round runs,
+    // so no other process takes over a job that is still streaming.
+    let lease_ms = inner.lease_ms(route);
+    let renew_every = Duration::from_millis((lease_ms / 3).max(1) as u64);
+    let renew = tokio::time::sleep(renew_every);
+    tokio::pin!(renew);
     let mut owner: Option<usize> = None;
     // Text the client has from earlier owners (a continuation's prefill),
     // and from the current owner.
@@ -442,7 +472,7 @@ pub(super) async fn run_streamed_round(
                     live.push(Live {
                         attempt,
                         entry: $entry,
-                        task: launch(inner, $entry, $request, timeout, index, tx.clone()),
+                        task: launch(inner, $entry, $request, limits, index, tx.clone()),
                         done: false,
                         answered: false,
                     });
@@ -472,6 +502,26 @@ pub(super) async fn run_streamed_round(
                             }
                         }
                     }
+                }
+                continue;
+            }
+            _ = &mut renew => {
+                renew.as_mut().reset(tokio::time::Instant::now() + renew_every);
+                let until = inner.clock.now_ms() + lease_ms;
+                match inner.store.renew_lease(&job.id, &inner.instance, until).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        // Another process holds the job now and settles these
+                        // attempts (they may have reached the provider).
+                        tracing::warn!("the job's lease was lost mid-stream; another process drives it");
+                        for l in live.iter_mut().filter(|l| !l.done) {
+                            l.task.abort();
+                            l.done = true;
+                        }
+                        hub.fail("lease_lost", "another server took the job over; replay for its final state");
+                        return RoundEnd::Done;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot renew the lease mid-stream; trying again"),
                 }
                 continue;
             }

@@ -13,7 +13,8 @@
 //! status code. `latency` applies to every behaviour that answers (for a
 //! stream it is the time to its first token). `tail=P%:MS` makes the
 //! latency heavy-tailed: P percent of requests (e.g. `4%`, `0.5%`) wait MS
-//! milliseconds more (`healthy:latency=20..60,tail=4%:1500`). `times=N`
+//! milliseconds more (`healthy:latency=20..60,tail=4%:1500`). `gap=MS`
+//! paces a stream: MS between two of its events. `times=N`
 //! makes the fault transient: the first N requests for that model name meet
 //! it, later ones are answered healthily (`rate_limit:retry_after=1,times=1`
 //! is one 429, then service).
@@ -153,6 +154,9 @@ pub struct Behaviour {
     pub after_pieces: Option<u32>,
     /// Added to the latency of some requests (`tail=P%:MS`).
     pub tail: Option<Tail>,
+    /// `stream: true`: the pause between two events of the stream
+    /// (`gap=MS`), for a generation that takes a while.
+    pub gap: Option<Duration>,
 }
 
 impl Behaviour {
@@ -165,6 +169,7 @@ impl Behaviour {
         let mut times = None;
         let mut after_pieces = None;
         let mut tail = None;
+        let mut gap = None;
         for param in params.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let number = |v: &str| {
                 v.parse::<u64>()
@@ -176,6 +181,7 @@ impl Behaviour {
                 Some(("ms", v)) => ms = Some(number(v)?),
                 Some(("retry_after", v)) => retry_after_s = Some(number(v)?),
                 Some(("times", v)) => times = Some(number(v)?),
+                Some(("gap", v)) => gap = Some(Duration::from_millis(number(v)?)),
                 Some(("tokens", v)) => {
                     after_pieces = Some(u32::try_from(number(v)?).unwrap_or(u32::MAX))
                 }
@@ -220,6 +226,7 @@ impl Behaviour {
             times,
             after_pieces,
             tail,
+            gap,
         })
     }
 }

@@ -27,6 +27,7 @@ use rand::SeedableRng;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Wire {
@@ -476,6 +477,7 @@ fn answer_response(
     stream: bool,
     fault: Fault,
     after_pieces: Option<u32>,
+    gap: Option<Duration>,
     include_usage: bool,
 ) -> Response {
     if !stream {
@@ -538,9 +540,16 @@ fn answer_response(
         }
         _ => stream::empty().boxed(),
     };
-    let body: Frames = stream::iter(frames.into_iter().map(|f| Ok(Bytes::from(f))))
-        .chain(tail)
-        .boxed();
+    let paced = frames
+        .into_iter()
+        .enumerate()
+        .map(move |(i, f)| async move {
+            if let Some(gap) = gap.filter(|_| i > 0) {
+                tokio::time::sleep(gap).await;
+            }
+            Ok(Bytes::from(f))
+        });
+    let body: Frames = stream::iter(paced).then(|f| f).chain(tail).boxed();
     let mut response = Response::new(Body::from_stream(body));
     response.headers_mut().insert(
         "content-type",
@@ -628,6 +637,7 @@ async fn chat(
                     &answer,
                     request.stream,
                     Fault::Healthy,
+                    None,
                     None,
                     request.include_usage,
                 );
@@ -765,6 +775,7 @@ async fn chat(
                 request.stream,
                 behaviour.fault,
                 behaviour.after_pieces,
+                behaviour.gap,
                 request.include_usage,
             )
         }
@@ -775,6 +786,7 @@ async fn chat(
             request.stream,
             fault,
             behaviour.after_pieces,
+            behaviour.gap,
             request.include_usage,
         ),
     }

@@ -160,6 +160,18 @@ pub struct Behaviour {
 }
 
 impl Behaviour {
+    /// A healthy answer at once, as a replay of a recorded one is sent.
+    pub fn healthy() -> Self {
+        Behaviour {
+            fault: Fault::Healthy,
+            latency: None,
+            times: None,
+            after_pieces: None,
+            tail: None,
+            gap: None,
+        }
+    }
+
     pub fn parse(spec: &str) -> Result<Self, String> {
         let (name, params) = spec.split_once(':').unwrap_or((spec, ""));
         let mut latency = None;

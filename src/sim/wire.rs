@@ -27,7 +27,6 @@ use rand::SeedableRng;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Wire {
@@ -475,11 +474,15 @@ fn answer_response(
     wire: Wire,
     a: &Answer,
     stream: bool,
-    fault: Fault,
-    after_pieces: Option<u32>,
-    gap: Option<Duration>,
+    behaviour: Behaviour,
     include_usage: bool,
 ) -> Response {
+    let Behaviour {
+        fault,
+        after_pieces,
+        gap,
+        ..
+    } = behaviour;
     if !stream {
         let body = match wire {
             Wire::OpenAi => openai_completion(a),
@@ -636,9 +639,7 @@ async fn chat(
                     wire,
                     &answer,
                     request.stream,
-                    Fault::Healthy,
-                    None,
-                    None,
+                    Behaviour::healthy(),
                     request.include_usage,
                 );
                 response
@@ -773,9 +774,7 @@ async fn chat(
                 wire,
                 &answer,
                 request.stream,
-                behaviour.fault,
-                behaviour.after_pieces,
-                behaviour.gap,
+                behaviour,
                 request.include_usage,
             )
         }
@@ -784,9 +783,7 @@ async fn chat(
             wire,
             &answer,
             request.stream,
-            fault,
-            behaviour.after_pieces,
-            behaviour.gap,
+            Behaviour { fault, ..behaviour },
             request.include_usage,
         ),
     }

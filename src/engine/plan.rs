@@ -75,6 +75,8 @@ impl JobPlan {
             // systemInstruction is top level, as Anthropic's `system`.
             ProviderKind::Gemini => WireFormat::Anthropic,
             ProviderKind::AzureOpenai => WireFormat::OpenAi,
+            // Converse's `system` blocks are top level too.
+            ProviderKind::Bedrock => WireFormat::Anthropic,
         }
     }
 
@@ -205,7 +207,10 @@ impl JobPlan {
                 provider.name
             )));
         }
-        if provider.config.kind == ProviderKind::Anthropic {
+        if matches!(
+            provider.config.kind,
+            ProviderKind::Anthropic | ProviderKind::Bedrock
+        ) {
             let params = &self.request.params;
             for (name, given) in [
                 ("seed", params.seed.is_some()),
@@ -214,8 +219,13 @@ impl JobPlan {
             ] {
                 if given {
                     return Err(PlanError(format!(
-                        "{}: {name} is not supported by the Anthropic wire format",
-                        provider.name
+                        "{}: {name} is not supported by the {} wire format",
+                        provider.name,
+                        if provider.config.kind == ProviderKind::Bedrock {
+                            "Converse"
+                        } else {
+                            "Anthropic"
+                        }
                     )));
                 }
             }

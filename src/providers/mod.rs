@@ -7,11 +7,14 @@
 
 pub mod anthropic;
 pub mod azure;
+pub mod bedrock;
 pub mod catalog;
 pub mod classify;
 pub mod config;
+pub mod eventstream;
 pub mod gemini;
 pub mod openai;
+pub mod sigv4;
 pub mod sim;
 pub mod stream;
 pub mod switches;
@@ -94,7 +97,7 @@ pub trait Provider: Send + Sync {
     }
     async fn lookup(&self, idempotency_key: &str) -> Lookup;
     /// The provider's own count of `request`'s prompt tokens, where its
-    /// API has one (Gemini's `countTokens`): the contract run compares it
+    /// API has one (Gemini's `countTokens`, Bedrock's `CountTokens`): the contract run compares it
     /// with ours. `None` where there is none.
     async fn count_tokens(&self, _request: &ChatRequest) -> Option<Result<u32, String>> {
         None
@@ -140,6 +143,15 @@ pub fn build_provider(
         ProviderKind::AzureOpenai => Arc::new(azure::AzureOpenAiProvider::new(
             name, config, client, api_key,
         )),
+        ProviderKind::Bedrock => {
+            let credentials = config.resolve_aws_credentials()?;
+            Arc::new(bedrock::BedrockProvider::new(
+                name,
+                config,
+                client,
+                credentials,
+            ))
+        }
     })
 }
 

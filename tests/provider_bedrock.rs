@@ -147,9 +147,11 @@ fn signature_matches(method: &Method, uri: &Uri, headers: &HeaderMap, body: &[u8
         rest.split(", ")
             .find_map(|part| part.strip_prefix(&format!("{name}=")))
     };
-    let (Some(credential), Some(signed), Some(given)) =
-        (field("Credential"), field("SignedHeaders"), field("Signature"))
-    else {
+    let (Some(credential), Some(signed), Some(given)) = (
+        field("Credential"),
+        field("SignedHeaders"),
+        field("Signature"),
+    ) else {
         return false;
     };
     let parts: Vec<&str> = credential.split('/').collect();
@@ -232,14 +234,21 @@ fn aws_error(status: u16, error_type: &str, message: &str) -> Response {
 fn validation_error(body: &Value) -> Option<String> {
     let messages = body["messages"].as_array()?;
     if messages.is_empty() {
-        return Some("The model returned the following errors: messages: at least one message is required".into());
+        return Some(
+            "The model returned the following errors: messages: at least one message is required"
+                .into(),
+        );
     }
     let mut expected = "user";
     for m in messages {
         if m["role"] != expected {
             return Some("A conversation must alternate between user and assistant roles. Make sure the conversation alternates between user and assistant roles and try again.".into());
         }
-        expected = if expected == "user" { "assistant" } else { "user" };
+        expected = if expected == "user" {
+            "assistant"
+        } else {
+            "user"
+        };
         for block in m["content"].as_array().into_iter().flatten() {
             if block["text"].as_str().is_some_and(|t| t.trim().is_empty()) {
                 return Some("The text field in the ContentBlock object is blank. Add text to the text field, and try again.".into());
@@ -273,7 +282,11 @@ async fn handle(
         .strip_prefix(&format!("/model/{encoded}/"))
         .unwrap_or_default();
     if !matches!(operation, "converse" | "converse-stream" | "count-tokens") {
-        return aws_error(404, "ResourceNotFoundException", "The requested resource could not be found.");
+        return aws_error(
+            404,
+            "ResourceNotFoundException",
+            "The requested resource could not be found.",
+        );
     }
     let converse = if operation == "count-tokens" {
         &value["input"]["converse"]
@@ -447,7 +460,8 @@ fn provider_file(base_url: &str, secret_env: &str) -> String {
 
 fn adapter(base_url: &str) -> Arc<dyn Provider> {
     let text = provider_file(base_url, SECRET_ENV);
-    let config = ProviderConfig::parse(&text, std::path::Path::new("providers/bedrock.toml")).unwrap();
+    let config =
+        ProviderConfig::parse(&text, std::path::Path::new("providers/bedrock.toml")).unwrap();
     build_provider("bedrock", &config).unwrap()
 }
 
@@ -526,7 +540,11 @@ fn weather_tool() -> Value {
 }
 
 async fn a_plain_answer_comes_back_through_chat_completions(backend: Backend) {
-    let fake = FakeBedrock::start(vec![answer(json!([{"text": "Tides follow the moon."}]), "end_turn")]).await;
+    let fake = FakeBedrock::start(vec![answer(
+        json!([{"text": "Tides follow the moon."}]),
+        "end_turn",
+    )])
+    .await;
     let world = world_on(backend, &fake, SECRET_ENV).await;
     let (status, body) = complete(&world, "plain-1", &ask("Why tides?")).await;
     assert_eq!(status, 200, "{body}");
@@ -580,7 +598,11 @@ async fn a_streamed_answer_arrives_in_pieces_through_chat_completions(backend: B
     let received = fake.received();
     assert_eq!(received.len(), 1);
     assert!(received[0].signature_ok);
-    assert!(received[0].path.ends_with("/converse-stream"), "{}", received[0].path);
+    assert!(
+        received[0].path.ends_with("/converse-stream"),
+        "{}",
+        received[0].path
+    );
     world.stop().await;
 }
 
@@ -661,7 +683,10 @@ async fn tool_calls_come_back_whole_and_streamed(backend: Backend) {
             json!({"role": "tool", "tool_call_id": "tooluse_kZJMlvQmRJ6eAyJE5GIl7Q", "content": "{\"temp_c\": 18}"})]);
     let (status, body) = complete(&world, "tool-3", &answered).await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(body["choices"][0]["message"]["content"], "It is 18 degrees in Paris.");
+    assert_eq!(
+        body["choices"][0]["message"]["content"],
+        "It is 18 degrees in Paris."
+    );
     let received = fake.received();
     assert_eq!(received.len(), 3);
     assert!(received.iter().all(|r| r.signature_ok));
@@ -697,26 +722,45 @@ async fn a_json_schema_answer_is_the_forced_tools_input(backend: Backend) {
     assert_eq!(status, 200, "{body}");
     let choice = &body["choices"][0];
     assert_eq!(choice["finish_reason"], "stop");
-    let content: Value = serde_json::from_str(choice["message"]["content"].as_str().unwrap()).unwrap();
+    let content: Value =
+        serde_json::from_str(choice["message"]["content"].as_str().unwrap()).unwrap();
     assert_eq!(content, json!({"label": "spam", "score": 0.9}));
-    assert!(choice["message"].get("tool_calls").is_none_or(Value::is_null));
+    assert!(choice["message"]
+        .get("tool_calls")
+        .is_none_or(Value::is_null));
     let sent = &fake.received()[0].body;
-    assert_eq!(sent["toolConfig"]["toolChoice"], json!({"tool": {"name": "verdict"}}));
-    assert_eq!(sent["toolConfig"]["tools"][0]["toolSpec"]["inputSchema"]["json"], schema);
+    assert_eq!(
+        sent["toolConfig"]["toolChoice"],
+        json!({"tool": {"name": "verdict"}})
+    );
+    assert_eq!(
+        sent["toolConfig"]["tools"][0]["toolSpec"]["inputSchema"]["json"],
+        schema
+    );
     world.stop().await;
 }
 
 async fn throttling_and_503_are_retried_and_then_answered(backend: Backend) {
-    for (error_type, status) in [("ThrottlingException", 429), ("ServiceUnavailableException", 503)] {
+    for (error_type, status) in [
+        ("ThrottlingException", 429),
+        ("ServiceUnavailableException", 503),
+    ] {
         let fake = FakeBedrock::start(vec![
-            error(status, error_type, "Too many requests, please wait before trying again."),
+            error(
+                status,
+                error_type,
+                "Too many requests, please wait before trying again.",
+            ),
             answer(json!([{"text": "second time lucky"}]), "end_turn"),
         ])
         .await;
         let world = world_on(backend, &fake, SECRET_ENV).await;
         let (got, body) = complete(&world, "retried", &ask("hello")).await;
         assert_eq!(got, 200, "{error_type}: {body}");
-        assert_eq!(body["choices"][0]["message"]["content"], "second time lucky");
+        assert_eq!(
+            body["choices"][0]["message"]["content"],
+            "second time lucky"
+        );
         assert_eq!(fake.received().len(), 2, "{error_type}: retried once");
         world.stop().await;
     }
@@ -727,11 +771,18 @@ async fn a_validation_error_is_definitive_and_input_too_long_is_context_length(b
     for (reply, code) in [
         (error(400, "ValidationException", invalid), "bad_request"),
         (
-            error(400, "ValidationException", "Input is too long for requested model."),
+            error(
+                400,
+                "ValidationException",
+                "Input is too long for requested model.",
+            ),
             "context_length_exceeded",
         ),
         (
-            answer(json!([{"text": "Sorry, I can't help with that."}]), "content_filtered"),
+            answer(
+                json!([{"text": "Sorry, I can't help with that."}]),
+                "content_filtered",
+            ),
             "content_policy_violation",
         ),
     ] {
@@ -745,7 +796,10 @@ async fn a_validation_error_is_definitive_and_input_too_long_is_context_length(b
         );
         if code == "bad_request" {
             let message = body["error"]["message"].as_str().unwrap();
-            assert!(message.contains(&format!("ValidationException: {invalid}")), "{body}");
+            assert!(
+                message.contains(&format!("ValidationException: {invalid}")),
+                "{body}"
+            );
         }
         assert_eq!(fake.received().len(), 1, "{code}: never retried");
         world.stop().await;
@@ -769,7 +823,10 @@ async fn an_exception_frame_or_a_bad_crc_is_a_cut_stream(backend: Backend) {
         body["stream"] = json!(true);
         let (status, events, done) = stream(&world, "cut", &body).await;
         assert_eq!(status, 200, "{name}");
-        assert!(streamed_text(&events).starts_with("Tides "), "{name}: {events:?}");
+        assert!(
+            streamed_text(&events).starts_with("Tides "),
+            "{name}: {events:?}"
+        );
         let error = events
             .iter()
             .find_map(|e| e.get("error"))
@@ -777,7 +834,9 @@ async fn an_exception_frame_or_a_bad_crc_is_a_cut_stream(backend: Backend) {
         assert_eq!(error["code"], "stream_cut", "{name}: {error}");
         assert!(!done, "{name}: a cut stream never ends with [DONE]");
         assert!(
-            !events.iter().any(|e| e["choices"][0]["finish_reason"] == "stop"),
+            !events
+                .iter()
+                .any(|e| e["choices"][0]["finish_reason"] == "stop"),
             "{name}: never a finish on a truncated answer"
         );
         // Bedrock honours no idempotency key: nothing is re-sent to it
@@ -810,7 +869,11 @@ async fn a_request_signed_with_the_wrong_secret_is_refused_once(backend: Backend
 fn request() -> ChatRequest {
     ChatRequest {
         system: Some("Answer in JSON.".into()),
-        messages: vec![Message::new(Role::User, "first"), Message::new(Role::Assistant, "ok"), Message::new(Role::User, "third")],
+        messages: vec![
+            Message::new(Role::User, "first"),
+            Message::new(Role::Assistant, "ok"),
+            Message::new(Role::User, "third"),
+        ],
         temperature: Some(0.0),
         max_tokens: Some(64),
         top_p: None,
@@ -830,16 +893,96 @@ fn failed(outcome: &AttemptOutcome) -> (bool, String, String) {
 #[tokio::test]
 async fn every_error_class_is_classified_where_it_is_born() {
     let rows: Vec<(Reply, bool, &str)> = vec![
-        (error(429, "ThrottlingException", "Too many requests, please wait before trying again."), true, "rate_limited"),
-        (error(400, "ValidationException", "Malformed input request: #: required key [messages] not found"), false, "bad_request"),
-        (error(400, "ValidationException", "Input is too long for requested model."), false, "context_length_exceeded"),
-        (error(400, "ValidationException", "prompt is too long: 210000 tokens > 200000 maximum"), false, "context_length_exceeded"),
-        (error(503, "ServiceUnavailableException", "Bedrock is unable to process your request."), true, "unavailable"),
-        (error(500, "InternalServerException", "The server encountered an error processing your request."), true, "server_error"),
-        (error(403, "AccessDeniedException", "You don't have access to the model with the specified model ID."), false, "forbidden"),
-        (error(403, "UnrecognizedClientException", "The security token included in the request is invalid."), false, "unauthorized"),
-        (error(408, "ModelTimeoutException", "Model has timed out in processing the request."), true, "request_timeout"),
-        (error(404, "ResourceNotFoundException", "Could not resolve the foundation model."), false, "not_found"),
+        (
+            error(
+                429,
+                "ThrottlingException",
+                "Too many requests, please wait before trying again.",
+            ),
+            true,
+            "rate_limited",
+        ),
+        (
+            error(
+                400,
+                "ValidationException",
+                "Malformed input request: #: required key [messages] not found",
+            ),
+            false,
+            "bad_request",
+        ),
+        (
+            error(
+                400,
+                "ValidationException",
+                "Input is too long for requested model.",
+            ),
+            false,
+            "context_length_exceeded",
+        ),
+        (
+            error(
+                400,
+                "ValidationException",
+                "prompt is too long: 210000 tokens > 200000 maximum",
+            ),
+            false,
+            "context_length_exceeded",
+        ),
+        (
+            error(
+                503,
+                "ServiceUnavailableException",
+                "Bedrock is unable to process your request.",
+            ),
+            true,
+            "unavailable",
+        ),
+        (
+            error(
+                500,
+                "InternalServerException",
+                "The server encountered an error processing your request.",
+            ),
+            true,
+            "server_error",
+        ),
+        (
+            error(
+                403,
+                "AccessDeniedException",
+                "You don't have access to the model with the specified model ID.",
+            ),
+            false,
+            "forbidden",
+        ),
+        (
+            error(
+                403,
+                "UnrecognizedClientException",
+                "The security token included in the request is invalid.",
+            ),
+            false,
+            "unauthorized",
+        ),
+        (
+            error(
+                408,
+                "ModelTimeoutException",
+                "Model has timed out in processing the request.",
+            ),
+            true,
+            "request_timeout",
+        ),
+        (
+            error(
+                404,
+                "ResourceNotFoundException",
+                "Could not resolve the foundation model.",
+            ),
+            false,
+            "not_found",
+        ),
     ];
     for (reply, retryable, kind) in rows {
         let fake = FakeBedrock::start(vec![reply]).await;
@@ -854,12 +997,18 @@ async fn every_error_class_is_classified_where_it_is_born() {
         let fake = FakeBedrock::start(vec![answer(json!([{"text": "Sorry."}]), stop)]).await;
         let outcome = adapter(&fake.base_url).call(&request()).await;
         let (retryable, kind, message) = failed(&outcome);
-        assert!(!retryable && kind == "content_policy" && message.contains(stop), "{message}");
+        assert!(
+            !retryable && kind == "content_policy" && message.contains(stop),
+            "{message}"
+        );
     }
     // max_tokens is an answer that stopped for length.
     let fake = FakeBedrock::start(vec![answer(json!([{"text": "Tides are"}]), "max_tokens")]).await;
     let outcome = adapter(&fake.base_url).call(&request()).await;
-    assert!(matches!(&outcome, AttemptOutcome::Succeeded(s) if s.output == "Tides are"), "{outcome:?}");
+    assert!(
+        matches!(&outcome, AttemptOutcome::Succeeded(s) if s.output == "Tides are"),
+        "{outcome:?}"
+    );
 }
 
 #[tokio::test]
@@ -906,5 +1055,8 @@ async fn a_stream_closed_before_message_stop_is_unknown() {
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
     let (outcome, finish) = adapter(&fake.base_url).stream(&request(), &tx).await;
     assert!(finish.is_none());
-    assert!(matches!(&outcome, AttemptOutcome::Unknown(a) if a.kind == "stream_incomplete"), "{outcome:?}");
+    assert!(
+        matches!(&outcome, AttemptOutcome::Unknown(a) if a.kind == "stream_incomplete"),
+        "{outcome:?}"
+    );
 }

@@ -291,7 +291,11 @@ fn a_bedrock_file_loads_with_the_regions_endpoint_and_no_lookup() {
 #[test]
 fn each_bad_bedrock_file_names_the_file_the_line_and_the_field() {
     let cases: Vec<(String, &str, &str)> = vec![
-        (BEDROCK.replace("region = \"us-east-1\"\n", ""), "region", ""),
+        (
+            BEDROCK.replace("region = \"us-east-1\"\n", ""),
+            "region",
+            "",
+        ),
         (
             BEDROCK.replace("us-east-1", "US East 1"),
             "region",
@@ -387,7 +391,9 @@ fn serve_validate_explains_a_bad_bedrock_file_without_its_secret() {
     .unwrap();
     let all = onejob_validate(dir.path());
     assert!(
-        all.contains("broken.toml") && all.contains("line 5") && all.contains("secret_access_key_env"),
+        all.contains("broken.toml")
+            && all.contains("line 5")
+            && all.contains("secret_access_key_env"),
         "{all}"
     );
     assert!(!all.contains("PASTED"), "leaks: {all}");

@@ -76,7 +76,12 @@ impl BedrockProvider {
     }
 
     /// A signed POST of `body` to `/model/{modelId}/{operation}`.
-    fn post(&self, operation: &str, body: &Value, key: &str) -> Result<reqwest::RequestBuilder, Failure> {
+    fn post(
+        &self,
+        operation: &str,
+        body: &Value,
+        key: &str,
+    ) -> Result<reqwest::RequestBuilder, Failure> {
         let url = format!("{}/model/{}/{operation}", self.base, self.model_path);
         let url = reqwest::Url::parse(&url)
             .map_err(|e| invalid_prompt(format!("not a URL: {url}: {e}")))?;
@@ -266,11 +271,7 @@ pub fn request_body(request: &ChatRequest) -> Result<Converse, String> {
             return Err(format!("{name} is not supported by the Converse API"));
         }
     }
-    let mut system: Vec<Value> = request
-        .system
-        .iter()
-        .map(|s| json!({"text": s}))
-        .collect();
+    let mut system: Vec<Value> = request.system.iter().map(|s| json!({"text": s})).collect();
     let mut turns: Vec<(&'static str, Vec<Value>)> = Vec::new();
     let mut uses_tools = false;
     for m in &request.messages {
@@ -326,7 +327,10 @@ pub fn request_body(request: &ChatRequest) -> Result<Converse, String> {
             .iter()
             .map(|t| {
                 let f = &t["function"];
-                let schema = f.get("parameters").cloned().unwrap_or(json!({"type": "object"}));
+                let schema = f
+                    .get("parameters")
+                    .cloned()
+                    .unwrap_or(json!({"type": "object"}));
                 let mut spec = json!({"name": f["name"], "inputSchema": {"json": schema}});
                 if let Some(d) = f.get("description") {
                     spec["description"] = d.clone();
@@ -599,8 +603,7 @@ impl Provider for BedrockProvider {
             Ok(c) => c,
             Err(message) => return (AttemptOutcome::Failed(invalid_prompt(message)), None),
         };
-        let builder = match self.post("converse-stream", &converse.body, &request.idempotency_key)
-        {
+        let builder = match self.post("converse-stream", &converse.body, &request.idempotency_key) {
             Ok(b) => b,
             Err(failure) => return (AttemptOutcome::Failed(failure), None),
         };
@@ -661,7 +664,10 @@ mod tests {
         ]);
         let converse = request_body(&request).unwrap();
         let body = converse.body;
-        assert_eq!(body["system"], json!([{"text": "be terse"}, {"text": "json only"}]));
+        assert_eq!(
+            body["system"],
+            json!([{"text": "be terse"}, {"text": "json only"}])
+        );
         assert_eq!(
             body["messages"],
             json!([
@@ -672,7 +678,10 @@ mod tests {
                     "content": [{"json": {"temp": 18}}]}}]},
             ])
         );
-        assert_eq!(body["inferenceConfig"], json!({"maxTokens": 100, "temperature": 0.5}));
+        assert_eq!(
+            body["inferenceConfig"],
+            json!({"maxTokens": 100, "temperature": 0.5})
+        );
         assert!(converse.structured.is_none());
     }
 

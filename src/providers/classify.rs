@@ -341,10 +341,19 @@ pub fn azure_filtered_categories(result: &Value) -> Vec<String> {
 pub const BEDROCK_TABLE: &[(&str, Verdict)] = &[
     ("ValidationException", Verdict::Definitive("bad_request")),
     ("AccessDeniedException", Verdict::Definitive("forbidden")),
-    ("UnrecognizedClientException", Verdict::Definitive("unauthorized")),
-    ("InvalidSignatureException", Verdict::Definitive("unauthorized")),
+    (
+        "UnrecognizedClientException",
+        Verdict::Definitive("unauthorized"),
+    ),
+    (
+        "InvalidSignatureException",
+        Verdict::Definitive("unauthorized"),
+    ),
     ("ExpiredTokenException", Verdict::Definitive("unauthorized")),
-    ("ResourceNotFoundException", Verdict::Definitive("not_found")),
+    (
+        "ResourceNotFoundException",
+        Verdict::Definitive("not_found"),
+    ),
     (
         "ServiceQuotaExceededException",
         Verdict::Definitive("quota_exceeded"),
@@ -352,10 +361,19 @@ pub const BEDROCK_TABLE: &[(&str, Verdict)] = &[
     ("ThrottlingException", Verdict::Retryable("rate_limited")),
     ("ModelNotReadyException", Verdict::Retryable("unavailable")),
     // The model timed out before answering: AWS documents a retry.
-    ("ModelTimeoutException", Verdict::Retryable("request_timeout")),
+    (
+        "ModelTimeoutException",
+        Verdict::Retryable("request_timeout"),
+    ),
     ("ModelErrorException", Verdict::Retryable("server_error")),
-    ("ServiceUnavailableException", Verdict::Retryable("unavailable")),
-    ("InternalServerException", Verdict::Retryable("server_error")),
+    (
+        "ServiceUnavailableException",
+        Verdict::Retryable("unavailable"),
+    ),
+    (
+        "InternalServerException",
+        Verdict::Retryable("server_error"),
+    ),
 ];
 
 /// How Bedrock's `ValidationException` says the prompt does not fit

@@ -530,7 +530,10 @@ impl ProviderConfig {
         for (field, given) in [
             ("region", self.region.is_some()),
             ("access_key_id_env", self.access_key_id_env.is_some()),
-            ("secret_access_key_env", self.secret_access_key_env.is_some()),
+            (
+                "secret_access_key_env",
+                self.secret_access_key_env.is_some(),
+            ),
             ("session_token_env", self.session_token_env.is_some()),
         ] {
             if given && !bedrock {

@@ -152,10 +152,7 @@ pub fn sign(
         request.payload_hash
     );
     let date = amz_date.get(..8).unwrap_or(amz_date);
-    let credential_scope = format!(
-        "{date}/{}/{}/aws4_request",
-        scope.region, scope.service
-    );
+    let credential_scope = format!("{date}/{}/{}/aws4_request", scope.region, scope.service);
     let string_to_sign = format!(
         "{ALGORITHM}\n{amz_date}\n{credential_scope}\n{}",
         payload_hash(canonical_request.as_bytes())

@@ -247,7 +247,11 @@ fn bedrock_error(status: StatusCode, body: &Value) -> Response {
         400 | 422 => aws_error(400, "ValidationException", message),
         401 | 403 => aws_error(403, "AccessDeniedException", message),
         404 => aws_error(404, "ResourceNotFoundException", message),
-        429 => aws_error(429, "ThrottlingException", "Too many requests, please wait before trying again. (simulated)"),
+        429 => aws_error(
+            429,
+            "ThrottlingException",
+            "Too many requests, please wait before trying again. (simulated)",
+        ),
         503 | 529 => aws_error(503, "ServiceUnavailableException", message),
         _ => aws_error(500, "InternalServerException", message),
     }
@@ -262,7 +266,13 @@ pub(crate) async fn model(
 ) -> Response {
     let value: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
-        Err(e) => return aws_error(400, "ValidationException", &format!("Malformed input request: {e}")),
+        Err(e) => {
+            return aws_error(
+                400,
+                "ValidationException",
+                &format!("Malformed input request: {e}"),
+            )
+        }
     };
     let stream = match operation.as_str() {
         "converse" => false,

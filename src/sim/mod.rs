@@ -11,8 +11,8 @@
 //! `/count-tokens`),
 //! `GET /sim/ledger?key=K`, `GET /healthz`.
 
-pub mod behaviour;
 mod bedrock;
+pub mod behaviour;
 mod gemini;
 pub mod ledger;
 pub mod schema_gen;

@@ -17,7 +17,7 @@
 //! settled by a late answer or by a human.
 
 use super::classify::{classify_bedrock, error_chain};
-use super::config::{ProviderConfig, Timeouts};
+use super::config::{ProviderConfig, ProviderConfigError, Secret, Timeouts};
 use super::eventstream::EventStreamFraming;
 use super::sigv4::{self, Credentials, Scope};
 use super::stream::{self, DeltaSender, SseEvent, Step, WireReader};
@@ -156,6 +156,54 @@ impl BedrockProvider {
             .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
             .ok_or_else(|| "CountTokens answer has no inputTokens".to_string())
     }
+}
+
+/// The AWS credentials from the variables this file names (or AWS's
+/// standard ones): an access key id and secret are required, a session
+/// token is used when its variable is set. Errors name the variable,
+/// never its value.
+pub fn credentials_of(config: &ProviderConfig) -> Result<Credentials, ProviderConfigError> {
+    let var_of = |given: &Option<String>, standard: &str| {
+        given.clone().unwrap_or_else(|| standard.to_string())
+    };
+    let read = |var: &str| match std::env::var(var) {
+        Ok(value) if !value.is_empty() => Some(value),
+        _ => None,
+    };
+    let required = |field: &'static str, var: String| {
+        read(&var).ok_or(ProviderConfigError::MissingCredential {
+            path: config.source.clone(),
+            field,
+            var,
+        })
+    };
+    let access_key_id = required(
+        "access_key_id_env",
+        var_of(&config.access_key_id_env, "AWS_ACCESS_KEY_ID"),
+    )?;
+    let secret = required(
+        "secret_access_key_env",
+        var_of(&config.secret_access_key_env, "AWS_SECRET_ACCESS_KEY"),
+    )?;
+    let token_var = var_of(&config.session_token_env, "AWS_SESSION_TOKEN");
+    let session_token = match read(&token_var) {
+        Some(token) => Some(Secret::new(token)),
+        // A variable the file names must hold a token; AWS's standard
+        // one is optional (long-term keys have none).
+        None if config.session_token_env.is_some() => {
+            return Err(ProviderConfigError::MissingCredential {
+                path: config.source.clone(),
+                field: "session_token_env",
+                var: token_var,
+            })
+        }
+        None => None,
+    };
+    Ok(Credentials {
+        access_key_id,
+        secret_access_key: Secret::new(secret),
+        session_token,
+    })
 }
 
 fn invalid_prompt(message: String) -> Failure {

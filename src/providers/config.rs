@@ -570,56 +570,6 @@ impl ProviderConfig {
         Ok(())
     }
 
-    /// The AWS credentials from the variables this file names (or AWS's
-    /// standard ones): an access key id and secret are required, a session
-    /// token is used when its variable is set. Errors name the variable,
-    /// never its value.
-    pub fn resolve_aws_credentials(
-        &self,
-    ) -> Result<super::sigv4::Credentials, ProviderConfigError> {
-        let var_of = |given: &Option<String>, standard: &str| {
-            given.clone().unwrap_or_else(|| standard.to_string())
-        };
-        let read = |var: &str| match std::env::var(var) {
-            Ok(value) if !value.is_empty() => Some(value),
-            _ => None,
-        };
-        let required = |field: &'static str, var: String| {
-            read(&var).ok_or(ProviderConfigError::MissingCredential {
-                path: self.source.clone(),
-                field,
-                var,
-            })
-        };
-        let access_key_id = required(
-            "access_key_id_env",
-            var_of(&self.access_key_id_env, "AWS_ACCESS_KEY_ID"),
-        )?;
-        let secret = required(
-            "secret_access_key_env",
-            var_of(&self.secret_access_key_env, "AWS_SECRET_ACCESS_KEY"),
-        )?;
-        let token_var = var_of(&self.session_token_env, "AWS_SESSION_TOKEN");
-        let session_token = match read(&token_var) {
-            Some(token) => Some(Secret(token)),
-            // A variable the file names must hold a token; AWS's standard
-            // one is optional (long-term keys have none).
-            None if self.session_token_env.is_some() => {
-                return Err(ProviderConfigError::MissingCredential {
-                    path: self.source.clone(),
-                    field: "session_token_env",
-                    var: token_var,
-                })
-            }
-            None => None,
-        };
-        Ok(super::sigv4::Credentials {
-            access_key_id,
-            secret_access_key: Secret(secret),
-            session_token,
-        })
-    }
-
     fn validate_azure(&self) -> Result<(), ProviderConfigError> {
         let azure = self.kind == ProviderKind::AzureOpenai;
         for (field, given) in [

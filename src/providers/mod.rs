@@ -144,7 +144,7 @@ pub fn build_provider(
             name, config, client, api_key,
         )),
         ProviderKind::Bedrock => {
-            let credentials = config.resolve_aws_credentials()?;
+            let credentials = bedrock::credentials_of(config)?;
             Arc::new(bedrock::BedrockProvider::new(
                 name,
                 config,

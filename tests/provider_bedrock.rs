@@ -1060,3 +1060,38 @@ async fn a_stream_closed_before_message_stop_is_unknown() {
         "{outcome:?}"
     );
 }
+
+#[tokio::test]
+async fn the_simulators_bedrock_wire_streams_the_answer_it_gives_whole() {
+    let sim = onejob::sim::SimServer::start("127.0.0.1:0").await.unwrap();
+    let text = provider_file(&sim.base_url(), SECRET_ENV).replace(MODEL, "healthy");
+    let config =
+        ProviderConfig::parse(&text, std::path::Path::new("providers/sim-bedrock.toml")).unwrap();
+    let provider = build_provider("sim-bedrock", &config).unwrap();
+    let mut whole_request = request();
+    whole_request.idempotency_key = "sim-whole".into();
+    let AttemptOutcome::Succeeded(whole) = provider.call(&whole_request).await else {
+        panic!("the simulator answers")
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut streamed_request = request();
+    streamed_request.idempotency_key = "sim-streamed".into();
+    let (outcome, finish) = provider.stream(&streamed_request, &tx).await;
+    drop(tx);
+    let mut pieces = Vec::new();
+    while let Some(delta) = rx.recv().await {
+        pieces.push(delta.content);
+    }
+    let AttemptOutcome::Succeeded(streamed) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert_eq!(
+        streamed.output, whole.output,
+        "the same prompt, the same answer"
+    );
+    assert!(pieces.len() > 1, "in pieces: {pieces:?}");
+    assert_eq!(pieces.concat(), whole.output);
+    assert_eq!(finish.unwrap().finish_reason, "stop");
+    assert_eq!(streamed.usage, whole.usage);
+    assert_eq!(sim.ledger().executions("sim-streamed"), 1);
+}

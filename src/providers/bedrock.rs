@@ -1,6 +1,6 @@
 //! AWS Bedrock's Converse API: `POST {base}/model/{modelId}/converse`,
 //! streamed by `/converse-stream`, counted by `/count-tokens`; every request
-//! signed with SigV4 ([`super::sigv4`], service `bedrock`).
+//! signed with SigV4 ([`super::aws_auth`], service `bedrock`).
 //!
 //! The wire differs from OpenAI's in ways this adapter owns: the system
 //! prompt is a list of `system` blocks; turns are `messages` of `content`
@@ -16,8 +16,9 @@
 //! Bedrock cannot look a request up by key: an unknown attempt here is
 //! settled by a late answer or by a human.
 
+use super::aws_auth;
 use super::classify::{classify_bedrock, error_chain};
-use super::config::{ProviderConfig, ProviderConfigError, Secret, Timeouts};
+use super::config::{ProviderConfig, Timeouts};
 use super::eventstream::EventStreamFraming;
 use super::sigv4::{self, Credentials, Scope};
 use super::stream::{self, DeltaSender, SseEvent, Step, WireReader};
@@ -26,7 +27,7 @@ use super::{AttemptOutcome, ChatRequest, Failure, Lookup, Provider, Streamed, Su
 use crate::domain::request::{Message, Role};
 use async_trait::async_trait;
 use serde_json::{json, Map, Value};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 /// The SigV4 service name of the Bedrock runtime.
 pub const SIGNING_SERVICE: &str = "bedrock";
@@ -83,46 +84,15 @@ impl BedrockProvider {
         key: &str,
     ) -> Result<reqwest::RequestBuilder, Failure> {
         let url = format!("{}/model/{}/{operation}", self.base, self.model_path);
-        let url = reqwest::Url::parse(&url)
-            .map_err(|e| invalid_prompt(format!("not a URL: {url}: {e}")))?;
-        let host = match (url.host_str(), url.port()) {
-            (Some(host), Some(port)) => format!("{host}:{port}"),
-            (Some(host), None) => host.to_string(),
-            (None, _) => return Err(invalid_prompt(format!("no host in {url}"))),
-        };
         let bytes = serde_json::to_vec(body).map_err(|e| invalid_prompt(error_chain(&e)))?;
-        let payload_hash = sigv4::payload_hash(&bytes);
-        let amz_date = sigv4::amz_date(SystemTime::now());
-        let mut headers = vec![
-            ("content-type", "application/json"),
-            ("host", host.as_str()),
-            ("x-amz-content-sha256", payload_hash.as_str()),
-            ("x-amz-date", amz_date.as_str()),
-        ];
-        if let Some(token) = &self.credentials.session_token {
-            headers.push(("x-amz-security-token", token.expose()));
-        }
-        let request = sigv4::Request {
-            method: "POST",
-            path: url.path(),
-            query: &[],
-            headers: &headers,
-            payload_hash: &payload_hash,
-        };
         let scope = Scope {
             region: &self.region,
             service: SIGNING_SERVICE,
         };
-        let signature = sigv4::sign(&request, &self.credentials, scope, &amz_date);
-        let mut builder = self.client.post(url.clone());
-        for (name, value) in headers.iter().filter(|(name, _)| *name != "host") {
-            builder = builder.header(*name, *value);
-        }
-        Ok(builder
-            .header("authorization", signature.authorization)
-            // Bedrock ignores it; sent (unsigned) so a gateway in front can dedupe.
-            .header("Idempotency-Key", key)
-            .body(bytes))
+        let builder = aws_auth::signed_post(&self.client, &url, bytes, &self.credentials, scope)
+            .map_err(invalid_prompt)?;
+        // Bedrock ignores it; sent (unsigned) so a gateway in front can dedupe.
+        Ok(builder.header("Idempotency-Key", key))
     }
 
     /// `CountTokens` for the prompt of `request`: Bedrock's own count, which
@@ -156,54 +126,6 @@ impl BedrockProvider {
             .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
             .ok_or_else(|| "CountTokens answer has no inputTokens".to_string())
     }
-}
-
-/// The AWS credentials from the variables this file names (or AWS's
-/// standard ones): an access key id and secret are required, a session
-/// token is used when its variable is set. Errors name the variable,
-/// never its value.
-pub fn credentials_of(config: &ProviderConfig) -> Result<Credentials, ProviderConfigError> {
-    let var_of = |given: &Option<String>, standard: &str| {
-        given.clone().unwrap_or_else(|| standard.to_string())
-    };
-    let read = |var: &str| match std::env::var(var) {
-        Ok(value) if !value.is_empty() => Some(value),
-        _ => None,
-    };
-    let required = |field: &'static str, var: String| {
-        read(&var).ok_or(ProviderConfigError::MissingCredential {
-            path: config.source.clone(),
-            field,
-            var,
-        })
-    };
-    let access_key_id = required(
-        "access_key_id_env",
-        var_of(&config.access_key_id_env, "AWS_ACCESS_KEY_ID"),
-    )?;
-    let secret = required(
-        "secret_access_key_env",
-        var_of(&config.secret_access_key_env, "AWS_SECRET_ACCESS_KEY"),
-    )?;
-    let token_var = var_of(&config.session_token_env, "AWS_SESSION_TOKEN");
-    let session_token = match read(&token_var) {
-        Some(token) => Some(Secret::new(token)),
-        // A variable the file names must hold a token; AWS's standard
-        // one is optional (long-term keys have none).
-        None if config.session_token_env.is_some() => {
-            return Err(ProviderConfigError::MissingCredential {
-                path: config.source.clone(),
-                field: "session_token_env",
-                var: token_var,
-            })
-        }
-        None => None,
-    };
-    Ok(Credentials {
-        access_key_id,
-        secret_access_key: Secret::new(secret),
-        session_token,
-    })
 }
 
 fn invalid_prompt(message: String) -> Failure {

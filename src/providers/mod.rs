@@ -6,6 +6,7 @@
 //! key, whether it executed the work.
 
 pub mod anthropic;
+pub mod aws_auth;
 pub mod azure;
 pub mod bedrock;
 pub mod catalog;
@@ -144,7 +145,7 @@ pub fn build_provider(
             name, config, client, api_key,
         )),
         ProviderKind::Bedrock => {
-            let credentials = bedrock::credentials_of(config)?;
+            let credentials = aws_auth::credentials_of(config)?;
             Arc::new(bedrock::BedrockProvider::new(
                 name,
                 config,

@@ -1095,3 +1095,50 @@ async fn the_simulators_bedrock_wire_streams_the_answer_it_gives_whole() {
     assert_eq!(streamed.usage, whole.usage);
     assert_eq!(sim.ledger().executions("sim-streamed"), 1);
 }
+
+#[tokio::test]
+async fn an_exception_before_the_answer_began_is_the_error_it_names() {
+    for (frames, expected) in [
+        (
+            vec![exception(
+                "throttlingException",
+                "Too many tokens, please wait before trying again.",
+            )],
+            Some((true, "rate_limited")),
+        ),
+        (
+            vec![exception(
+                "validationException",
+                "Input is too long for requested model.",
+            )],
+            Some((false, "context_length_exceeded")),
+        ),
+        // The model had started: whatever the exception, the outcome is unknown.
+        (
+            vec![
+                event("messageStart", json!({"role": "assistant"})),
+                exception("throttlingException", "Too many tokens."),
+            ],
+            None,
+        ),
+        (
+            vec![exception(
+                "modelStreamErrorException",
+                "The model stream encountered an error.",
+            )],
+            None,
+        ),
+    ] {
+        let fake = FakeBedrock::start(vec![Reply::Stream(on_the_wire(frames))]).await;
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let (outcome, finish) = adapter(&fake.base_url).stream(&request(), &tx).await;
+        assert!(finish.is_none());
+        match (expected, &outcome) {
+            (Some((retryable, kind)), AttemptOutcome::Failed(f)) => {
+                assert_eq!((f.retryable, f.kind.as_str()), (retryable, kind), "{f:?}")
+            }
+            (None, AttemptOutcome::Unknown(a)) => assert_eq!(a.kind, "stream_cut", "{a:?}"),
+            _ => panic!("expected {expected:?}, got {outcome:?}"),
+        }
+    }
+}

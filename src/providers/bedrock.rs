@@ -17,7 +17,7 @@
 //! settled by a late answer or by a human.
 
 use super::aws_auth;
-use super::classify::{classify_bedrock, error_chain};
+use super::classify::{bedrock_stream_exception, classify_bedrock, error_chain};
 use super::config::{ProviderConfig, Timeouts};
 use super::eventstream::EventStreamFraming;
 use super::sigv4::{self, Credentials, Scope};
@@ -406,7 +406,9 @@ pub fn response_to_success(
 /// ConverseStream's events: `messageStart`, content blocks (a tool use's
 /// start names it, its input comes in JSON fragments), `messageStop` with
 /// the stop reason, then `metadata` with the usage. An exception message
-/// mid-stream is a cut. The forced JSON tool's input is the answer's text.
+/// mid-stream is a cut; one before any event of the answer is the error
+/// it names (a throttling before the model started is a retryable no).
+/// The forced JSON tool's input is the answer's text.
 #[derive(Debug, Default)]
 pub(crate) struct BedrockReader {
     structured: Option<String>,
@@ -414,6 +416,8 @@ pub(crate) struct BedrockReader {
     structured_block: Option<u64>,
     stop_reason: Option<String>,
     usage: Option<Usage>,
+    /// Whether an event of the answer has arrived.
+    started: bool,
     /// Content block index → tool call index.
     tools: Vec<(u64, usize)>,
 }
@@ -442,8 +446,14 @@ impl WireReader for BedrockReader {
         };
         if let Some(exception) = kind.strip_prefix("exception:") {
             let message = value["message"].as_str().unwrap_or("exception event");
+            if let Some(failure) =
+                bedrock_stream_exception(exception, message).filter(|_| !self.started)
+            {
+                return Step::Refused(failure);
+            }
             return Step::Broken("stream_cut".into(), format!("{exception}: {message}"));
         }
+        self.started = true;
         let index = value["contentBlockIndex"].as_u64().unwrap_or(0);
         match kind {
             "contentBlockStart" => {

@@ -439,6 +439,35 @@ pub fn classify_bedrock(
     )
 }
 
+/// An exception ConverseStream sends in its stream before any event of the
+/// answer (`throttlingException`, `validationException`, …: the type in
+/// lower camel case), as the definitive failure [`BEDROCK_TABLE`] makes of
+/// it; `None` for a type the table does not know, which stays a cut.
+pub fn bedrock_stream_exception(error_type: &str, message: &str) -> Option<Failure> {
+    let mut chars = error_type.chars();
+    let first = chars.next()?;
+    let error_type = format!("{}{}", first.to_ascii_uppercase(), chars.as_str());
+    let &(_, verdict) = BEDROCK_TABLE.iter().find(|(name, _)| *name == error_type)?;
+    let lower = message.to_ascii_lowercase();
+    let (retryable, kind) = match verdict {
+        Verdict::Definitive("bad_request")
+            if BEDROCK_CONTEXT_LENGTH.iter().any(|n| lower.contains(n)) =>
+        {
+            (false, "context_length_exceeded")
+        }
+        Verdict::Definitive(kind) => (false, kind),
+        Verdict::Retryable(kind) => (true, kind),
+        Verdict::Ambiguous(_) => return None,
+    };
+    Some(Failure {
+        retryable,
+        retry_after: None,
+        kind: kind.to_string(),
+        message: format!("{error_type}: {message}"),
+        status: None,
+    })
+}
+
 /// `retry-after-ms` (OpenAI) wins over `Retry-After` (seconds or HTTP date).
 pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let header = |name: &str| {

@@ -706,11 +706,36 @@ async fn tool_calls_come_back_whole_and_streamed(backend: Backend) {
 }
 
 async fn a_json_schema_answer_is_the_forced_tools_input(backend: Backend) {
-    let fake = FakeBedrock::start(vec![answer(
-        json!([{"toolUse": {"toolUseId": "tooluse_j", "name": "verdict",
-                            "input": {"label": "spam", "score": 0.9}}}]),
-        "tool_use",
-    )])
+    let streamed = vec![
+        event("messageStart", json!({"role": "assistant"})),
+        event(
+            "contentBlockStart",
+            json!({"contentBlockIndex": 0, "start": {"toolUse":
+                {"toolUseId": "tooluse_js", "name": "verdict"}}}),
+        ),
+        event(
+            "contentBlockDelta",
+            json!({"contentBlockIndex": 0, "delta": {"toolUse": {"input": "{\"label\": \"ham\","}}}),
+        ),
+        event(
+            "contentBlockDelta",
+            json!({"contentBlockIndex": 0, "delta": {"toolUse": {"input": " \"score\": 0.2}"}}}),
+        ),
+        event("contentBlockStop", json!({"contentBlockIndex": 0})),
+        event("messageStop", json!({"stopReason": "tool_use"})),
+        event(
+            "metadata",
+            json!({"usage": {"inputTokens": 30, "outputTokens": 11, "totalTokens": 41}}),
+        ),
+    ];
+    let fake = FakeBedrock::start(vec![
+        answer(
+            json!([{"toolUse": {"toolUseId": "tooluse_j", "name": "verdict",
+                                "input": {"label": "spam", "score": 0.9}}}]),
+            "tool_use",
+        ),
+        Reply::Stream(on_the_wire(streamed)),
+    ])
     .await;
     let world = world_on(backend, &fake, SECRET_ENV).await;
     let schema = json!({"type": "object", "properties": {"label": {"type": "string"},
@@ -737,6 +762,19 @@ async fn a_json_schema_answer_is_the_forced_tools_input(backend: Backend) {
         sent["toolConfig"]["tools"][0]["toolSpec"]["inputSchema"]["json"],
         schema
     );
+
+    // Streamed, the forced tool's input arrives as the answer's text.
+    asked["messages"][1]["content"] = json!("Classify: lunch at noon?");
+    asked["stream"] = json!(true);
+    let (status, events, done) = stream(&world, "schema-2", &asked).await;
+    assert_eq!(status, 200);
+    assert!(done, "{events:?}");
+    let text: Value = serde_json::from_str(&streamed_text(&events)).unwrap();
+    assert_eq!(text, json!({"label": "ham", "score": 0.2}));
+    assert!(events
+        .iter()
+        .all(|e| e["choices"][0]["delta"].get("tool_calls").is_none()));
+    assert_eq!(fake.received().len(), 2);
     world.stop().await;
 }
 

@@ -1,7 +1,7 @@
-//! Provider files of kind `gemini` (AI Studio and Vertex AI) and
-//! `azure_openai`: each bad file is explained by file, line and field, by
+//! Provider files of kind `gemini` (AI Studio and Vertex AI),
+//! `azure_openai` and `bedrock`: each bad file is explained by file, line and field, by
 //! the loader and by `onejob serve --validate`, and no credential — a key,
-//! a service-account file's content — is ever printed back.
+//! a service-account file's content, an AWS secret — is ever printed back.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use onejob::providers::build_provider;
@@ -257,4 +257,156 @@ fn the_example_file_of_each_kind_loads() {
         vertex.base_url,
         "https://us-central1-aiplatform.googleapis.com"
     );
+}
+
+const BEDROCK: &str = "kind = \"bedrock\"\nregion = \"us-east-1\"\n\
+model = \"us.anthropic.claude-3-5-sonnet-20241022-v2:0\"\n\
+access_key_id_env = \"ONEJOB_TEST_NATIVE_AWS_KEY_ID\"\n\
+secret_access_key_env = \"ONEJOB_TEST_NATIVE_AWS_SECRET\"\n\
+tokenizer = \"cl100k_base\"\ncontext_window = 200000\n";
+
+/// What an AWS secret access key looks like, pasted where a name belongs.
+const PASTED_AWS: &str = "PASTEDwJalrXUtnFEMI/K7MDENG+bPxRfiCYzzzKEY";
+
+#[test]
+fn a_bedrock_file_loads_with_the_regions_endpoint_and_no_lookup() {
+    let config = parse(BEDROCK).unwrap();
+    assert_eq!(config.kind, ProviderKind::Bedrock);
+    assert_eq!(
+        config.base_url,
+        "https://bedrock-runtime.us-east-1.amazonaws.com"
+    );
+    assert_eq!(config.lookup, onejob::providers::config::LookupMode::None);
+    assert!(!config.continues_prefill());
+    let overridden = BEDROCK.replace(
+        "region = \"us-east-1\"\n",
+        "region = \"us-east-1\"\nbase_url = \"https://vpce-1.bedrock-runtime.us-east-1.vpce.amazonaws.com\"\n",
+    );
+    assert_eq!(
+        parse(&overridden).unwrap().base_url,
+        "https://vpce-1.bedrock-runtime.us-east-1.vpce.amazonaws.com"
+    );
+}
+
+#[test]
+fn each_bad_bedrock_file_names_the_file_the_line_and_the_field() {
+    let cases: Vec<(String, &str, &str)> = vec![
+        (
+            BEDROCK.replace("region = \"us-east-1\"\n", ""),
+            "region",
+            "",
+        ),
+        (
+            BEDROCK.replace("us-east-1", "US East 1"),
+            "region",
+            "line 2",
+        ),
+        (
+            format!("{BEDROCK}api_key_env = \"AWS_KEY\"\n"),
+            "api_key_env",
+            "line 8",
+        ),
+        (
+            BEDROCK.replace("ONEJOB_TEST_NATIVE_AWS_SECRET", "not a name"),
+            "secret_access_key_env",
+            "line 5",
+        ),
+        (
+            format!("{BEDROCK}lookup = \"openai_stored\"\n"),
+            "lookup",
+            "line 8",
+        ),
+        (format!("{BEDROCK}store = true\n"), "store", "line 8"),
+        (
+            format!("{STUDIO}region = \"us-east-1\"\n"),
+            "region",
+            "line 6",
+        ),
+        (
+            format!("{BEDROCK}aws_secret_access_key = \"x\"\n"),
+            "aws_secret_access_key",
+            "line 8",
+        ),
+    ];
+    for (text, field, line) in cases {
+        let message = parse(&text).expect_err(&text);
+        assert!(message.starts_with("providers/native.toml: "), "{message}");
+        assert!(message.contains(field), "{field}: {message}");
+        assert!(message.contains(line), "{field} {line}: {message}");
+    }
+}
+
+#[test]
+fn an_aws_credential_pasted_into_the_file_is_never_printed_back() {
+    let cases = [
+        BEDROCK.replace("ONEJOB_TEST_NATIVE_AWS_SECRET", PASTED_AWS),
+        BEDROCK.replace("ONEJOB_TEST_NATIVE_AWS_KEY_ID", PASTED_AWS),
+        format!("{BEDROCK}session_token_env = \"{PASTED_AWS}\"\n"),
+        format!("{BEDROCK}aws_secret_access_key = \"{PASTED_AWS}\"\n"),
+        BEDROCK.replace("us-east-1", PASTED_AWS),
+    ];
+    for (i, text) in cases.iter().enumerate() {
+        let message = parse(text).expect_err(text);
+        assert!(
+            message.contains("providers/native.toml"),
+            "case {i}: {message}"
+        );
+        assert!(!message.contains("PASTED"), "case {i} leaks: {message}");
+    }
+}
+
+#[test]
+fn missing_aws_credentials_are_named_by_their_variable_never_shown() {
+    let config = parse(BEDROCK).unwrap();
+    std::env::remove_var("ONEJOB_TEST_NATIVE_AWS_KEY_ID");
+    std::env::set_var("ONEJOB_TEST_NATIVE_AWS_SECRET", PASTED_AWS);
+    let err = match build_provider("bedrock", &config) {
+        Ok(_) => panic!("built without an access key id"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("providers/native.toml")
+            && err.contains("access_key_id_env")
+            && err.contains("ONEJOB_TEST_NATIVE_AWS_KEY_ID")
+            && err.contains("not set"),
+        "{err}"
+    );
+    assert!(!err.contains("PASTED"), "{err}");
+    std::env::set_var("ONEJOB_TEST_NATIVE_AWS_KEY_ID", "AKIDEXAMPLE");
+    let built = build_provider("bedrock", &config).unwrap();
+    assert_eq!(built.name(), "bedrock");
+}
+
+#[test]
+fn serve_validate_explains_a_bad_bedrock_file_without_its_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let providers = dir.path().join("providers");
+    std::fs::create_dir(&providers).unwrap();
+    let bad = BEDROCK.replace("ONEJOB_TEST_NATIVE_AWS_SECRET", PASTED_AWS);
+    std::fs::write(providers.join("broken.toml"), &bad).unwrap();
+    std::fs::write(
+        dir.path().join("onejob.toml"),
+        "[server]\nproviders_dir = \"providers\"\ndatabase_url = \"onejob.db\"\n",
+    )
+    .unwrap();
+    let all = onejob_validate(dir.path());
+    assert!(
+        all.contains("broken.toml")
+            && all.contains("line 5")
+            && all.contains("secret_access_key_env"),
+        "{all}"
+    );
+    assert!(!all.contains("PASTED"), "leaks: {all}");
+}
+
+#[test]
+fn the_bedrock_example_file_loads() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("providers/examples");
+    let config = ProviderConfig::load(&dir.join("bedrock.toml")).unwrap();
+    assert_eq!(config.kind, ProviderKind::Bedrock);
+    assert_eq!(
+        config.base_url,
+        "https://bedrock-runtime.us-east-1.amazonaws.com"
+    );
+    assert!(config.model.contains(':'), "an inference-profile id");
 }

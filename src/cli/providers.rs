@@ -26,6 +26,7 @@ fn kind_name(kind: ProviderKind) -> &'static str {
         ProviderKind::Sim => "sim",
         ProviderKind::Gemini => "gemini",
         ProviderKind::AzureOpenai => "azure_openai",
+        ProviderKind::Bedrock => "bedrock",
     }
 }
 

@@ -37,6 +37,8 @@ pub fn profile_of(entry: &ProviderEntry) -> ProviderProfile {
             // systemInstruction is top level, as Anthropic's `system`.
             ProviderKind::Gemini => WireFormat::Anthropic,
             ProviderKind::AzureOpenai => WireFormat::OpenAi,
+            // Converse's `system` blocks are top level too.
+            ProviderKind::Bedrock => WireFormat::Anthropic,
         },
         tokenizer: match entry.config.tokenizer {
             Tokenizer::O200kBase => "o200k_base",

@@ -75,6 +75,8 @@ impl JobPlan {
             // systemInstruction is top level, as Anthropic's `system`.
             ProviderKind::Gemini => WireFormat::Anthropic,
             ProviderKind::AzureOpenai => WireFormat::OpenAi,
+            // Converse's `system` blocks are top level too.
+            ProviderKind::Bedrock => WireFormat::Anthropic,
         }
     }
 
@@ -225,13 +227,15 @@ impl JobPlan {
                 )));
             }
         }
-        if kind == ProviderKind::Gemini && params.parallel_tool_calls == Some(false) {
+        if matches!(kind, ProviderKind::Gemini | ProviderKind::Bedrock)
+            && params.parallel_tool_calls == Some(false)
+        {
             return Err(PlanError(format!(
-                "{}: parallel_tool_calls = false cannot be asked of Gemini's wire format",
+                "{}: parallel_tool_calls = false cannot be asked of its wire format",
                 provider.name
             )));
         }
-        if kind == ProviderKind::Anthropic {
+        if matches!(kind, ProviderKind::Anthropic | ProviderKind::Bedrock) {
             for (name, given) in [
                 ("seed", params.seed.is_some()),
                 ("presence_penalty", params.presence_penalty.is_some()),
@@ -239,8 +243,13 @@ impl JobPlan {
             ] {
                 if given {
                     return Err(PlanError(format!(
-                        "{}: {name} is not supported by the Anthropic wire format",
-                        provider.name
+                        "{}: {name} is not supported by the {} wire format",
+                        provider.name,
+                        if provider.config.kind == ProviderKind::Bedrock {
+                            "Converse"
+                        } else {
+                            "Anthropic"
+                        }
                     )));
                 }
             }

@@ -335,6 +335,139 @@ pub fn azure_filtered_categories(result: &Value) -> Vec<String> {
     filtered
 }
 
+/// Bedrock's table: the error type AWS names in the `x-amzn-ErrorType`
+/// header (or the body's `__type`). An input too long is a
+/// `ValidationException` whose message says so ([`BEDROCK_CONTEXT_LENGTH`]).
+pub const BEDROCK_TABLE: &[(&str, Verdict)] = &[
+    ("ValidationException", Verdict::Definitive("bad_request")),
+    ("AccessDeniedException", Verdict::Definitive("forbidden")),
+    (
+        "UnrecognizedClientException",
+        Verdict::Definitive("unauthorized"),
+    ),
+    (
+        "InvalidSignatureException",
+        Verdict::Definitive("unauthorized"),
+    ),
+    ("ExpiredTokenException", Verdict::Definitive("unauthorized")),
+    (
+        "ResourceNotFoundException",
+        Verdict::Definitive("not_found"),
+    ),
+    (
+        "ServiceQuotaExceededException",
+        Verdict::Definitive("quota_exceeded"),
+    ),
+    ("ThrottlingException", Verdict::Retryable("rate_limited")),
+    ("ModelNotReadyException", Verdict::Retryable("unavailable")),
+    // The model timed out before answering: AWS documents a retry.
+    (
+        "ModelTimeoutException",
+        Verdict::Retryable("request_timeout"),
+    ),
+    ("ModelErrorException", Verdict::Retryable("server_error")),
+    (
+        "ServiceUnavailableException",
+        Verdict::Retryable("unavailable"),
+    ),
+    (
+        "InternalServerException",
+        Verdict::Retryable("server_error"),
+    ),
+];
+
+/// How Bedrock's `ValidationException` says the prompt does not fit
+/// ("Input is too long for requested model.", "prompt is too long",
+/// "… exceeds max tokens").
+pub const BEDROCK_CONTEXT_LENGTH: &[&str] = &[
+    "too long",
+    "max tokens",
+    "maximum context length",
+    "context window",
+];
+
+/// The AWS error type of an answer: `x-amzn-ErrorType` up to its first
+/// `:` (AWS appends a URL), else the body's `__type` after its `#`.
+pub fn aws_error_type(headers: &HeaderMap, body: &Value) -> Option<String> {
+    let header = headers
+        .get("x-amzn-errortype")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.split(':').next().unwrap_or(v).trim().to_string());
+    header.filter(|t| !t.is_empty()).or_else(|| {
+        body["__type"]
+            .as_str()
+            .map(|t| t.rsplit('#').next().unwrap_or(t).to_string())
+    })
+}
+
+/// Classify a Bedrock answer by [`BEDROCK_TABLE`], the error type kept at
+/// the head of the message (`ThrottlingException: …`). A type the table
+/// does not know is classified by its HTTP code, as any provider's.
+pub fn classify_bedrock(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &[u8],
+    parse_success: impl FnOnce(&[u8]) -> Result<Result<Success, Failure>, String>,
+) -> AttemptOutcome {
+    if status.is_success() {
+        return classify_response(status, headers, body, parse_success);
+    }
+    let value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let Some(error_type) = aws_error_type(headers, &value) else {
+        return classify_response(status, headers, body, parse_success);
+    };
+    let Some(&(_, verdict)) = BEDROCK_TABLE.iter().find(|(name, _)| *name == error_type) else {
+        return classify_response(status, headers, body, parse_success);
+    };
+    let text = value["message"]
+        .as_str()
+        .or(value["Message"].as_str())
+        .unwrap_or_default();
+    let lower = text.to_ascii_lowercase();
+    let verdict = match verdict {
+        Verdict::Definitive("bad_request")
+            if BEDROCK_CONTEXT_LENGTH.iter().any(|n| lower.contains(n)) =>
+        {
+            Verdict::Definitive("context_length_exceeded")
+        }
+        other => other,
+    };
+    verdict.outcome(
+        format!("{error_type}: {text}"),
+        status.as_u16(),
+        retry_after(headers, SystemTime::now()),
+    )
+}
+
+/// An exception ConverseStream sends in its stream before any event of the
+/// answer (`throttlingException`, `validationException`, …: the type in
+/// lower camel case), as the definitive failure [`BEDROCK_TABLE`] makes of
+/// it; `None` for a type the table does not know, which stays a cut.
+pub fn bedrock_stream_exception(error_type: &str, message: &str) -> Option<Failure> {
+    let mut chars = error_type.chars();
+    let first = chars.next()?;
+    let error_type = format!("{}{}", first.to_ascii_uppercase(), chars.as_str());
+    let &(_, verdict) = BEDROCK_TABLE.iter().find(|(name, _)| *name == error_type)?;
+    let lower = message.to_ascii_lowercase();
+    let (retryable, kind) = match verdict {
+        Verdict::Definitive("bad_request")
+            if BEDROCK_CONTEXT_LENGTH.iter().any(|n| lower.contains(n)) =>
+        {
+            (false, "context_length_exceeded")
+        }
+        Verdict::Definitive(kind) => (false, kind),
+        Verdict::Retryable(kind) => (true, kind),
+        Verdict::Ambiguous(_) => return None,
+    };
+    Some(Failure {
+        retryable,
+        retry_after: None,
+        kind: kind.to_string(),
+        message: format!("{error_type}: {message}"),
+        status: None,
+    })
+}
+
 /// `retry-after-ms` (OpenAI) wins over `Retry-After` (seconds or HTTP date).
 pub fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let header = |name: &str| {
@@ -518,6 +651,47 @@ mod tests {
             sorted_as(&gemini(409, odd)).0,
             Verdict::Retryable("conflict")
         );
+    }
+
+    fn bedrock(status: u16, error_type: &str, body: &str) -> AttemptOutcome {
+        let status = StatusCode::from_u16(status).unwrap();
+        let mut headers = HeaderMap::new();
+        let value = format!("{error_type}:http://internal.amazon.com/coral/com.amazon.bedrock/");
+        headers.insert("x-amzn-errortype", HeaderValue::from_str(&value).unwrap());
+        classify_bedrock(status, &headers, body.as_bytes(), never_parsed)
+    }
+
+    #[test]
+    fn every_bedrock_row_sorts_its_type_and_carries_it() {
+        for &(error_type, verdict) in BEDROCK_TABLE {
+            let status = match error_type {
+                "ThrottlingException" | "ModelNotReadyException" => 429,
+                "AccessDeniedException" | "UnrecognizedClientException" => 403,
+                "ResourceNotFoundException" => 404,
+                "ModelTimeoutException" => 408,
+                "ModelErrorException" => 424,
+                "ServiceUnavailableException" => 503,
+                "InternalServerException" => 500,
+                _ => 400,
+            };
+            let (sorted, message) = sorted_as(&bedrock(status, error_type, r#"{"message":"m"}"#));
+            assert_eq!(sorted, verdict, "{error_type}");
+            assert_eq!(message, format!("{error_type}: m"), "{error_type}");
+        }
+        let long = r#"{"message":"Input is too long for requested model."}"#;
+        assert_eq!(
+            sorted_as(&bedrock(400, "ValidationException", long)).0,
+            Verdict::Definitive("context_length_exceeded")
+        );
+        // The body's `__type` names the error when the header does not.
+        let typed = r#"{"__type":"com.amazon.coral.service#ThrottlingException","message":"slow"}"#;
+        let outcome = classify_bedrock(
+            StatusCode::TOO_MANY_REQUESTS,
+            &HeaderMap::new(),
+            typed.as_bytes(),
+            never_parsed,
+        );
+        assert_eq!(sorted_as(&outcome).0, Verdict::Retryable("rate_limited"));
     }
 
     fn azure(status: u16, body: &str) -> AttemptOutcome {

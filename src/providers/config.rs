@@ -29,6 +29,8 @@ pub enum ProviderKind {
     /// Azure OpenAI: OpenAI's wire at a deployment's URL.
     #[serde(rename = "azure_openai")]
     AzureOpenai,
+    /// AWS Bedrock's Converse API, signed with SigV4.
+    Bedrock,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -162,6 +164,18 @@ pub struct ProviderConfig {
     pub api_version: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub azure_auth: Option<AzureAuth>,
+    /// AWS Bedrock: the region (`us-east-1`), and the NAMES of the variables
+    /// holding the access key id, the secret access key and the session
+    /// token (default `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+    /// `AWS_SESSION_TOKEN`; the token only when set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_key_id_env: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_access_key_env: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_token_env: Option<String>,
     /// The file this came from; not part of the configuration itself.
     #[serde(skip)]
     pub source: PathBuf,
@@ -240,6 +254,13 @@ pub enum ProviderConfigError {
         path: PathBuf,
         var: String,
         message: String,
+    },
+    /// An AWS credential's variable is not set; names the variable only.
+    #[error("{}: {field}: environment variable {var} is not set (or not unicode)", path.display())]
+    MissingCredential {
+        path: PathBuf,
+        field: &'static str,
+        var: String,
     },
     #[error("{}: cannot build HTTP client: {message}", path.display())]
     Client { path: PathBuf, message: String },
@@ -342,8 +363,16 @@ impl ProviderConfig {
         }
     }
 
-    /// Google's endpoint for a gemini provider that names none.
+    /// Google's endpoint for a gemini provider that names none; the
+    /// region's Bedrock runtime endpoint for a bedrock one.
     fn default_base_url(&self) -> Option<String> {
+        if self.kind == ProviderKind::Bedrock {
+            return self
+                .region
+                .as_deref()
+                .filter(|r| is_aws_region(r))
+                .map(|r| format!("https://bedrock-runtime.{r}.amazonaws.com"));
+        }
         if self.kind != ProviderKind::Gemini {
             return None;
         }
@@ -356,11 +385,13 @@ impl ProviderConfig {
     }
 
     fn validate(&self) -> Result<(), ProviderConfigError> {
+        // First: a bad location or region would otherwise show as a bad
+        // (or missing) default URL.
+        self.validate_gemini()?;
+        self.validate_bedrock()?;
         if self.base_url.is_empty() {
             return Err(self.invalid("base_url", "required for this kind"));
         }
-        // First: a bad location would otherwise show as a bad default URL.
-        self.validate_gemini()?;
         let url = reqwest::Url::parse(&self.base_url)
             .map_err(|e| self.invalid("base_url", format!("not a URL: {e}")))?;
         if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
@@ -380,6 +411,13 @@ impl ProviderConfig {
             }
             (None, ProviderKind::Openai | ProviderKind::Anthropic | ProviderKind::AzureOpenai) => {
                 return Err(self.invalid("api_key_env", "required for this kind"))
+            }
+            (Some(_), ProviderKind::Bedrock) => {
+                return Err(self.invalid(
+                    "api_key_env",
+                    "not for kind = \"bedrock\": AWS credentials are named by \
+                     access_key_id_env, secret_access_key_env and session_token_env",
+                ))
             }
             (None, ProviderKind::Gemini) if self.vertex_project.is_none() => {
                 return Err(self.invalid(
@@ -423,7 +461,12 @@ impl ProviderConfig {
         if self.anthropic_version.is_some() && self.kind != ProviderKind::Anthropic {
             return Err(self.invalid("anthropic_version", "only for kind = \"anthropic\""));
         }
-        if self.store && matches!(self.kind, ProviderKind::Gemini | ProviderKind::AzureOpenai) {
+        if self.store
+            && matches!(
+                self.kind,
+                ProviderKind::Gemini | ProviderKind::AzureOpenai | ProviderKind::Bedrock
+            )
+        {
             return Err(self.invalid("store", "only OpenAI-style providers store completions"));
         }
         self.validate_azure()
@@ -480,6 +523,51 @@ impl ProviderConfig {
             )),
             None => Err(self.invalid("credentials_env", "required with vertex_project")),
         }
+    }
+
+    fn validate_bedrock(&self) -> Result<(), ProviderConfigError> {
+        let bedrock = self.kind == ProviderKind::Bedrock;
+        for (field, given) in [
+            ("region", self.region.is_some()),
+            ("access_key_id_env", self.access_key_id_env.is_some()),
+            (
+                "secret_access_key_env",
+                self.secret_access_key_env.is_some(),
+            ),
+            ("session_token_env", self.session_token_env.is_some()),
+        ] {
+            if given && !bedrock {
+                return Err(self.invalid(field, "only for kind = \"bedrock\""));
+            }
+        }
+        if !bedrock {
+            return Ok(());
+        }
+        match self.region.as_deref() {
+            Some(r) if is_aws_region(r) => {}
+            // The value is not echoed: a secret may have been pasted here.
+            Some(_) => {
+                return Err(self.invalid(
+                    "region",
+                    "must be an AWS region such as us-east-1 (lower-case letters, digits and -)",
+                ))
+            }
+            None => return Err(self.invalid("region", "required for kind = \"bedrock\"")),
+        }
+        for (field, var) in [
+            ("access_key_id_env", &self.access_key_id_env),
+            ("secret_access_key_env", &self.secret_access_key_env),
+            ("session_token_env", &self.session_token_env),
+        ] {
+            if var.as_deref().is_some_and(|v| !is_env_var_name(v)) {
+                return Err(self.invalid(
+                    field,
+                    "must be the NAME of an environment variable (letters, digits and _, \
+                     not starting with a digit, at most 128), never the credential itself",
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn validate_azure(&self) -> Result<(), ProviderConfigError> {
@@ -588,6 +676,16 @@ impl ProviderConfig {
     pub fn base(&self) -> &str {
         self.base_url.trim_end_matches('/')
     }
+}
+
+/// An AWS region name: `us-east-1`, `eu-central-2`, `us-gov-west-1`.
+fn is_aws_region(r: &str) -> bool {
+    (4..=32).contains(&r.len())
+        && r.contains('-')
+        && r.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !r.starts_with('-')
+        && !r.ends_with('-')
 }
 
 /// Azure's `api-version`: `YYYY-MM-DD`, optionally `-preview`.

@@ -6,12 +6,16 @@
 //! key, whether it executed the work.
 
 pub mod anthropic;
+pub mod aws_auth;
 pub mod azure;
+pub mod bedrock;
 pub mod catalog;
 pub mod classify;
 pub mod config;
+pub mod eventstream;
 pub mod gemini;
 pub mod openai;
+pub mod sigv4;
 pub mod sim;
 pub mod stream;
 pub mod switches;
@@ -99,7 +103,7 @@ pub trait Provider: Send + Sync {
     }
     async fn lookup(&self, idempotency_key: &str) -> Lookup;
     /// The provider's own count of `request`'s prompt tokens, where its
-    /// API has one (Gemini's `countTokens`): the contract run compares it
+    /// API has one (Gemini's `countTokens`, Bedrock's `CountTokens`): the contract run compares it
     /// with ours. `None` where there is none.
     async fn count_tokens(&self, _request: &ChatRequest) -> Option<Result<u32, String>> {
         None
@@ -145,6 +149,15 @@ pub fn build_provider(
         ProviderKind::AzureOpenai => Arc::new(azure::AzureOpenAiProvider::new(
             name, config, client, api_key,
         )),
+        ProviderKind::Bedrock => {
+            let credentials = aws_auth::credentials_of(config)?;
+            Arc::new(bedrock::BedrockProvider::new(
+                name,
+                config,
+                client,
+                credentials,
+            ))
+        }
     })
 }
 

@@ -144,11 +144,56 @@ pub(crate) async fn run(
     run_classified(request, timeouts, reader, deltas, classify).await
 }
 
+/// What a framing makes of the bytes it is fed: the events they complete
+/// and, when the bytes that follow cannot be framed, how the stream broke
+/// (a kind and a message), after those events.
+#[derive(Debug, Default)]
+pub(crate) struct Framed {
+    pub events: Vec<SseEvent>,
+    pub broken: Option<(String, String)>,
+}
+
+/// How a wire format cuts its byte stream into events: server-sent events
+/// for most, AWS's binary event stream for Bedrock
+/// ([`super::eventstream`]). Each event is handed to the [`WireReader`] as
+/// an [`SseEvent`]: its type as `event`, its payload as `data`.
+pub(crate) trait Framing: Send {
+    fn frame(&mut self, bytes: &[u8]) -> Framed;
+}
+
+impl Framing for SseParser {
+    fn frame(&mut self, bytes: &[u8]) -> Framed {
+        match self.push(bytes) {
+            Ok(events) => Framed {
+                events,
+                broken: None,
+            },
+            Err(message) => Framed {
+                events: Vec::new(),
+                broken: Some(("malformed_chunk".into(), message)),
+            },
+        }
+    }
+}
+
 /// [`run`], with an error status before the stream began classified by
 /// `classify` (a provider's own table) rather than the shared rules.
 pub(crate) async fn run_classified(
     request: RequestBuilder,
     timeouts: &Timeouts,
+    reader: impl WireReader,
+    deltas: &DeltaSender,
+    classify: impl FnOnce(reqwest::StatusCode, &reqwest::header::HeaderMap, &[u8]) -> AttemptOutcome,
+) -> (AttemptOutcome, Option<StreamFinish>) {
+    let framing = SseParser::default();
+    run_framed(request, timeouts, framing, reader, deltas, classify).await
+}
+
+/// [`run_classified`] over a wire's own `framing` of the byte stream.
+pub(crate) async fn run_framed(
+    request: RequestBuilder,
+    timeouts: &Timeouts,
+    mut framing: impl Framing,
     mut reader: impl WireReader,
     deltas: &DeltaSender,
     classify: impl FnOnce(reqwest::StatusCode, &reqwest::header::HeaderMap, &[u8]) -> AttemptOutcome,
@@ -172,7 +217,6 @@ pub(crate) async fn run_classified(
         };
         return (outcome, None);
     }
-    let mut parser = SseParser::default();
     let mut output = String::new();
     let mut tool_calls: Vec<Value> = Vec::new();
     let mut ended = false;
@@ -192,11 +236,8 @@ pub(crate) async fn run_classified(
                 return (unknown("stream_cut", message), None);
             }
         };
-        let events = match parser.push(&chunk) {
-            Ok(events) => events,
-            Err(message) => return (unknown("malformed_chunk", message), None),
-        };
-        for event in events {
+        let framed = framing.frame(&chunk);
+        for event in framed.events {
             match reader.read(&event) {
                 Step::Nothing => {}
                 Step::Piece(delta) => {
@@ -219,6 +260,9 @@ pub(crate) async fn run_classified(
                 Step::Refused(failure) => return (AttemptOutcome::Failed(failure), None),
                 Step::Broken(kind, message) => return (unknown(&kind, message), None),
             }
+        }
+        if let Some((kind, message)) = framed.broken.filter(|_| !ended) {
+            return (unknown(&kind, message), None);
         }
     }
     let Some(finish_reason) = reader.finish_reason().filter(|_| ended) else {

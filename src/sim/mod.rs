@@ -7,8 +7,11 @@
 //! (stored completions), `POST /v1/messages`, Gemini's
 //! `POST /v1beta/models/{model}:generateContent` (also `:streamGenerateContent`,
 //! `:countTokens`), Azure OpenAI's `POST /openai/deployments/{d}/chat/completions`,
+//! Bedrock's `POST /model/{modelId}/converse` (also `/converse-stream`,
+//! `/count-tokens`),
 //! `GET /sim/ledger?key=K`, `GET /healthz`.
 
+mod bedrock;
 pub mod behaviour;
 mod gemini;
 pub mod ledger;
@@ -179,6 +182,7 @@ fn router(state: Arc<SimState>) -> Router {
         )
         .route("/v1/messages", post(wire::anthropic_messages))
         .route("/v1beta/models/{model_method}", post(gemini::models))
+        .route("/model/{model}/{operation}", post(bedrock::model))
         .route(
             "/openai/deployments/{deployment}/chat/completions",
             post(wire::openai_chat),

@@ -733,6 +733,9 @@ pub mod event {
     pub const RETRY_REQUESTED: &str = "retry_requested";
     pub const RESOLVED: &str = "resolved";
     pub const ATTEMPT_RESOLVED: &str = "attempt_resolved";
+    /// A Response deleted through `DELETE /v1/responses/{id}`: the job stays,
+    /// the response is no longer shown.
+    pub const RESPONSE_DELETED: &str = "response_deleted";
 }
 
 pub(crate) fn parse_job_state(s: &str) -> Result<crate::domain::JobState, StoreError> {

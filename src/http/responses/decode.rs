@@ -1,0 +1,511 @@
+//! A Responses request decoded into the domain's job request (the same one
+//! Chat Completions decodes into). What onejob cannot honour is refused with
+//! 422 naming the field, never dropped; built-in tools are refused by name.
+//!
+//! What the job request has no field for but a Response shows back (the
+//! instructions, metadata, the tools and input items as given, `store`,
+//! `background`, `previous_response_id`) is kept in the request's `door`
+//! object under `"responses"`: stored and fingerprinted with the job,
+//! never sent to a provider.
+
+use super::error::ResponsesError;
+use axum::http::StatusCode;
+use serde_json::{json, Map, Value};
+
+/// The top-level fields onejob reads. Any other field is refused.
+const ACCEPTED: &[&str] = &[
+    "model",
+    "input",
+    "instructions",
+    "tools",
+    "tool_choice",
+    "text",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "store",
+    "metadata",
+    "previous_response_id",
+    "background",
+    "stream",
+    "stream_options",
+    "parallel_tool_calls",
+    "user",
+    "safety_identifier",
+    "include",
+    "truncation",
+    "reasoning",
+    "service_tier",
+];
+
+/// A create request, decoded: the job request without the turns of a
+/// previous response (those need the store), and how to answer it.
+pub(super) struct Decoded {
+    route: String,
+    instructions: Option<String>,
+    messages: Vec<Value>,
+    params: Map<String, Value>,
+    echo: Map<String, Value>,
+    pub stream: bool,
+    pub background: bool,
+    pub previous_response_id: Option<String>,
+}
+
+impl Decoded {
+    /// The job request: the instructions (never those of a previous
+    /// response), the previous response's turns, then this input.
+    pub(super) fn job_body(&self, history: Vec<Value>) -> Vec<u8> {
+        let mut messages = Vec::new();
+        if let Some(text) = &self.instructions {
+            messages.push(json!({"role": "system", "content": text}));
+        }
+        messages.extend(history);
+        messages.extend(self.messages.iter().cloned());
+        let body = json!({
+            "messages": messages,
+            "params": self.params,
+            "route": self.route,
+            "door": {"responses": self.echo},
+        });
+        body.to_string().into_bytes()
+    }
+}
+
+fn bad_json(e: serde_json::Error) -> ResponsesError {
+    ResponsesError::new(
+        StatusCode::BAD_REQUEST,
+        "malformed_json",
+        format!("body is not a JSON object: {e}"),
+    )
+}
+
+/// Decode `POST /v1/responses`. `stream` and `stream_options` never enter
+/// the job request, so a streamed replay of an unstreamed call is the same
+/// job.
+pub(super) fn decode(raw: &[u8]) -> Result<Decoded, ResponsesError> {
+    let request: Map<String, Value> = serde_json::from_slice(raw).map_err(bad_json)?;
+    if let Some(field) = request.keys().find(|k| !ACCEPTED.contains(&k.as_str())) {
+        return Err(ResponsesError::unsupported(
+            field,
+            "not supported by onejob",
+        ));
+    }
+    let given = |name: &str| request.get(name).filter(|v| !v.is_null());
+    let route = match given("model") {
+        Some(Value::String(m)) if !m.is_empty() => m.clone(),
+        _ => {
+            return Err(ResponsesError::invalid(
+                "model",
+                "the name of a route is required (GET /v1/models lists them)",
+            ))
+        }
+    };
+    let flag = |name: &str, default: bool| match given(name) {
+        None => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ResponsesError::invalid(name, "true or false")),
+    };
+    let stream = flag("stream", false)?;
+    let background = flag("background", false)?;
+    let store = flag("store", true)?;
+    if background && !store {
+        return Err(ResponsesError::invalid(
+            "background",
+            "a background response must be stored (store: true), or it could never be retrieved",
+        ));
+    }
+    if !flag("parallel_tool_calls", true)? {
+        return Err(ResponsesError::unsupported(
+            "parallel_tool_calls",
+            "cannot be turned off through onejob",
+        ));
+    }
+    refuse_unless(&request, "include", |v| {
+        v.as_array().is_some_and(Vec::is_empty)
+    })?;
+    refuse_unless(&request, "truncation", |v| v == "disabled")?;
+    refuse_unless(&request, "reasoning", |v| {
+        v.as_object()
+            .is_some_and(|o| o.values().all(Value::is_null))
+    })?;
+    refuse_unless(&request, "service_tier", |v| v == "auto" || v == "default")?;
+    let instructions = match given("instructions") {
+        None => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => {
+            return Err(ResponsesError::unsupported(
+                "instructions",
+                "only a string is supported",
+            ))
+        }
+    };
+    let items = match given("input") {
+        Some(Value::String(text)) => {
+            vec![json!({"type": "message", "role": "user", "content": text})]
+        }
+        Some(Value::Array(items)) => items.clone(),
+        _ => {
+            return Err(ResponsesError::invalid(
+                "input",
+                "a string or a list of input items is required",
+            ))
+        }
+    };
+    let messages = messages_of(&items)?;
+    let previous_response_id = match given("previous_response_id") {
+        None => None,
+        Some(Value::String(id)) => Some(id.clone()),
+        Some(_) => return Err(ResponsesError::invalid("previous_response_id", "a string")),
+    };
+    let mut params = Map::new();
+    for (name, value) in [
+        ("temperature", given("temperature")),
+        ("top_p", given("top_p")),
+        ("max_tokens", given("max_output_tokens")),
+        ("user", given("safety_identifier").or_else(|| given("user"))),
+    ] {
+        if let Some(v) = value {
+            params.insert(name.into(), v.clone());
+        }
+    }
+    let tools = match given("tools") {
+        None => Vec::new(),
+        Some(Value::Array(tools)) => tools.clone(),
+        Some(_) => return Err(ResponsesError::invalid("tools", "a list of tools")),
+    };
+    if !tools.is_empty() {
+        let chat_tools = tools
+            .iter()
+            .enumerate()
+            .map(|(i, t)| function_tool(i, t))
+            .collect::<Result<Vec<_>, _>>()?;
+        params.insert("tools".into(), Value::Array(chat_tools));
+    }
+    if let Some(choice) = given("tool_choice") {
+        params.insert("tool_choice".into(), tool_choice(choice)?);
+    }
+    if let Some(format) = text_format(given("text"))? {
+        params.insert("response_format".into(), format);
+    }
+    let metadata = match given("metadata") {
+        None => Map::new(),
+        Some(Value::Object(m)) if m.len() <= 16 && m.values().all(Value::is_string) => m.clone(),
+        Some(_) => {
+            return Err(ResponsesError::invalid(
+                "metadata",
+                "an object of at most 16 string values",
+            ))
+        }
+    };
+    let mut echo = Map::new();
+    echo.insert("input".into(), Value::Array(items));
+    for (name, value) in [
+        ("instructions", instructions.clone().map(Value::String)),
+        ("metadata", Some(Value::Object(metadata))),
+        ("tools", Some(Value::Array(tools))),
+        ("tool_choice", given("tool_choice").cloned()),
+        ("text", given("text").cloned()),
+        (
+            "previous_response_id",
+            previous_response_id.clone().map(Value::String),
+        ),
+        ("store", Some(Value::Bool(store))),
+        ("background", Some(Value::Bool(background))),
+    ] {
+        if let Some(v) = value {
+            echo.insert(name.into(), v);
+        }
+    }
+    Ok(Decoded {
+        route,
+        instructions,
+        messages,
+        params,
+        echo,
+        stream,
+        background,
+        previous_response_id,
+    })
+}
+
+/// A field accepted only with a value that changes nothing.
+fn refuse_unless(
+    request: &Map<String, Value>,
+    field: &str,
+    harmless: impl Fn(&Value) -> bool,
+) -> Result<(), ResponsesError> {
+    match request.get(field) {
+        None | Some(Value::Null) => Ok(()),
+        Some(v) if harmless(v) => Ok(()),
+        Some(_) => Err(ResponsesError::unsupported(
+            field,
+            "not supported by onejob",
+        )),
+    }
+}
+
+/// Input items as chat turns: messages, the assistant's function calls
+/// (consecutive calls are one assistant turn), and their outputs as tool
+/// turns.
+fn messages_of(items: &[Value]) -> Result<Vec<Value>, ResponsesError> {
+    let mut turns: Vec<Value> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let field = format!("input[{i}]");
+        let Some(fields) = item.as_object() else {
+            return Err(ResponsesError::invalid(&field, "an object is required"));
+        };
+        let kind = fields
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("message");
+        let allowed: &[&str] = match kind {
+            "message" => &["type", "role", "content", "id", "status", "phase"],
+            "function_call" => &["type", "call_id", "name", "arguments", "id", "status"],
+            "function_call_output" => &["type", "call_id", "output", "id", "status"],
+            other => {
+                return Err(ResponsesError::unsupported(
+                    &format!("{field}.type"),
+                    &format!("input items of type {other:?} are not supported by onejob"),
+                ))
+            }
+        };
+        if let Some(key) = fields.keys().find(|k| !allowed.contains(&k.as_str())) {
+            return Err(ResponsesError::unsupported(
+                &format!("{field}.{key}"),
+                "not supported by onejob",
+            ));
+        }
+        let text_of = |name: &str| match item.get(name) {
+            Some(Value::String(s)) => Ok(s.clone()),
+            _ => Err(ResponsesError::invalid(
+                &format!("{field}.{name}"),
+                "a string is required",
+            )),
+        };
+        match kind {
+            "message" => turns.push(message_of(&field, item)?),
+            "function_call" => {
+                let call = json!({
+                    "id": text_of("call_id")?,
+                    "type": "function",
+                    "function": {"name": text_of("name")?, "arguments": text_of("arguments")?},
+                });
+                match turns.last_mut() {
+                    Some(last) if last["role"] == "assistant" => match last.get_mut("tool_calls") {
+                        Some(Value::Array(calls)) => calls.push(call),
+                        _ => last["tool_calls"] = json!([call]),
+                    },
+                    _ => turns
+                        .push(json!({"role": "assistant", "content": "", "tool_calls": [call]})),
+                }
+            }
+            _ => {
+                let output = match item.get("output") {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(Value::Array(parts)) => parts
+                        .iter()
+                        .map(|p| match (p["type"].as_str(), p["text"].as_str()) {
+                            (Some("input_text" | "output_text"), Some(t)) => Ok(t),
+                            _ => Err(ResponsesError::unsupported(
+                                &format!("{field}.output"),
+                                "only text output is supported",
+                            )),
+                        })
+                        .collect::<Result<String, _>>()?,
+                    _ => {
+                        return Err(ResponsesError::invalid(
+                            &format!("{field}.output"),
+                            "a string is required",
+                        ))
+                    }
+                };
+                turns.push(
+                    json!({"role": "tool", "content": output, "tool_call_id": text_of("call_id")?}),
+                );
+            }
+        }
+    }
+    Ok(turns)
+}
+
+/// One message item as a chat turn: text parts joined, images kept as
+/// chat `image_url` parts (passed to providers that take images).
+fn message_of(field: &str, item: &Value) -> Result<Value, ResponsesError> {
+    let role = match item["role"].as_str() {
+        Some("developer" | "system") => "system",
+        Some(role @ ("user" | "assistant")) => role,
+        _ => {
+            return Err(ResponsesError::invalid(
+                &format!("{field}.role"),
+                "one of user, system, developer, assistant",
+            ))
+        }
+    };
+    let parts = match &item["content"] {
+        Value::String(text) => return Ok(json!({"role": role, "content": text})),
+        Value::Array(parts) => parts,
+        _ => {
+            return Err(ResponsesError::invalid(
+                &format!("{field}.content"),
+                "a string or a list of content parts is required",
+            ))
+        }
+    };
+    let mut text = String::new();
+    let mut chat_parts = Vec::new();
+    let mut images = false;
+    for (j, part) in parts.iter().enumerate() {
+        let at = format!("{field}.content[{j}]");
+        match (part["type"].as_str(), role) {
+            (Some("input_text"), _) | (Some("output_text"), "assistant") => {
+                let Some(t) = part["text"].as_str() else {
+                    return Err(ResponsesError::invalid(&format!("{at}.text"), "a string is required"));
+                };
+                text.push_str(t);
+                chat_parts.push(json!({"type": "text", "text": t}));
+            }
+            (Some("input_image"), "user") => {
+                let Some(url) = part["image_url"].as_str() else {
+                    return Err(ResponsesError::unsupported(
+                        &format!("{at}.image_url"),
+                        "an image is sent by image_url (a URL or a data: URL); file_id is not supported",
+                    ));
+                };
+                let mut image = json!({"url": url});
+                if let Some(detail) = part["detail"].as_str() {
+                    image["detail"] = json!(detail);
+                }
+                chat_parts.push(json!({"type": "image_url", "image_url": image}));
+                images = true;
+            }
+            _ => {
+                return Err(ResponsesError::unsupported(
+                    &format!("{at}.type"),
+                    "only input_text, input_image (user turns) and output_text (assistant turns) parts are supported",
+                ))
+            }
+        }
+    }
+    let mut turn = json!({"role": role, "content": text});
+    if images {
+        turn["parts"] = Value::Array(chat_parts);
+    }
+    Ok(turn)
+}
+
+/// A Responses function tool (flat: `name`, `description`, `parameters`,
+/// `strict`) in the chat shape the job request takes. A built-in tool is
+/// refused by name: no provider behind onejob runs it.
+fn function_tool(i: usize, tool: &Value) -> Result<Value, ResponsesError> {
+    let field = format!("tools[{i}]");
+    match tool["type"].as_str() {
+        Some("function") => {}
+        Some(other) => return Err(ResponsesError::unsupported(
+            &format!("{field}.type"),
+            &format!(
+                "the built-in tool {other:?} is not supported by onejob; only function tools are"
+            ),
+        )),
+        None => {
+            return Err(ResponsesError::invalid(
+                &format!("{field}.type"),
+                "required",
+            ))
+        }
+    }
+    let Some(fields) = tool.as_object() else {
+        return Err(ResponsesError::invalid(&field, "an object is required"));
+    };
+    let mut function = Map::new();
+    for (key, value) in fields {
+        match key.as_str() {
+            "type" => {}
+            "name" | "description" | "parameters" | "strict" => {
+                if !value.is_null() {
+                    function.insert(key.clone(), value.clone());
+                }
+            }
+            _ => {
+                return Err(ResponsesError::unsupported(
+                    &format!("{field}.{key}"),
+                    "not supported by onejob",
+                ))
+            }
+        }
+    }
+    if !function.get("name").is_some_and(Value::is_string) {
+        return Err(ResponsesError::invalid(
+            &format!("{field}.name"),
+            "a string is required",
+        ));
+    }
+    Ok(json!({"type": "function", "function": function}))
+}
+
+/// `tool_choice`: `none`, `auto`, `required`, or `{"type": "function",
+/// "name"}`; any other (a built-in tool, `allowed_tools`) is refused.
+fn tool_choice(choice: &Value) -> Result<Value, ResponsesError> {
+    match choice {
+        Value::String(s) if matches!(s.as_str(), "none" | "auto" | "required") => Ok(choice.clone()),
+        Value::Object(o) if o.get("type") == Some(&json!("function")) => match o.get("name") {
+            Some(Value::String(name)) => {
+                Ok(json!({"type": "function", "function": {"name": name}}))
+            }
+            _ => Err(ResponsesError::invalid("tool_choice.name", "a string is required")),
+        },
+        _ => Err(ResponsesError::unsupported(
+            "tool_choice",
+            "only \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"name\"} are supported",
+        )),
+    }
+}
+
+/// `text.format` as the job's `response_format` (`None` for plain text).
+fn text_format(text: Option<&Value>) -> Result<Option<Value>, ResponsesError> {
+    let Some(text) = text else {
+        return Ok(None);
+    };
+    let Some(fields) = text.as_object() else {
+        return Err(ResponsesError::invalid("text", "an object is required"));
+    };
+    for (key, value) in fields {
+        match key.as_str() {
+            "format" => {}
+            "verbosity" if value.is_null() || value == "medium" => {}
+            _ => {
+                return Err(ResponsesError::unsupported(
+                    &format!("text.{key}"),
+                    "not supported by onejob",
+                ))
+            }
+        }
+    }
+    let format = &text["format"];
+    match format["type"].as_str() {
+        None if format.is_null() => Ok(None),
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(json!({"type": "json_object"}))),
+        Some("json_schema") => {
+            let Some(schema) = format.get("schema").filter(|s| s.is_object()) else {
+                return Err(ResponsesError::invalid(
+                    "text.format.schema",
+                    "a JSON Schema object is required",
+                ));
+            };
+            let name = format["name"].as_str().unwrap_or("output");
+            let mut json_schema = json!({"name": name, "schema": schema});
+            for key in ["strict", "description"] {
+                if let Some(v) = format.get(key).filter(|v| !v.is_null()) {
+                    json_schema[key] = v.clone();
+                }
+            }
+            Ok(Some(
+                json!({"type": "json_schema", "json_schema": json_schema}),
+            ))
+        }
+        _ => Err(ResponsesError::invalid(
+            "text.format.type",
+            "\"text\", \"json_object\" or \"json_schema\"",
+        )),
+    }
+}

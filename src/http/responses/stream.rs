@@ -1,0 +1,274 @@
+//! A Response streamed: the job's stream events as OpenAI's semantic
+//! events, each with its `event:` line and a `sequence_number` —
+//! `response.created`, `response.in_progress`, per output item
+//! `response.output_item.added`, (for a message) `response.content_part.added`,
+//! `response.output_text.delta`…, `response.output_text.done`,
+//! `response.content_part.done`, (for a function call)
+//! `response.function_call_arguments.delta`…/`.done`, then
+//! `response.output_item.done`, and `response.completed` with the whole
+//! Response, sent only once the answer is committed. A stream that ends
+//! without a whole answer ends with `response.failed`, never with
+//! `response.completed` on a truncated output; the job goes on, and a
+//! replay with the same key gets its final answer.
+
+use super::encode::{self, Shown};
+use crate::domain::Job;
+use crate::engine::stream::StreamEvent;
+use crate::http::door::StreamEncoder;
+use serde_json::{json, Value};
+
+/// The function call being streamed.
+struct Call {
+    index: usize,
+    call_id: String,
+    name: String,
+    arguments: String,
+}
+
+/// Turns one job's stream events into Responses SSE frames for one client.
+pub(super) struct Encoder {
+    job: Job,
+    model: String,
+    sequence: u64,
+    started: bool,
+    /// Finished output items, in order.
+    output: Vec<Value>,
+    /// The message being streamed: its text so far.
+    message: Option<String>,
+    call: Option<Call>,
+}
+
+impl Encoder {
+    pub(super) fn new(job: &Job) -> Self {
+        Encoder {
+            job: job.clone(),
+            model: job.route.clone(),
+            sequence: 0,
+            started: false,
+            output: Vec::new(),
+            message: None,
+            call: None,
+        }
+    }
+
+    fn frame(&mut self, out: &mut String, kind: &str, mut data: Value) {
+        data["type"] = json!(kind);
+        data["sequence_number"] = json!(self.sequence);
+        self.sequence += 1;
+        out.push_str("event: ");
+        out.push_str(kind);
+        out.push_str("\ndata: ");
+        out.push_str(&data.to_string());
+        out.push_str("\n\n");
+    }
+
+    fn snapshot(&self, status: &'static str) -> Value {
+        let mut shown = Shown::without_answer(&self.job, self.model.clone(), Value::Null);
+        shown.status = status;
+        encode::response(&self.job, shown)
+    }
+
+    fn start(&mut self, out: &mut String) {
+        if self.started {
+            return;
+        }
+        self.started = true;
+        let created = self.snapshot("in_progress");
+        self.frame(out, "response.created", json!({"response": created}));
+        let progress = self.snapshot("in_progress");
+        self.frame(out, "response.in_progress", json!({"response": progress}));
+    }
+
+    fn output_index(&self) -> usize {
+        self.output.len()
+    }
+
+    fn open_message(&mut self, out: &mut String) {
+        if self.message.is_some() {
+            return;
+        }
+        self.close_call(out);
+        let index = self.output_index();
+        let item = encode::message_item(&self.job, "", "in_progress");
+        self.frame(
+            out,
+            "response.output_item.added",
+            json!({"output_index": index, "item": item}),
+        );
+        let item_id = encode::message_item_id(&self.job);
+        self.frame(
+            out,
+            "response.content_part.added",
+            json!({"item_id": item_id, "output_index": index, "content_index": 0,
+                   "part": encode::output_text("")}),
+        );
+        self.message = Some(String::new());
+    }
+
+    fn close_message(&mut self, out: &mut String) {
+        let Some(text) = self.message.take() else {
+            return;
+        };
+        let index = self.output_index();
+        let item_id = encode::message_item_id(&self.job);
+        self.frame(
+            out,
+            "response.output_text.done",
+            json!({"item_id": item_id, "output_index": index, "content_index": 0,
+                   "text": text, "logprobs": []}),
+        );
+        self.frame(
+            out,
+            "response.content_part.done",
+            json!({"item_id": item_id, "output_index": index, "content_index": 0,
+                   "part": encode::output_text(&text)}),
+        );
+        let item = encode::message_item(&self.job, &text, "completed");
+        self.frame(
+            out,
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+        );
+        self.output.push(item);
+    }
+
+    fn close_call(&mut self, out: &mut String) {
+        let Some(call) = self.call.take() else {
+            return;
+        };
+        let index = self.output_index();
+        let item_id = encode::call_item_id(&self.job, call.index);
+        self.frame(
+            out,
+            "response.function_call_arguments.done",
+            json!({"item_id": item_id, "output_index": index, "name": call.name,
+                   "arguments": call.arguments}),
+        );
+        let item = encode::call_item(
+            &self.job,
+            call.index,
+            &call.call_id,
+            &call.name,
+            &call.arguments,
+            "completed",
+        );
+        self.frame(
+            out,
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+        );
+        self.output.push(item);
+    }
+
+    /// One OpenAI-shaped `delta.tool_calls` entry: a new call opens its
+    /// item, argument fragments are its deltas.
+    fn call_piece(&mut self, out: &mut String, piece: &Value) {
+        let index = piece["index"].as_u64().unwrap_or(0) as usize;
+        if self.call.as_ref().map(|c| c.index) != Some(index) {
+            self.close_message(out);
+            self.close_call(out);
+            let call = Call {
+                index,
+                call_id: piece["id"].as_str().unwrap_or_default().to_string(),
+                name: piece["function"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                arguments: String::new(),
+            };
+            let item = encode::call_item(
+                &self.job,
+                index,
+                &call.call_id,
+                &call.name,
+                "",
+                "in_progress",
+            );
+            let output_index = self.output_index();
+            self.frame(
+                out,
+                "response.output_item.added",
+                json!({"output_index": output_index, "item": item}),
+            );
+            self.call = Some(call);
+        }
+        let fragment = piece["function"]["arguments"].as_str().unwrap_or_default();
+        if fragment.is_empty() {
+            return;
+        }
+        let output_index = self.output_index();
+        let item_id = encode::call_item_id(&self.job, index);
+        if let Some(call) = self.call.as_mut() {
+            call.arguments.push_str(fragment);
+        }
+        self.frame(
+            out,
+            "response.function_call_arguments.delta",
+            json!({"item_id": item_id, "output_index": output_index, "delta": fragment}),
+        );
+    }
+}
+
+impl StreamEncoder for Encoder {
+    fn encode(&mut self, event: &StreamEvent) -> String {
+        let mut out = String::new();
+        match event {
+            StreamEvent::Start { model, .. } => {
+                self.model = model.clone();
+                self.start(&mut out);
+            }
+            StreamEvent::Piece { model, delta } => {
+                self.model = model.clone();
+                self.start(&mut out);
+                if !delta.content.is_empty() {
+                    self.open_message(&mut out);
+                    let index = self.output_index();
+                    let item_id = encode::message_item_id(&self.job);
+                    if let Some(text) = self.message.as_mut() {
+                        text.push_str(&delta.content);
+                    }
+                    self.frame(
+                        &mut out,
+                        "response.output_text.delta",
+                        json!({"item_id": item_id, "output_index": index, "content_index": 0,
+                               "delta": delta.content, "logprobs": []}),
+                    );
+                }
+                for piece in &delta.tool_calls {
+                    self.call_piece(&mut out, piece);
+                }
+            }
+            StreamEvent::Finish { model, usage, .. } => {
+                self.model = model.clone();
+                self.start(&mut out);
+                self.close_message(&mut out);
+                self.close_call(&mut out);
+                let shown = Shown {
+                    status: "completed",
+                    output: self.output.clone(),
+                    usage: Some(usage.unwrap_or_default()),
+                    model: self.model.clone(),
+                    error: Value::Null,
+                };
+                let response = encode::response(&self.job, shown);
+                self.frame(
+                    &mut out,
+                    "response.completed",
+                    json!({"response": response}),
+                );
+            }
+            StreamEvent::Error { code, message } => {
+                self.start(&mut out);
+                // What was streamed stays with the client; the failed
+                // Response shows none of it as an answer.
+                let error =
+                    json!({"code": "server_error", "message": format!("{code}: {message}")});
+                let shown = Shown::without_answer(&self.job, self.model.clone(), error);
+                let mut response = encode::response(&self.job, shown);
+                response["status"] = json!("failed");
+                self.frame(&mut out, "response.failed", json!({"response": response}));
+            }
+        }
+        out
+    }
+}

@@ -430,7 +430,7 @@ async fn a_streamed_failure_ends_in_response_failed(backend: Backend) {
     let last: Value = text
         .lines()
         .filter_map(|l| l.strip_prefix("data: "))
-        .last()
+        .next_back()
         .map(|d| serde_json::from_str(d).unwrap())
         .unwrap();
     assert_eq!(last["response"]["status"], "failed");

@@ -400,12 +400,14 @@ fn function_tool(i: usize, tool: &Value) -> Result<Value, ResponsesError> {
     let field = format!("tools[{i}]");
     match tool["type"].as_str() {
         Some("function") => {}
-        Some(other) => return Err(ResponsesError::unsupported(
-            &format!("{field}.type"),
-            &format!(
+        Some(other) => {
+            return Err(ResponsesError::unsupported(
+                &format!("{field}.type"),
+                &format!(
                 "the built-in tool {other:?} is not supported by onejob; only function tools are"
             ),
-        )),
+            ))
+        }
         None => {
             return Err(ResponsesError::invalid(
                 &format!("{field}.type"),

@@ -180,7 +180,7 @@ pub(super) fn usage(usage: Usage) -> Value {
 pub(super) fn response(job: &Job, shown: Shown) -> Value {
     let stored = Stored::of(job);
     let created_at = job.created_at / 1000;
-    let final_at = (shown.status == "completed").then(|| job.updated_at / 1000);
+    let final_at = (shown.status == "completed").then_some(job.updated_at / 1000);
     let metadata = match stored.echoed("metadata") {
         Value::Null => json!({}),
         m => m,

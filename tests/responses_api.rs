@@ -18,6 +18,7 @@ on_both_backends!(
     another_owners_response_is_not_found_like_an_unknown_one,
     a_response_not_stored_is_not_shown_but_its_job_is_durable,
     a_streamed_failure_ends_in_response_failed,
+    a_job_still_running_or_too_long_is_the_error_a_client_acts_on,
 );
 
 fn spec(name: &'static str, model: &'static str) -> ProviderSpec {
@@ -449,5 +450,94 @@ async fn a_streamed_failure_ends_in_response_failed(backend: Backend) {
         "invalid_request_error",
         "content_policy_violation",
     );
+    world.stop().await;
+}
+
+async fn a_job_still_running_or_too_long_is_the_error_a_client_acts_on(backend: Backend) {
+    let providers = [
+        spec("slow", "slow_first_byte:ms=3000"),
+        spec("long", "context_length"),
+    ];
+    let world = start_world(backend, &providers, route("slow", &[]), |c| {
+        c.routes.insert("too-long".into(), route("long", &[]));
+    })
+    .await;
+    // Still running after `Prefer: wait=1`: a 504 the SDK retries with the
+    // same key, and the Response to poll meanwhile.
+    let response = world
+        .client
+        .post(format!("{}/v1/responses", world.address))
+        .bearer_auth(&world.key)
+        .header("Idempotency-Key", "slow-1")
+        .header("Prefer", "wait=1")
+        .json(&json!({"model": "default", "input": "Take your time."}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 504);
+    assert_eq!(response.headers()["x-should-retry"], "true");
+    let job_id = response.headers()["x-onejob-job-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "job_pending", "{body}");
+    let id = format!("resp_{}", job_id.replace('-', ""));
+    let shown = call(
+        &world,
+        reqwest::Method::GET,
+        &format!("/v1/responses/{id}"),
+        &world.key,
+        None,
+        None,
+    )
+    .await;
+    assert!(
+        ["queued", "in_progress", "completed"].contains(&shown.body["status"].as_str().unwrap()),
+        "{}",
+        shown.body
+    );
+    let replay = create(
+        &world,
+        Some("slow-1"),
+        &json!({"model": "default", "input": "Take your time."}),
+    )
+    .await;
+    assert_eq!(replay.status, 200, "{}", replay.body);
+    assert_eq!(replay.body["status"], "completed");
+    assert_eq!(replay.body["id"], id.as_str());
+    assert_eq!(world.executions(&job_id, "slow"), 1);
+
+    let long = create(
+        &world,
+        Some("long-1"),
+        &json!({"model": "too-long", "input": "Far too long."}),
+    )
+    .await;
+    assert_openai_error(
+        &long,
+        400,
+        "invalid_request_error",
+        "context_length_exceeded",
+    );
+    assert_eq!(long.body["error"]["param"], "input");
+    let job_id = long.headers["x-onejob-job-id"].to_str().unwrap();
+    let id = format!("resp_{}", job_id.replace('-', ""));
+    let shown = call(
+        &world,
+        reqwest::Method::GET,
+        &format!("/v1/responses/{id}"),
+        &world.key,
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(shown.body["status"], "failed", "{}", shown.body);
+    assert_eq!(
+        shown.body["error"]["code"], "invalid_prompt",
+        "{}",
+        shown.body
+    );
+    assert_eq!(shown.body["output"], json!([]));
     world.stop().await;
 }

@@ -511,3 +511,156 @@ fn text_format(text: Option<&Value>) -> Result<Option<Value>, ResponsesError> {
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job_request(body: Value) -> Value {
+        let decoded = decode(body.to_string().as_bytes()).unwrap();
+        serde_json::from_slice(&decoded.job_body(Vec::new())).unwrap()
+    }
+
+    fn refused(body: Value) -> ResponsesError {
+        match decode(body.to_string().as_bytes()) {
+            Ok(_) => panic!("accepted {body}"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn input_items_become_the_chat_turns() {
+        let request = job_request(json!({
+            "model": "default",
+            "instructions": "Be brief.",
+            "input": [
+                {"role": "developer", "content": "Use metric units."},
+                {"type": "message", "role": "user", "content": [
+                    {"type": "input_text", "text": "Weather here? "},
+                    {"type": "input_image", "image_url": "https://example.com/a.png", "detail": "low"},
+                ]},
+                {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+                 "content": [{"type": "output_text", "text": "Let me look.", "annotations": []}]},
+                {"type": "function_call", "call_id": "call_1", "name": "weather", "arguments": "{}"},
+                {"type": "function_call", "call_id": "call_2", "name": "clock", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "call_1", "output": "18 C"},
+                {"type": "function_call_output", "call_id": "call_2",
+                 "output": [{"type": "input_text", "text": "noon"}]},
+            ],
+        }));
+        let turns = request["messages"].as_array().unwrap();
+        assert_eq!(turns[0], json!({"role": "system", "content": "Be brief."}));
+        assert_eq!(
+            turns[1],
+            json!({"role": "system", "content": "Use metric units."})
+        );
+        assert_eq!(turns[2]["content"], "Weather here? ");
+        assert_eq!(
+            turns[2]["parts"][1],
+            json!({"type": "image_url", "image_url": {"url": "https://example.com/a.png", "detail": "low"}})
+        );
+        assert_eq!(turns[3]["role"], "assistant");
+        assert_eq!(turns[3]["content"], "Let me look.");
+        let calls = turns[3]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 2, "consecutive calls are one assistant turn");
+        assert_eq!(calls[1]["function"]["name"], "clock");
+        assert_eq!(
+            turns[4],
+            json!({"role": "tool", "content": "18 C", "tool_call_id": "call_1"})
+        );
+        assert_eq!(turns[5]["content"], "noon");
+        assert_eq!(turns.len(), 6);
+        assert_eq!(request["door"]["responses"]["instructions"], "Be brief.");
+        assert_eq!(
+            request["door"]["responses"]["input"]
+                .as_array()
+                .unwrap()
+                .len(),
+            7
+        );
+    }
+
+    #[test]
+    fn flat_function_tools_choices_and_formats_take_the_chat_shape() {
+        let request = job_request(json!({
+            "model": "default",
+            "input": "Hi",
+            "tools": [{"type": "function", "name": "f", "description": "d",
+                       "parameters": {"type": "object"}, "strict": true}],
+            "tool_choice": {"type": "function", "name": "f"},
+            "text": {"format": {"type": "json_schema", "name": "out", "strict": true,
+                                "schema": {"type": "object"}}},
+            "max_output_tokens": 50,
+            "stream": true,
+        }));
+        let params = &request["params"];
+        assert_eq!(
+            params["tools"],
+            json!([{"type": "function", "function": {"name": "f", "description": "d",
+                    "parameters": {"type": "object"}, "strict": true}}])
+        );
+        assert_eq!(
+            params["tool_choice"],
+            json!({"type": "function", "function": {"name": "f"}})
+        );
+        assert_eq!(
+            params["response_format"],
+            json!({"type": "json_schema", "json_schema": {"name": "out", "schema": {"type": "object"}, "strict": true}})
+        );
+        assert_eq!(params["max_tokens"], 50);
+        assert!(
+            request.get("stream").is_none(),
+            "stream is not part of the job"
+        );
+        let plain = job_request(
+            json!({"model": "default", "input": "Hi", "text": {"format": {"type": "text"}}}),
+        );
+        assert!(plain["params"].get("response_format").is_none());
+    }
+
+    #[test]
+    fn what_no_provider_can_honour_is_refused_by_name() {
+        for (body, param) in [
+            (
+                json!({"model": "default", "input": "Hi", "tools": [{"type": "file_search"}]}),
+                "tools[0].type",
+            ),
+            (
+                json!({"model": "default", "input": "Hi", "tool_choice": {"type": "mcp"}}),
+                "tool_choice",
+            ),
+            (
+                json!({"model": "default", "input": "Hi", "prompt": {"id": "p"}}),
+                "prompt",
+            ),
+            (
+                json!({"model": "default", "input": "Hi", "parallel_tool_calls": false}),
+                "parallel_tool_calls",
+            ),
+            (
+                json!({"model": "default", "input": [{"type": "item_reference", "id": "x"}]}),
+                "input[0].type",
+            ),
+            (
+                json!({"model": "default", "input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}),
+                "input[0].content[0].type",
+            ),
+            (
+                json!({"model": "default", "input": "Hi", "text": {"verbosity": "low"}}),
+                "text.verbosity",
+            ),
+        ] {
+            let error = refused(body);
+            assert_eq!(error.status, StatusCode::UNPROCESSABLE_ENTITY);
+            assert_eq!(error.param.as_deref(), Some(param));
+        }
+        let error = refused(
+            json!({"model": "default", "input": "Hi", "tools": [{"type": "web_search_preview"}]}),
+        );
+        assert!(
+            error.message.contains("\"web_search_preview\""),
+            "{}",
+            error.message
+        );
+    }
+}

@@ -89,7 +89,7 @@ impl Shown {
     /// A job with no answer (yet): its status, no output.
     pub(super) fn without_answer(job: &Job, model: String, error: Value) -> Shown {
         Shown {
-            status: status_of(job.state),
+            status: status_of(job),
             output: Vec::new(),
             usage: None,
             model,
@@ -108,10 +108,12 @@ impl Shown {
     }
 }
 
-/// A job's state as a Response's status.
-pub(super) fn status_of(state: JobState) -> &'static str {
-    match state {
-        JobState::Pending => "queued",
+/// A job's state as a Response's status: `queued` until its first
+/// attempt (a job waiting out a retry's backoff is `in_progress`).
+pub(super) fn status_of(job: &Job) -> &'static str {
+    match job.state {
+        JobState::Pending if job.attempt_count == 0 => "queued",
+        JobState::Pending => "in_progress",
         JobState::Running => "in_progress",
         JobState::Succeeded => "completed",
         JobState::Cancelled => "cancelled",
@@ -166,7 +168,10 @@ pub(super) fn call_item(
 }
 
 pub(super) fn usage(usage: Usage) -> Value {
-    let (input, output) = (usage.prompt_tokens, usage.completion_tokens);
+    let (input, output) = (
+        u64::from(usage.prompt_tokens),
+        u64::from(usage.completion_tokens),
+    );
     json!({
         "input_tokens": input,
         "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
@@ -258,8 +263,12 @@ pub(super) fn refusal(refused: Refused) -> ResponsesError {
         }
     };
     match why {
-        // Answered as Response objects (queued, in progress, cancelled) before this.
-        Refusal::Pending { .. } => error(504, "job_pending"),
+        // Still running after the wait: the same request with the same key
+        // picks it up (the SDK retries it by itself unless the key was made here).
+        Refusal::Pending { client_may_retry } => ResponsesError {
+            retry: client_may_retry,
+            ..error(504, "job_pending")
+        },
         Refusal::Cancelled => error(409, "job_cancelled"),
         Refusal::ContextLengthExceeded => ResponsesError {
             param: Some("input".into()),

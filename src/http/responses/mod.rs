@@ -75,9 +75,9 @@ pub async fn create(
     let settled = door::run(&state, &arrival, &job_body, &headers)
         .await
         .map_err(ResponsesError::submit)?;
-    // Still running after the wait, or cancelled: the Response as it is
-    // (the client polls it by id); a job that failed is the error it is.
-    if !settled.job.state.is_final() || settled.job.state == JobState::Cancelled {
+    // Cancelled: the Response as it is. Still running after the wait: a
+    // 504 the SDK retries with the same key; failed: the error it is.
+    if settled.job.state == JobState::Cancelled {
         return Ok(shown_response(&state, &settled, Some(&arrival.key))?);
     }
     let response = door::respond(
@@ -137,7 +137,7 @@ pub async fn cancel(
                     "response_not_cancellable",
                     format!(
                         "Cannot cancel a response that is {}.",
-                        encode::status_of(now.state)
+                        encode::status_of(&now)
                     ),
                 ));
             }
@@ -235,7 +235,7 @@ async fn previous_turns(
                 "previous_response_not_completed",
                 format!(
                     "previous_response_id: response '{id}' is {}; only a completed response can be continued",
-                    encode::status_of(job.state)
+                    encode::status_of(&job)
                 ),
             )
         });

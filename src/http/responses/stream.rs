@@ -6,7 +6,8 @@
 //! `response.content_part.done`, (for a function call)
 //! `response.function_call_arguments.delta`…/`.done`, then
 //! `response.output_item.done`, and `response.completed` with the whole
-//! Response, sent only once the answer is committed. A stream that ends
+//! Response (`response.incomplete` when the provider stopped at
+//! `max_output_tokens`), sent only once the answer is committed. A stream that ends
 //! without a whole answer ends with `response.failed`, never with
 //! `response.completed` on a truncated output; the job goes on, and a
 //! replay with the same key gets its final answer.
@@ -238,7 +239,11 @@ impl StreamEncoder for Encoder {
                     self.call_piece(&mut out, piece);
                 }
             }
-            StreamEvent::Finish { model, usage, .. } => {
+            StreamEvent::Finish {
+                model,
+                usage,
+                finish_reason,
+            } => {
                 self.model = model.clone();
                 self.start(&mut out);
                 self.close_message(&mut out);
@@ -250,12 +255,18 @@ impl StreamEncoder for Encoder {
                     model: self.model.clone(),
                     error: Value::Null,
                 };
-                let response = encode::response(&self.job, shown);
-                self.frame(
-                    &mut out,
-                    "response.completed",
-                    json!({"response": response}),
-                );
+                let mut response = encode::response(&self.job, shown);
+                // The provider stopped at the token limit: the answer is
+                // whole, and OpenAI calls it incomplete.
+                let kind = if finish_reason == "length" {
+                    response["status"] = json!("incomplete");
+                    response["completed_at"] = Value::Null;
+                    response["incomplete_details"] = json!({"reason": "max_output_tokens"});
+                    "response.incomplete"
+                } else {
+                    "response.completed"
+                };
+                self.frame(&mut out, kind, json!({"response": response}));
             }
             StreamEvent::Error { code, message } => {
                 self.start(&mut out);
@@ -270,5 +281,180 @@ impl StreamEncoder for Encoder {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::job::NewJob;
+    use crate::providers::stream::Delta;
+    use crate::providers::Usage;
+
+    fn job() -> Job {
+        NewJob {
+            id: "0192f0c4-0000-7000-8000-000000000001".into(),
+            owner_id: "alice".into(),
+            idempotency_key: "k".into(),
+            fingerprint: String::new(),
+            request: r#"{"messages":[],"route":"default","door":{"responses":{"input":[]}}}"#
+                .into(),
+            route: "default".into(),
+            created_at: 1_000,
+            lease: None,
+            key_id: None,
+            primary: None,
+        }
+        .into_job()
+    }
+
+    /// The events written for `events`, as (event line, data).
+    fn frames(events: &[StreamEvent]) -> Vec<(String, Value)> {
+        let mut encoder = Encoder::new(&job());
+        let text: String = events.iter().map(|e| encoder.encode(e)).collect();
+        text.split("\n\n")
+            .filter(|f| !f.is_empty())
+            .map(|f| {
+                let (event, data) = f.split_once('\n').unwrap();
+                let event = event.strip_prefix("event: ").unwrap().to_string();
+                let data: Value =
+                    serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
+                assert_eq!(
+                    data["type"],
+                    event.as_str(),
+                    "the event line names the data's type"
+                );
+                (event, data)
+            })
+            .collect()
+    }
+
+    fn start() -> StreamEvent {
+        StreamEvent::Start {
+            model: "m-1".into(),
+            provider: "p".into(),
+            attempt_id: "a".into(),
+        }
+    }
+
+    fn piece(delta: Delta) -> StreamEvent {
+        StreamEvent::Piece {
+            model: "m-1".into(),
+            delta,
+        }
+    }
+
+    fn finish(reason: &str) -> StreamEvent {
+        StreamEvent::Finish {
+            model: "m-1".into(),
+            finish_reason: reason.into(),
+            usage: Some(Usage {
+                prompt_tokens: 3,
+                completion_tokens: 2,
+            }),
+        }
+    }
+
+    #[test]
+    fn text_then_a_call_are_two_items_in_openai_order() {
+        let call = |v: Value| Delta {
+            content: String::new(),
+            tool_calls: vec![v],
+        };
+        let frames = frames(&[
+            start(),
+            piece(Delta::text("Hel")),
+            piece(Delta::text("lo")),
+            piece(call(json!({"index": 0, "id": "call_1", "type": "function",
+                              "function": {"name": "f", "arguments": "{\"a\""}}))),
+            piece(call(json!({"index": 0, "function": {"arguments": ":1}"}}))),
+            finish("tool_calls"),
+        ]);
+        let kinds: Vec<&str> = frames.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "response.output_item.done",
+                "response.completed",
+            ]
+        );
+        let numbers: Vec<u64> = frames
+            .iter()
+            .map(|(_, d)| d["sequence_number"].as_u64().unwrap())
+            .collect();
+        assert_eq!(numbers, (0..frames.len() as u64).collect::<Vec<_>>());
+        assert_eq!(frames[6].1["text"], "Hello");
+        assert_eq!(frames[9].1["output_index"], 1);
+        assert_eq!(frames[9].1["item"]["call_id"], "call_1");
+        assert_eq!(frames[12].1["arguments"], "{\"a\":1}");
+        let done = &frames[14].1["response"];
+        assert_eq!(done["status"], "completed");
+        assert_eq!(done["model"], "m-1", "the model that answered");
+        assert_eq!(done["output"][0]["content"][0]["text"], "Hello");
+        assert_eq!(done["output"][1]["arguments"], "{\"a\":1}");
+        assert_eq!(done["output"][1]["id"], frames[9].1["item"]["id"]);
+        assert_eq!(done["usage"]["total_tokens"], 5);
+        assert_eq!(frames[0].1["response"]["id"], done["id"]);
+    }
+
+    #[test]
+    fn a_stop_at_the_token_limit_is_incomplete() {
+        let frames = frames(&[start(), piece(Delta::text("Hi")), finish("length")]);
+        let (kind, last) = frames.last().unwrap();
+        assert_eq!(kind, "response.incomplete");
+        assert_eq!(last["response"]["status"], "incomplete");
+        assert_eq!(
+            last["response"]["incomplete_details"]["reason"],
+            "max_output_tokens"
+        );
+    }
+
+    #[test]
+    fn a_stream_without_a_whole_answer_fails_and_never_completes() {
+        let frames = frames(&[
+            start(),
+            piece(Delta::text("Half an ans")),
+            StreamEvent::Error {
+                code: "stream_cut".into(),
+                message: "cut after 2 tokens".into(),
+            },
+        ]);
+        let kinds: Vec<&str> = frames.iter().map(|(k, _)| k.as_str()).collect();
+        assert!(!kinds.contains(&"response.completed"), "{kinds:?}");
+        let (kind, last) = frames.last().unwrap();
+        assert_eq!(kind, "response.failed");
+        assert_eq!(last["response"]["status"], "failed");
+        assert_eq!(last["response"]["output"], json!([]));
+        assert!(last["response"]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("stream_cut"));
+        // An error before any attempt began still opens the response first.
+        let frames = self::frames(&[StreamEvent::Error {
+            code: "job_failed".into(),
+            message: "no".into(),
+        }]);
+        let kinds: Vec<&str> = frames.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "response.created",
+                "response.in_progress",
+                "response.failed"
+            ]
+        );
     }
 }

@@ -183,7 +183,12 @@ pub(super) fn usage(usage: Usage) -> Value {
 
 /// The Response object of `job` as `shown`.
 pub(super) fn response(job: &Job, shown: Shown) -> Value {
-    let stored = Stored::of(job);
+    response_with(job, &Stored::of(job), shown)
+}
+
+/// [`response`] with the job's request read already (a stream shows its
+/// Response several times).
+pub(super) fn response_with(job: &Job, stored: &Stored, shown: Shown) -> Value {
     let created_at = job.created_at / 1000;
     let final_at = (shown.status == "completed").then_some(job.updated_at / 1000);
     let metadata = match stored.echoed("metadata") {

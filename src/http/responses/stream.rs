@@ -12,7 +12,7 @@
 //! `response.completed` on a truncated output; the job goes on, and a
 //! replay with the same key gets its final answer.
 
-use super::encode::{self, Shown};
+use super::encode::{self, Shown, Stored};
 use crate::domain::Job;
 use crate::engine::stream::StreamEvent;
 use crate::http::door::StreamEncoder;
@@ -29,6 +29,7 @@ struct Call {
 /// Turns one job's stream events into Responses SSE frames for one client.
 pub(super) struct Encoder {
     job: Job,
+    stored: Stored,
     model: String,
     sequence: u64,
     started: bool,
@@ -43,6 +44,7 @@ impl Encoder {
     pub(super) fn new(job: &Job) -> Self {
         Encoder {
             job: job.clone(),
+            stored: Stored::of(job),
             model: job.route.clone(),
             sequence: 0,
             started: false,
@@ -66,7 +68,7 @@ impl Encoder {
     fn snapshot(&self, status: &'static str) -> Value {
         let mut shown = Shown::without_answer(&self.job, self.model.clone(), Value::Null);
         shown.status = status;
-        encode::response(&self.job, shown)
+        encode::response_with(&self.job, &self.stored, shown)
     }
 
     fn start(&mut self, out: &mut String) {
@@ -255,7 +257,7 @@ impl StreamEncoder for Encoder {
                     model: self.model.clone(),
                     error: Value::Null,
                 };
-                let mut response = encode::response(&self.job, shown);
+                let mut response = encode::response_with(&self.job, &self.stored, shown);
                 // The provider stopped at the token limit: the answer is
                 // whole, and OpenAI calls it incomplete.
                 let kind = if finish_reason == "length" {
@@ -275,7 +277,7 @@ impl StreamEncoder for Encoder {
                 let error =
                     json!({"code": "server_error", "message": format!("{code}: {message}")});
                 let shown = Shown::without_answer(&self.job, self.model.clone(), error);
-                let mut response = encode::response(&self.job, shown);
+                let mut response = encode::response_with(&self.job, &self.stored, shown);
                 response["status"] = json!("failed");
                 self.frame(&mut out, "response.failed", json!({"response": response}));
             }

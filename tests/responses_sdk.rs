@@ -177,6 +177,11 @@ async fn the_official_sdk_speaks_responses_unchanged(backend: Backend) {
         "get_weather"
     );
     assert_eq!(second["params"]["tools"][0]["function"]["strict"], true);
+    let third = request_of(&world, tools["job_ids"][2].as_str().unwrap()).await;
+    assert_eq!(
+        third["messages"], second["messages"],
+        "previous_response_id and the output alone make the same turns"
+    );
 
     // json_schema: the job checked the answer against the schema.
     assert_eq!(schema["format"], "json_schema");
@@ -222,6 +227,11 @@ async fn the_official_sdk_speaks_responses_unchanged(backend: Backend) {
         ["queued", "in_progress"].contains(&background["first"].as_str().unwrap()),
         "{background}"
     );
+    assert_eq!(
+        background["first_model"], "healthy:latency=5",
+        "a queued response names the model that will answer, not the route"
+    );
+    assert_eq!(background["model"], "healthy:latency=5");
     let job = world.job(background["job_id"].as_str().unwrap()).await;
     assert_eq!(job["state"], "succeeded");
     assert_eq!(job["result"], background["text"]);
@@ -247,10 +257,10 @@ async fn the_official_sdk_speaks_responses_unchanged(backend: Backend) {
             "bad_credentials": [401, "authentication_error"],
         })
     );
-    // plain, twice, stream, events, two tool turns, schema, two previous,
+    // plain, twice, stream, events, three tool turns, schema, two previous,
     // background, cancel, items; the other owner's, the conflict and the
     // refusals made none.
-    assert_eq!(world.store.count_jobs().await.unwrap(), 12);
+    assert_eq!(world.store.count_jobs().await.unwrap(), 13);
     world.stop().await;
 }
 

@@ -222,8 +222,19 @@ def function_round_trip():
     answered, h2 = create("r-tool-2", model="default", input=follow, tools=WEATHER)
     assert answered.status == "completed", answered
     assert answered.output_text, answered.output
+    # The same answer, sent as OpenAI's docs send it: only the output, on
+    # top of the response that asked for it.
+    continued, h3 = create(
+        "r-tool-3",
+        model="default",
+        previous_response_id=asked.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": '{"temp_c": 18}'}],
+        tools=WEATHER,
+    )
+    assert continued.status == "completed", continued
+    assert continued.output_text, continued.output
     return {
-        "job_ids": [job_of(h1), job_of(h2)],
+        "job_ids": [job_of(h1), job_of(h2), job_of(h3)],
         "call_id": call.call_id,
         "kinds": dedupe(kinds),
     }
@@ -297,7 +308,14 @@ def background():
         "completed",
     )
     assert done.output_text, done
-    return {"job_id": job_of(headers), "id": response.id, "first": response.status, "text": done.output_text}
+    return {
+        "job_id": job_of(headers),
+        "id": response.id,
+        "first": response.status,
+        "first_model": response.model,
+        "model": done.model,
+        "text": done.output_text,
+    }
 
 
 @case

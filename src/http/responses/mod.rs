@@ -62,7 +62,15 @@ pub async fn create(
         let opened = door::open_stream(&state, &arrival, &job_body, &headers)
             .await
             .map_err(ResponsesError::submit)?;
-        let encoder = stream::Encoder::new(&opened.job);
+        let first_model = model_now(
+            &state,
+            &Settled {
+                job: opened.job.clone(),
+                attempts: Vec::new(),
+                replayed: false,
+            },
+        );
+        let encoder = stream::Encoder::new(&opened.job, first_model);
         return Ok(door::stream_response(opened, &arrival.key, encoder)?);
     }
     if decoded.background {
@@ -315,7 +323,7 @@ fn shown_response(
                 door::Refusal::Pending { .. } | door::Refusal::Cancelled => Value::Null,
                 _ => encode::failure(&refused),
             };
-            let model = door::answering_model(state, job, settled.winner());
+            let model = model_now(state, settled);
             Json(encode::response(
                 job,
                 Shown::without_answer(job, model, error),
@@ -323,4 +331,26 @@ fn shown_response(
             .into_response()
         },
     )
+}
+
+/// The model a Response without an answer names: the one that answered,
+/// else the one its latest attempt asked, else the one its route's primary
+/// will ask — a provider's model, never the route's name.
+fn model_now(state: &AppState, settled: &Settled) -> String {
+    let job = &settled.job;
+    if settled.winner().is_some() {
+        return door::answering_model(state, job, settled.winner());
+    }
+    let provider = match settled.attempts.last() {
+        Some(attempt) => Some(attempt.provider.as_str()),
+        None => state
+            .config
+            .routes
+            .get(&job.route)
+            .map(|r| r.primary.as_str()),
+    };
+    provider
+        .and_then(|p| state.providers.get(p))
+        .map(|p| p.config.model.clone())
+        .unwrap_or_else(|| job.route.clone())
 }

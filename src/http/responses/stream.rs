@@ -41,11 +41,13 @@ pub(super) struct Encoder {
 }
 
 impl Encoder {
-    pub(super) fn new(job: &Job) -> Self {
+    /// For the client of `job`; `model` is shown until an attempt names
+    /// the one that answers.
+    pub(super) fn new(job: &Job, model: String) -> Self {
         Encoder {
             job: job.clone(),
             stored: Stored::of(job),
-            model: job.route.clone(),
+            model,
             sequence: 0,
             started: false,
             output: Vec::new(),
@@ -312,7 +314,7 @@ mod tests {
 
     /// The events written for `events`, as (event line, data).
     fn frames(events: &[StreamEvent]) -> Vec<(String, Value)> {
-        let mut encoder = Encoder::new(&job());
+        let mut encoder = Encoder::new(&job(), "m-0".into());
         let text: String = events.iter().map(|e| encoder.encode(e)).collect();
         text.split("\n\n")
             .filter(|f| !f.is_empty())

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 on_both_backends!(
     the_official_sdk_speaks_responses_unchanged,
     a_background_response_survives_a_kill_9_of_its_server,
+    a_cut_or_refused_stream_never_completes_on_a_truncated_answer,
 );
 
 fn spec(name: &'static str, model: &'static str) -> ProviderSpec {
@@ -361,4 +362,71 @@ async fn a_background_response_survives_a_kill_9_of_its_server(backend: Backend)
     );
     assert_eq!(store.count_jobs().await.unwrap(), 1);
     drop(b);
+}
+
+async fn a_cut_or_refused_stream_never_completes_on_a_truncated_answer(backend: Backend) {
+    let Some(python) = python() else {
+        return;
+    };
+    let providers = [
+        spec("primary", "healthy"),
+        spec("filtering", "content_filter"),
+        spec("cutting", "stream_cut:tokens=2"),
+        spec("no-prefill", "no_prefill"),
+    ];
+    let world = start_world(backend, &providers, route("primary", &[]), |c| {
+        // The reconciler asks about a cut attempt only after the
+        // continuation has had its chance (see tests/openai_stream.rs).
+        c.engine.reconcile_min_age_ms = 10_000;
+        c.routes.insert("filter".into(), route("filtering", &[]));
+        c.routes
+            .insert("cut-no-prefill".into(), route("cutting", &["no-prefill"]));
+    })
+    .await;
+    let [refused, cut] = cases_of(
+        "responses_cases.py",
+        &python,
+        &world.address,
+        &world.key,
+        ["stream_refused", "cut_without_prefill_fallback"],
+    )
+    .await;
+    assert_eq!(
+        refused["kinds"],
+        json!([
+            "response.created",
+            "response.in_progress",
+            "response.failed"
+        ])
+    );
+
+    let kinds = cut["kinds"].as_array().unwrap();
+    let last = kinds.last().unwrap();
+    eprintln!("the cut stream ended with {last}");
+    let job_id = uuid_of(&cut["id"]);
+    let (job, _) = world
+        .until(&job_id, Duration::from_secs(30), |j, _| {
+            j["state"] == "succeeded"
+        })
+        .await;
+    let whole = job["result"].as_str().unwrap();
+    let partial = cut["text"].as_str().unwrap();
+    if last == "response.completed" {
+        assert_eq!(cut["final"], whole, "ended whole: {cut}");
+        assert_eq!(partial, whole, "{cut}");
+    } else {
+        assert_eq!(last, "response.failed", "{cut}");
+        assert!(!kinds.contains(&json!("response.completed")), "{cut}");
+        assert!(
+            cut["error"].as_str().unwrap().contains("stream_cut"),
+            "{cut}"
+        );
+        assert!(
+            whole.starts_with(partial) && partial.len() < whole.len(),
+            "what was streamed is the start of the answer the job went on to: {cut}, {whole:?}"
+        );
+    }
+    let attempts = world.attempts(&job_id).await;
+    assert_eq!(attempts[0]["error_kind"], "stream_cut", "{attempts:?}");
+    world.stop().await;
 }

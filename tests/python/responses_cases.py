@@ -390,6 +390,45 @@ def refusals():
     return seen
 
 
+@case
+def stream_refused():
+    """A streamed refusal through the helper: response.failed, and no final response."""
+    kinds = []
+    with client().responses.stream(
+        extra_headers={"Idempotency-Key": "r-refused"}, model="filter", input="Something filtered."
+    ) as stream:
+        for event in stream:
+            kinds.append(event.type)
+        try:
+            stream.get_final_response()
+            raise AssertionError("a refused stream had a final response")
+        except RuntimeError as e:
+            assert "response.completed" in str(e), e
+    return {"kinds": dedupe(kinds)}
+
+
+@case
+def cut_without_prefill_fallback():
+    """A stream cut mid-answer with no fallback that continues it: whole,
+    or response.failed — never response.completed on a truncated text."""
+    kinds, text = [], []
+    final = error = response_id = None
+    with client().responses.stream(
+        extra_headers={"Idempotency-Key": "r-cut"}, model="cut-no-prefill", input="Explain tides"
+    ) as stream:
+        for event in stream:
+            kinds.append(event.type)
+            if event.type == "response.created":
+                response_id = event.response.id
+            elif event.type == "response.output_text.delta":
+                text.append(event.delta)
+            elif event.type == "response.failed":
+                error = event.response.error.message
+            elif event.type == "response.completed":
+                final = event.response.output_text
+    return {"kinds": dedupe(kinds), "text": "".join(text), "final": final, "error": error, "id": response_id}
+
+
 def main():
     for name in sys.argv[1:]:
         print(json.dumps(CASES[name]()), flush=True)

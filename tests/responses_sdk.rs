@@ -373,6 +373,8 @@ async fn a_cut_or_refused_stream_never_completes_on_a_truncated_answer(backend: 
         spec("filtering", "content_filter"),
         spec("cutting", "stream_cut:tokens=2"),
         spec("no-prefill", "no_prefill"),
+        spec("cutting-too", "stream_cut:tokens=2"),
+        spec("backup", "healthy"),
     ];
     let world = start_world(backend, &providers, route("primary", &[]), |c| {
         // The reconciler asks about a cut attempt only after the
@@ -381,14 +383,20 @@ async fn a_cut_or_refused_stream_never_completes_on_a_truncated_answer(backend: 
         c.routes.insert("filter".into(), route("filtering", &[]));
         c.routes
             .insert("cut-no-prefill".into(), route("cutting", &["no-prefill"]));
+        c.routes
+            .insert("cut".into(), route("cutting-too", &["backup"]));
     })
     .await;
-    let [refused, cut] = cases_of(
+    let [refused, continued, cut] = cases_of(
         "responses_cases.py",
         &python,
         &world.address,
         &world.key,
-        ["stream_refused", "cut_without_prefill_fallback"],
+        [
+            "stream_refused",
+            "cut_with_prefill_fallback",
+            "cut_without_prefill_fallback",
+        ],
     )
     .await;
     assert_eq!(
@@ -399,6 +407,17 @@ async fn a_cut_or_refused_stream_never_completes_on_a_truncated_answer(backend: 
             "response.failed"
         ])
     );
+
+    // Continued on a fallback that takes a prefill: one whole answer, the
+    // one the job committed, each provider executing once.
+    let job_id = uuid_of(&continued["id"]);
+    let job = world.job(&job_id).await;
+    assert_eq!(job["state"], "succeeded");
+    assert_eq!(job["result"], continued["text"], "one whole answer");
+    let attempts = world.attempts(&job_id).await;
+    assert_eq!(attempts[0]["provider"], "cutting-too", "{attempts:?}");
+    assert_eq!(attempts[0]["error_kind"], "stream_cut", "{attempts:?}");
+    assert_eq!(world.executions(&job_id, "backup"), 1);
 
     let kinds = cut["kinds"].as_array().unwrap();
     let last = kinds.last().unwrap();

@@ -408,6 +408,21 @@ def stream_refused():
 
 
 @case
+def cut_with_prefill_fallback():
+    """A stream cut mid-answer, continued on a fallback: one whole answer."""
+    text = []
+    with client().responses.stream(
+        extra_headers={"Idempotency-Key": "r-cut-continued"}, model="cut", input="Explain tides"
+    ) as stream:
+        for event in stream:
+            if event.type == "response.output_text.delta":
+                text.append(event.delta)
+        final = stream.get_final_response()
+    assert final.output_text == "".join(text), (final.output_text, text)
+    return {"id": final.id, "text": final.output_text, "model": final.model}
+
+
+@case
 def cut_without_prefill_fallback():
     """A stream cut mid-answer with no fallback that continues it: whole,
     or response.failed — never response.completed on a truncated text."""

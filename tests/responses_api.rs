@@ -19,6 +19,7 @@ on_both_backends!(
     a_response_not_stored_is_not_shown_but_its_job_is_durable,
     a_streamed_failure_ends_in_response_failed,
     a_job_still_running_or_too_long_is_the_error_a_client_acts_on,
+    cancel_delete_and_input_items_answer_in_openai_shapes,
 );
 
 fn spec(name: &'static str, model: &'static str) -> ProviderSpec {
@@ -539,5 +540,155 @@ async fn a_job_still_running_or_too_long_is_the_error_a_client_acts_on(backend: 
         shown.body
     );
     assert_eq!(shown.body["output"], json!([]));
+    world.stop().await;
+}
+
+async fn cancel_delete_and_input_items_answer_in_openai_shapes(backend: Backend) {
+    let providers = [
+        spec("primary", "healthy"),
+        spec("slow", "slow_first_byte:ms=3000"),
+    ];
+    let world = start_world(backend, &providers, route("primary", &[]), |c| {
+        c.routes.insert("slow".into(), route("slow", &[]));
+    })
+    .await;
+    let post = reqwest::Method::POST;
+    let get = reqwest::Method::GET;
+    let input = json!([
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "One."},
+        {"type": "message", "role": "assistant", "content": "Two."},
+        {"role": "user", "content": [{"type": "input_text", "text": "Three."}]},
+    ]);
+    let done = create(
+        &world,
+        Some("items"),
+        &json!({"model": "default", "input": input}),
+    )
+    .await;
+    assert_eq!(done.body["status"], "completed", "{}", done.body);
+    let id = done.body["id"].as_str().unwrap().to_string();
+
+    // input_items: newest first, paged by limit and after.
+    let page = call(
+        &world,
+        get.clone(),
+        &format!("/v1/responses/{id}/input_items?limit=3"),
+        &world.key,
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert_eq!(page.body["object"], "list");
+    assert_eq!(page.body["has_more"], true);
+    let texts = |body: &Value| -> Vec<String> {
+        body["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["content"][0]["text"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(texts(&page.body), ["Three.", "Two.", "One."]);
+    assert_eq!(page.body["data"][1]["content"][0]["type"], "output_text");
+    assert_eq!(page.body["data"][2]["content"][0]["type"], "input_text");
+    assert_eq!(page.body["first_id"], page.body["data"][0]["id"]);
+    let last = page.body["last_id"].as_str().unwrap();
+    let rest = call(
+        &world,
+        get.clone(),
+        &format!("/v1/responses/{id}/input_items?limit=3&after={last}"),
+        &world.key,
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(texts(&rest.body), ["Be brief."]);
+    assert_eq!(rest.body["has_more"], false);
+    let bad = call(
+        &world,
+        get.clone(),
+        &format!("/v1/responses/{id}/input_items?limit=many"),
+        &world.key,
+        None,
+        None,
+    )
+    .await;
+    assert_openai_error(&bad, 422, "invalid_request_error", "invalid_request");
+
+    // A completed response cannot be cancelled; a running one can, twice.
+    let refused = call(
+        &world,
+        post.clone(),
+        &format!("/v1/responses/{id}/cancel"),
+        &world.key,
+        None,
+        None,
+    )
+    .await;
+    assert_openai_error(
+        &refused,
+        400,
+        "invalid_request_error",
+        "response_not_cancellable",
+    );
+    let running = create(
+        &world,
+        Some("to-cancel"),
+        &json!({"model": "slow", "input": "Hi.", "background": true}),
+    )
+    .await;
+    let running_id = running.body["id"].as_str().unwrap().to_string();
+    for _ in 0..2 {
+        let cancelled = call(
+            &world,
+            post.clone(),
+            &format!("/v1/responses/{running_id}/cancel"),
+            &world.key,
+            None,
+            None,
+        )
+        .await;
+        assert_eq!(cancelled.status, 200, "{}", cancelled.body);
+        assert_eq!(cancelled.body["status"], "cancelled");
+        assert_eq!(cancelled.body["output"], json!([]));
+    }
+    let job_id = running.headers["x-onejob-job-id"].to_str().unwrap();
+    assert_eq!(world.job(job_id).await["state"], "cancelled");
+
+    // Delete: the OpenAI answer, then a 404 everywhere; the job stays.
+    let deleted = call(
+        &world,
+        reqwest::Method::DELETE,
+        &format!("/v1/responses/{id}"),
+        &world.key,
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(deleted.status, 200, "{}", deleted.body);
+    assert_eq!(
+        deleted.body,
+        json!({"id": id, "object": "response", "deleted": true})
+    );
+    for path in ["", "/input_items"] {
+        let gone = call(
+            &world,
+            get.clone(),
+            &format!("/v1/responses/{id}{path}"),
+            &world.key,
+            None,
+            None,
+        )
+        .await;
+        assert_openai_error(&gone, 404, "not_found_error", "response_not_found");
+    }
+    let job_id = done.headers["x-onejob-job-id"].to_str().unwrap();
+    assert_eq!(world.job(job_id).await["state"], "succeeded");
+    let events = world.store.list_events(job_id).await.unwrap();
+    assert!(events
+        .iter()
+        .any(|e| e.kind == "response_deleted" && e.actor == "alice"));
     world.stop().await;
 }

@@ -35,6 +35,7 @@ use crate::domain::{Job, JobState};
 use crate::jobs;
 use crate::keys::Caller;
 use crate::store::{event, NewEvent, Refusal};
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -190,9 +191,10 @@ pub async fn input_items(
     State(state): State<AppState>,
     caller: Result<Caller, ApiError>,
     Path(id): Path<String>,
-    Query(page): Query<items::Page>,
+    page: Result<Query<items::Page>, QueryRejection>,
 ) -> Result<Json<Value>, ResponsesError> {
     let caller = caller?;
+    let Query(page) = page.map_err(|e| ResponsesError::invalid("query", e.body_text()))?;
     let job = find(&state, &caller, &id, None).await?;
     Ok(Json(items::list(&job, &page)?))
 }

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::world::{route, start_world, ProviderSpec, World};
+use common::world::{route, set_window, start_world, ProviderSpec, World};
 use common::Backend;
 use onejob::clock::SystemClock;
 use serde_json::{json, Value};
@@ -20,6 +20,7 @@ on_both_backends!(
     a_streamed_failure_ends_in_response_failed,
     a_job_still_running_or_too_long_is_the_error_a_client_acts_on,
     cancel_delete_and_input_items_answer_in_openai_shapes,
+    context_length_exceeded_moves_to_a_larger_window,
 );
 
 fn spec(name: &'static str, model: &'static str) -> ProviderSpec {
@@ -690,5 +691,35 @@ async fn cancel_delete_and_input_items_answer_in_openai_shapes(backend: Backend)
     assert!(events
         .iter()
         .any(|e| e.kind == "response_deleted" && e.actor == "alice"));
+    world.stop().await;
+}
+
+async fn context_length_exceeded_moves_to_a_larger_window(backend: Backend) {
+    let providers = [spec("primary", "context_length"), spec("large", "healthy")];
+    let world = start_world(backend, &providers, route("primary", &["large"]), |c| {
+        set_window(c, "large", 65_536);
+    })
+    .await;
+    let answer = create(
+        &world,
+        Some("long"),
+        &json!({"model": "default", "input": "A long story"}),
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.body["status"], "completed");
+    assert_eq!(answer.body["model"], "healthy", "the model that answered");
+    assert_eq!(answer.headers["x-onejob-provider"], "large");
+    let job_id = answer.headers["x-onejob-job-id"].to_str().unwrap();
+    let attempts = world.attempts(job_id).await;
+    assert_eq!(
+        attempts[0]["error_kind"], "context_length_exceeded",
+        "{attempts:?}"
+    );
+    assert_eq!(
+        world.deliveries(job_id, "primary"),
+        1,
+        "never re-sent to it"
+    );
     world.stop().await;
 }

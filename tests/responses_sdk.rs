@@ -60,7 +60,7 @@ async fn the_official_sdk_speaks_responses_unchanged(backend: Backend) {
     let other_key = onejob::keys::create_key(world.store.as_ref(), &SystemClock, "bob", false)
         .await
         .unwrap();
-    let [plain, twice, streamed, events, tools, schema, previous, background, cancel, items, refusals] =
+    let [plain, twice, streamed, events, tools, schema, previous, background, by_id, cancel, items, refusals] =
         cases_with(
             "responses_cases.py",
             &python,
@@ -76,6 +76,7 @@ async fn the_official_sdk_speaks_responses_unchanged(backend: Backend) {
                 "json_schema",
                 "previous_response",
                 "background",
+                "background_streamed_by_id",
                 "cancel",
                 "items_and_delete",
                 "refusals",
@@ -237,6 +238,21 @@ async fn the_official_sdk_speaks_responses_unchanged(backend: Backend) {
     assert_eq!(job["state"], "succeeded");
     assert_eq!(job["result"], background["text"]);
 
+    // Streamed by id: the stored answer's events, the same on a resumed reading.
+    assert_eq!(by_id["kinds"], json!(TEXT_EVENTS));
+    assert_eq!(
+        by_id["resumed"].as_array().unwrap()[..],
+        by_id["all"].as_array().unwrap()[5..],
+        "starting_after=4 resumes at the fifth event"
+    );
+    let job_id = by_id["job_id"].as_str().unwrap();
+    assert_eq!(world.job(job_id).await["result"], by_id["text"]);
+    assert_eq!(
+        world.executions(job_id, "primary"),
+        1,
+        "reading it ran nothing"
+    );
+
     let job = world.job(cancel["job_id"].as_str().unwrap()).await;
     assert_eq!(job["state"], "cancelled", "{cancel}");
 
@@ -259,9 +275,9 @@ async fn the_official_sdk_speaks_responses_unchanged(backend: Backend) {
         })
     );
     // plain, twice, stream, events, three tool turns, schema, two previous,
-    // background, cancel, items; the other owner's, the conflict and the
+    // two background, cancel, items; the other owner's, the conflict and the
     // refusals made none.
-    assert_eq!(world.store.count_jobs().await.unwrap(), 13);
+    assert_eq!(world.store.count_jobs().await.unwrap(), 14);
     world.stop().await;
 }
 
@@ -283,16 +299,18 @@ async fn a_background_response_survives_a_kill_9_of_its_server(backend: Backend)
         return;
     };
     let sim = SimServer::start("127.0.0.1:0").await.unwrap();
-    let providers = provider_dir(&[spec("primary", "healthy:latency=1500")], &sim.base_url());
+    let providers = provider_dir(&[spec("primary", "healthy:latency=4000")], &sim.base_url());
     let dir = tempfile::tempdir().unwrap();
+    // The provider takes 4 s: long enough for the SDK's process to start,
+    // create and exit, and the kill to find the attempt at the provider.
     // Lease = silence + attempt timeout + margin: a killed process's job
-    // is taken over a few seconds later.
+    // is taken over 7.5 s after its last renewal.
     let config = ServeConfig {
         providers_dir: providers.path(),
         primary: "primary",
         fallbacks: &[],
         silence_ms: 1_000,
-        attempt_timeout_ms: 3_000,
+        attempt_timeout_ms: 6_000,
         max_attempts: 4,
         max_concurrent_jobs: None,
         lease_margin_ms: Some(500),

@@ -512,6 +512,43 @@ pub async fn open_stream(
     })
 }
 
+/// A job that exists already, streamed again by id (no submit): its
+/// stored answer once it is final, or what it is after the wait. Always
+/// the stored answer, so the events are the same on every reading.
+pub async fn open_existing(
+    state: &AppState,
+    job: Job,
+    headers: &HeaderMap,
+) -> Result<Opened, ApiError> {
+    let wait = preferred_wait(headers)
+        .unwrap_or(DEFAULT_WAIT_SECS)
+        .min(MAX_WAIT_SECS);
+    let job = match (&state.engine, job.state.is_final()) {
+        (Some(engine), false) => engine
+            .wait_for(&job.id, Duration::from_secs(wait))
+            .await
+            .unwrap_or(job),
+        _ => job,
+    };
+    let attempts = if job.state == JobState::Succeeded {
+        state.store.list_attempts(&job.id).await?
+    } else {
+        Vec::new()
+    };
+    let settled = Settled {
+        job,
+        attempts,
+        replayed: false,
+    };
+    let events = stored_events(state, &settled);
+    Ok(Opened {
+        first: events.first().cloned(),
+        job: settled.job,
+        replayed: false,
+        events: Events::Stored(events),
+    })
+}
+
 /// The events of a finished (or failed) job, as a stream would have had them.
 fn stored_events(state: &AppState, settled: &Settled) -> Vec<StreamEvent> {
     let job = &settled.job;

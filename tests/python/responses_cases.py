@@ -319,6 +319,34 @@ def background():
 
 
 @case
+def background_streamed_by_id():
+    """A background response read as a stream by id, then resumed past an event."""
+    response, headers = create("r-bg-stream", model="default", input="Stream me later.", background=True)
+    kinds, text, numbers = [], [], []
+    for event in client().responses.retrieve(response.id, stream=True):
+        kinds.append(event.type)
+        numbers.append(event.sequence_number)
+        if event.type == "response.output_text.delta":
+            text.append(event.delta)
+        if event.type == "response.completed":
+            final = event.response
+    assert numbers == list(range(len(numbers))), numbers
+    assert final.id == response.id and final.status == "completed", final
+    resumed = [
+        (event.type, event.sequence_number)
+        for event in client().responses.retrieve(response.id, stream=True, starting_after=4)
+    ]
+    assert [n for _, n in resumed] == numbers[5:], (resumed, numbers)
+    return {
+        "job_id": job_of(headers),
+        "kinds": dedupe(kinds),
+        "text": "".join(text),
+        "all": kinds,
+        "resumed": [kind for kind, _ in resumed],
+    }
+
+
+@case
 def background_start():
     """A background response on a slow provider; its id (for a later case)."""
     response, headers = create("r-survivor", model="default", input="Survive a crash.", background=True)

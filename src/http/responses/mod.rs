@@ -99,14 +99,42 @@ pub async fn create(
     Ok(response)
 }
 
-/// `GET /v1/responses/{id}`: the Response as its job is now.
+/// `?stream=true&starting_after=N` of a retrieve.
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct RetrieveQuery {
+    #[serde(default)]
+    stream: bool,
+    starting_after: Option<u64>,
+}
+
+/// `GET /v1/responses/{id}`: the Response as its job is now; with
+/// `stream=true`, its events once it is final (the stored answer, so the
+/// same events, with the same sequence numbers, on every reading), from
+/// past `starting_after`.
 pub async fn retrieve(
     State(state): State<AppState>,
     caller: Result<Caller, ApiError>,
     Path(id): Path<String>,
+    query: Result<Query<RetrieveQuery>, QueryRejection>,
+    headers: HeaderMap,
 ) -> Result<Response, ResponsesError> {
     let caller = caller?;
+    let Query(query) = query.map_err(|e| ResponsesError::invalid("query", e.body_text()))?;
     let job = find(&state, &caller, &id, None).await?;
+    if query.stream {
+        let opened = door::open_existing(&state, job, &headers).await?;
+        let model = model_now(
+            &state,
+            &Settled {
+                job: opened.job.clone(),
+                attempts: Vec::new(),
+                replayed: false,
+            },
+        );
+        let encoder = stream::Encoder::new(&opened.job, model).starting_after(query.starting_after);
+        let key = own_key(&opened.job)?;
+        return Ok(door::stream_response(opened, &key, encoder)?);
+    }
     let settled = settle(&state, job, false).await?;
     Ok(shown_response(&state, &settled, None)?)
 }
@@ -307,11 +335,7 @@ fn shown_response(
     let key = match key {
         Some(key) => key,
         None => {
-            own = door::DoorKey {
-                key: IdempotencyKey::parse(job.idempotency_key.as_bytes())
-                    .map_err(|e| ApiError::Internal(anyhow::anyhow!(e)))?,
-                made_here: false,
-            };
+            own = own_key(job)?;
             &own
         }
     };
@@ -355,4 +379,13 @@ fn model_now(state: &AppState, settled: &Settled) -> String {
         .and_then(|p| state.providers.get(p))
         .map(|p| p.config.model.clone())
         .unwrap_or_else(|| job.route.clone())
+}
+
+/// The job's own key, for the headers of a call that makes no job.
+fn own_key(job: &Job) -> Result<door::DoorKey, ApiError> {
+    Ok(door::DoorKey {
+        key: IdempotencyKey::parse(job.idempotency_key.as_bytes())
+            .map_err(|e| ApiError::Internal(anyhow::anyhow!(e)))?,
+        made_here: false,
+    })
 }

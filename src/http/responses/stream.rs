@@ -32,6 +32,8 @@ pub(super) struct Encoder {
     stored: Stored,
     model: String,
     sequence: u64,
+    /// The last sequence number the client has.
+    seen: Option<u64>,
     started: bool,
     /// Finished output items, in order.
     output: Vec<Value>,
@@ -49,6 +51,7 @@ impl Encoder {
             stored: Stored::of(job),
             model,
             sequence: 0,
+            seen: None,
             started: false,
             output: Vec::new(),
             message: None,
@@ -56,10 +59,20 @@ impl Encoder {
         }
     }
 
+    /// Skip the events a client has (`starting_after`, a retrieve's).
+    pub(super) fn starting_after(mut self, seen: Option<u64>) -> Self {
+        self.seen = seen;
+        self
+    }
+
     fn frame(&mut self, out: &mut String, kind: &str, mut data: Value) {
-        data["type"] = json!(kind);
-        data["sequence_number"] = json!(self.sequence);
+        let number = self.sequence;
         self.sequence += 1;
+        if self.seen.is_some_and(|seen| number <= seen) {
+            return;
+        }
+        data["type"] = json!(kind);
+        data["sequence_number"] = json!(number);
         out.push_str("event: ");
         out.push_str(kind);
         out.push_str("\ndata: ");
@@ -272,6 +285,16 @@ impl StreamEncoder for Encoder {
                 };
                 self.frame(&mut out, kind, json!({"response": response}));
             }
+            StreamEvent::Error { code, message } if code == "job_pending" => {
+                // Not final yet (driven elsewhere, past the wait): the
+                // response has not failed; the same request picks it up.
+                self.start(&mut out);
+                self.frame(
+                    &mut out,
+                    "error",
+                    json!({"code": code, "message": message, "param": null}),
+                );
+            }
             StreamEvent::Error { code, message } => {
                 self.start(&mut out);
                 // What was streamed stays with the client; the failed
@@ -412,6 +435,35 @@ mod tests {
         assert_eq!(done["output"][1]["id"], frames[9].1["item"]["id"]);
         assert_eq!(done["usage"]["total_tokens"], 5);
         assert_eq!(frames[0].1["response"]["id"], done["id"]);
+    }
+
+    #[test]
+    fn a_job_not_final_yet_is_an_error_event_not_a_failed_response() {
+        let frames = frames(&[StreamEvent::Error {
+            code: "job_pending".into(),
+            message: "still running".into(),
+        }]);
+        let kinds: Vec<&str> = frames.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(kinds, ["response.created", "response.in_progress", "error"]);
+        assert_eq!(frames[2].1["code"], "job_pending");
+    }
+
+    #[test]
+    fn starting_after_skips_what_the_client_has_and_keeps_the_numbers() {
+        let events = [start(), piece(Delta::text("Hi")), finish("stop")];
+        let mut encoder = Encoder::new(&job(), "m-0".into()).starting_after(Some(4));
+        let text: String = events.iter().map(|e| encoder.encode(e)).collect();
+        let numbers: Vec<u64> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(|d| {
+                serde_json::from_str::<Value>(d).unwrap()["sequence_number"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(numbers, [5, 6, 7, 8]);
+        assert_eq!(frames(&events).len(), 9);
     }
 
     #[test]

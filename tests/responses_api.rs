@@ -150,6 +150,21 @@ async fn built_in_tools_are_refused_by_name_and_make_no_job(backend: Backend) {
         "unsupported_parameter",
     );
     assert_eq!(answer.body["error"]["param"], "input[0].type");
+    for (body, param) in [
+        (json!({"model": "default", "input": []}), "input"),
+        (
+            json!({"model": "default", "input": "Hi.", "max_output_tokens": 0}),
+            "max_output_tokens",
+        ),
+        (
+            json!({"model": "default", "input": "Hi.", "temperature": 3}),
+            "temperature",
+        ),
+    ] {
+        let answer = create(&world, Some("invalid"), &body).await;
+        assert_openai_error(&answer, 422, "invalid_request_error", "invalid_request");
+        assert_eq!(answer.body["error"]["param"], param, "{}", answer.body);
+    }
     let answer = create(
         &world,
         Some("no-route"),

@@ -74,11 +74,21 @@ impl ResponsesError {
         }
     }
 
-    /// A refused submission: an unknown route is an unknown `model`.
+    /// A refused submission: an unknown route is an unknown `model`, and a
+    /// field of the job request is named as the Responses field it came from.
     pub(super) fn submit(e: ApiError) -> Self {
-        let error = ResponsesError::from(e);
+        let mut error = ResponsesError::from(e);
         if error.code == "invalid_request" && error.message.starts_with("route:") {
             return ResponsesError::model_not_found(error.message);
+        }
+        let ours = match error.param.as_deref() {
+            Some(p) if p == "messages" || p.starts_with("messages[") => Some("input"),
+            Some("max_tokens") => Some("max_output_tokens"),
+            Some(p) if p.starts_with("response_format") => Some("text.format"),
+            _ => None,
+        };
+        if let Some(param) = ours {
+            error.param = Some(param.to_string());
         }
         error
     }

@@ -498,6 +498,10 @@ macro_rules! store_methods {
 
             reader fn list_events(job_id: &str) -> Vec<JobEvent>;
 
+            /// Whether the job's log has an event of `kind` (one indexed read,
+            /// however long the log).
+            reader fn has_event(job_id: &str, kind: &str) -> bool;
+
             // Keys and tenants: the key lifecycle, run-time limits, usage.
 
             writer fn insert_api_key(key: ApiKey) -> ();

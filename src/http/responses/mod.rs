@@ -246,12 +246,12 @@ async fn find(
     if !Stored::of(&job).is_shown() {
         return Err(not_found());
     }
-    let events = state
+    let deleted = state
         .store
-        .list_events(&job.id)
+        .has_event(&job.id, event::RESPONSE_DELETED)
         .await
         .map_err(ApiError::from)?;
-    if events.iter().any(|e| e.kind == event::RESPONSE_DELETED) {
+    if deleted {
         return Err(not_found());
     }
     Ok(job)

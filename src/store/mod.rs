@@ -498,8 +498,9 @@ macro_rules! store_methods {
 
             reader fn list_events(job_id: &str) -> Vec<JobEvent>;
 
-            /// Whether the job's log has an event of `kind` (one indexed read,
-            /// however long the log).
+            /// Whether the job's log has an event of `kind`: answered in the
+            /// database (the job's range of its events index), nothing else
+            /// fetched, however long the log.
             reader fn has_event(job_id: &str, kind: &str) -> bool;
 
             // Keys and tenants: the key lifecycle, run-time limits, usage.

@@ -22,6 +22,7 @@
 mod decode;
 mod encode;
 mod error;
+mod input;
 mod items;
 mod stream;
 

@@ -1,7 +1,7 @@
 //! The doors a client comes through, as the benchmark drives them: each
 //! builds its request body once and checks its answer the way that door's
 //! client would (a job that succeeded, a completion with a choice, a stream
-//! that ended with `[DONE]`), and a replay must say it is one.
+//! that ended with `[DONE]`, a Response `completed`), and a replay must say it is one.
 
 use reqwest::StatusCode;
 use serde_json::json;
@@ -15,6 +15,10 @@ pub enum Door {
     Chat,
     /// `POST /v1/chat/completions` with `stream: true`, read to its end.
     ChatStream,
+    /// `POST /v1/responses`.
+    Responses,
+    /// `POST /v1/responses` with `stream: true`, read to its end.
+    ResponsesStream,
 }
 
 impl Door {
@@ -22,6 +26,7 @@ impl Door {
         match self {
             Door::Jobs => "/v1/jobs",
             Door::Chat | Door::ChatStream => "/v1/chat/completions",
+            Door::Responses | Door::ResponsesStream => "/v1/responses",
         }
     }
 
@@ -31,6 +36,8 @@ impl Door {
             Door::Jobs => "/v1/jobs + Prefer: wait",
             Door::Chat => "/v1/chat/completions",
             Door::ChatStream => "/v1/chat/completions, stream",
+            Door::Responses => "/v1/responses",
+            Door::ResponsesStream => "/v1/responses, stream",
         }
     }
 
@@ -57,6 +64,19 @@ impl Door {
                 "max_tokens": 64,
                 "stream": true,
             }),
+            Door::Responses => json!({
+                "model": "default",
+                "input": messages,
+                "temperature": 0,
+                "max_output_tokens": 64,
+            }),
+            Door::ResponsesStream => json!({
+                "model": "default",
+                "input": messages,
+                "temperature": 0,
+                "max_output_tokens": 64,
+                "stream": true,
+            }),
         })
     }
 
@@ -64,7 +84,9 @@ impl Door {
     fn created(self) -> StatusCode {
         match self {
             Door::Jobs => StatusCode::CREATED,
-            Door::Chat | Door::ChatStream => StatusCode::OK,
+            Door::Chat | Door::ChatStream | Door::Responses | Door::ResponsesStream => {
+                StatusCode::OK
+            }
         }
     }
 
@@ -86,6 +108,11 @@ impl Door {
             Door::ChatStream => {
                 let text = String::from_utf8_lossy(body);
                 text.contains("\"chat.completion.chunk\"") && text.contains("data: [DONE]")
+            }
+            Door::Responses => serde_json::from_slice::<serde_json::Value>(body)
+                .is_ok_and(|r| r["status"] == "completed" && r["output"][0]["type"] == "message"),
+            Door::ResponsesStream => {
+                String::from_utf8_lossy(body).contains("event: response.completed\n")
             }
         };
         status_ok && answered && replayed != fresh

@@ -98,7 +98,7 @@ struct Args {
     soak_every: u64,
     /// With --server-bin: the doors to drive, each through its own phases
     /// (jobs to completion, a lone client, replays): `jobs`, `chat`,
-    /// `chat-stream`, comma-separated.
+    /// `chat-stream`, `responses`, `responses-stream`, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "jobs")]
     doors: Vec<Door>,
     /// With --server-bin: fsyncs of a 4 KiB append timed on this disk, for

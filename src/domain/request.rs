@@ -24,6 +24,12 @@ pub struct JobRequest {
     pub params: Params,
     #[serde(default = "default_route")]
     pub route: String,
+    /// What a front door keeps of its request beyond the job's own fields
+    /// (a Response's instructions, metadata, input items as given), under
+    /// the door's name: stored and fingerprinted with the request, never
+    /// read by the engine or sent to a provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub door: Option<Map<String, Value>>,
 }
 
 /// One chat turn. Beyond role and text, a turn may carry what the OpenAI

@@ -93,6 +93,18 @@ pub struct DoorKey {
     by_body: bool,
 }
 
+impl DoorKey {
+    /// A key the client sent (or a job's own, for a call that makes none).
+    pub fn client(key: IdempotencyKey) -> Self {
+        DoorKey {
+            key,
+            made_here: false,
+            echoed: false,
+            by_body: false,
+        }
+    }
+}
+
 /// The client's `Idempotency-Key`, or when it sent none, by the server's
 /// `idempotency` mode: a refusal, a placeholder for the body's fingerprint
 /// key, or a fresh one made here.
@@ -110,12 +122,7 @@ pub fn door_key(state: &AppState, headers: &HeaderMap) -> Result<DoorKey, ApiErr
     };
     match headers.get("idempotency-key") {
         Some(raw) => IdempotencyKey::parse(raw.as_bytes())
-            .map(|key| DoorKey {
-                key,
-                made_here: false,
-                echoed: false,
-                by_body: false,
-            })
+            .map(DoorKey::client)
             .map_err(ApiError::InvalidIdempotencyKey),
         None => match state.config.idempotency {
             IdempotencyMode::Optional => made("onejob-made-", true, false),
@@ -577,6 +584,43 @@ pub async fn open_stream(
         first: events.first().cloned(),
         job: settled.job,
         replayed: settled.replayed,
+        events: Events::Stored(events),
+    })
+}
+
+/// A job that exists already, streamed again by id (no submit): its
+/// stored answer once it is final, or what it is after the wait. Always
+/// the stored answer, so the events are the same on every reading.
+pub async fn open_existing(
+    state: &AppState,
+    job: Job,
+    headers: &HeaderMap,
+) -> Result<Opened, ApiError> {
+    let wait = preferred_wait(headers)
+        .unwrap_or(DEFAULT_WAIT_SECS)
+        .min(MAX_WAIT_SECS);
+    let job = match (&state.engine, job.state.is_final()) {
+        (Some(engine), false) => engine
+            .wait_for(&job.id, Duration::from_secs(wait))
+            .await
+            .unwrap_or(job),
+        _ => job,
+    };
+    let attempts = if job.state == JobState::Succeeded {
+        state.store.list_attempts(&job.id).await?
+    } else {
+        Vec::new()
+    };
+    let settled = Settled {
+        job,
+        attempts,
+        replayed: false,
+    };
+    let events = stored_events(state, &settled);
+    Ok(Opened {
+        first: events.first().cloned(),
+        job: settled.job,
+        replayed: false,
         events: Events::Stored(events),
     })
 }

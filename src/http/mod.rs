@@ -14,6 +14,7 @@ pub mod job_actions;
 pub mod jobs;
 pub mod openai;
 pub mod refusals;
+pub mod responses;
 pub mod serve;
 pub mod tenants;
 pub mod ui;
@@ -76,6 +77,16 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(openai::create))
         .route("/v1/messages", post(anthropic::create))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
+        .route("/v1/responses/{id}/cancel", post(responses::cancel))
+        .route(
+            "/v1/responses/{id}/input_items",
+            get(responses::input_items),
+        )
         .route("/v1/models", get(openai::list_models))
         .route("/v1/models/{model}", get(openai::show_model))
         .route("/v1/jobs/{id}/retry", post(job_actions::retry))

@@ -498,6 +498,11 @@ macro_rules! store_methods {
 
             reader fn list_events(job_id: &str) -> Vec<JobEvent>;
 
+            /// Whether the job's log has an event of `kind`: answered in the
+            /// database (the job's range of its events index), nothing else
+            /// fetched, however long the log.
+            reader fn has_event(job_id: &str, kind: &str) -> bool;
+
             // Keys and tenants: the key lifecycle, run-time limits, usage.
 
             writer fn insert_api_key(key: ApiKey) -> ();
@@ -733,6 +738,9 @@ pub mod event {
     pub const RETRY_REQUESTED: &str = "retry_requested";
     pub const RESOLVED: &str = "resolved";
     pub const ATTEMPT_RESOLVED: &str = "attempt_resolved";
+    /// A Response deleted through `DELETE /v1/responses/{id}`: the job stays,
+    /// the response is no longer shown.
+    pub const RESPONSE_DELETED: &str = "response_deleted";
 }
 
 pub(crate) fn parse_job_state(s: &str) -> Result<crate::domain::JobState, StoreError> {

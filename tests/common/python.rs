@@ -48,12 +48,25 @@ pub async fn cases_of<const N: usize>(
     api_key: &str,
     cases: [&str; N],
 ) -> [Value; N] {
+    cases_with(script, python, address, api_key, &[], cases).await
+}
+
+/// [`cases_of`] with more variables set for the script.
+pub async fn cases_with<const N: usize>(
+    script: &str,
+    python: &PathBuf,
+    address: &str,
+    api_key: &str,
+    envs: &[(&str, &str)],
+    cases: [&str; N],
+) -> [Value; N] {
     let script = format!("{}/tests/python/{script}", env!("CARGO_MANIFEST_DIR"));
     let output = tokio::process::Command::new(python)
         .arg(&script)
         .args(cases)
         .env("ONEJOB_BASE_URL", address)
         .env("ONEJOB_API_KEY", api_key)
+        .envs(envs.iter().copied())
         .output()
         .await
         .unwrap();

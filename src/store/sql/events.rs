@@ -71,6 +71,20 @@ pub(crate) async fn list_events(
     Ok(rows.into_iter().map(JobEvent::from).collect())
 }
 
+pub(crate) async fn has_event(
+    conn: &mut Conn,
+    job_id: &str,
+    kind: &str,
+) -> Result<bool, StoreError> {
+    let found: Option<(i64,)> =
+        sqlx::query_as("SELECT id FROM job_events WHERE job_id = $1 AND kind = $2 LIMIT 1")
+            .bind(job_id)
+            .bind(kind)
+            .fetch_optional(&mut *conn)
+            .await?;
+    Ok(found.is_some())
+}
+
 pub(super) async fn decision_event(
     conn: &mut Conn,
     job_id: &str,

@@ -1,0 +1,293 @@
+//! A job as a Response object: its id (derived from the job id, so every
+//! replay of a key has the same one), its status, output items and usage,
+//! and what the request asked for, shown back as OpenAI does.
+
+use super::error::{error_type, ResponsesError};
+use crate::domain::{Job, JobState};
+use crate::http::door::{Answer, Refusal, Refused};
+use crate::providers::Usage;
+use axum::http::StatusCode;
+use serde_json::{json, Map, Value};
+
+/// `resp_` and the job id without its dashes.
+pub(super) fn response_id(job_id: &str) -> String {
+    format!("resp_{}", job_id.replace('-', ""))
+}
+
+/// The job id a response id names, when it is one onejob made.
+pub(super) fn job_id_of(response_id: &str) -> Option<String> {
+    let hex = response_id.strip_prefix("resp_")?;
+    if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    Some(format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    ))
+}
+
+fn hex_of(job: &Job) -> String {
+    job.id.replace('-', "")
+}
+
+/// The id of a job's output message.
+pub(super) fn message_item_id(job: &Job) -> String {
+    format!("msg_{}", hex_of(job))
+}
+
+/// The id of a job's `index`th function call item.
+pub(super) fn call_item_id(job: &Job, index: usize) -> String {
+    format!("fc_{}_{index}", hex_of(job))
+}
+
+/// The job's request as stored, and what the Responses door kept of it.
+pub(super) struct Stored {
+    pub request: Value,
+    pub echo: Map<String, Value>,
+}
+
+impl Stored {
+    pub(super) fn of(job: &Job) -> Stored {
+        let request: Value = serde_json::from_str(&job.request).unwrap_or(Value::Null);
+        let echo = request
+            .pointer("/door/responses")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        Stored { request, echo }
+    }
+
+    /// Made through this door and stored (`store` not false).
+    pub(super) fn is_shown(&self) -> bool {
+        self.request.pointer("/door/responses").is_some()
+            && self.echo.get("store") != Some(&json!(false))
+    }
+
+    fn echoed(&self, name: &str) -> Value {
+        self.echo.get(name).cloned().unwrap_or(Value::Null)
+    }
+
+    fn param(&self, name: &str) -> Value {
+        self.request["params"][name].clone()
+    }
+}
+
+/// What a Response shows of its job now.
+pub(super) struct Shown {
+    pub status: &'static str,
+    pub output: Vec<Value>,
+    pub usage: Option<Usage>,
+    pub model: String,
+    pub error: Value,
+}
+
+impl Shown {
+    /// A job with no answer (yet): its status, no output.
+    pub(super) fn without_answer(job: &Job, model: String, error: Value) -> Shown {
+        Shown {
+            status: status_of(job),
+            output: Vec::new(),
+            usage: None,
+            model,
+            error,
+        }
+    }
+
+    pub(super) fn answered(job: &Job, answer: Answer) -> Shown {
+        Shown {
+            status: "completed",
+            output: output_items(job, &answer),
+            usage: Some(answer.usage),
+            model: answer.model,
+            error: Value::Null,
+        }
+    }
+}
+
+/// A job's state as a Response's status: `queued` until its first
+/// attempt (a job waiting out a retry's backoff is `in_progress`).
+pub(super) fn status_of(job: &Job) -> &'static str {
+    match job.state {
+        JobState::Pending if job.attempt_count == 0 => "queued",
+        JobState::Pending => "in_progress",
+        JobState::Running => "in_progress",
+        JobState::Succeeded => "completed",
+        JobState::Cancelled => "cancelled",
+        JobState::Failed | JobState::NeedsReview => "failed",
+    }
+}
+
+/// The answer as output items: a `message` with its `output_text`, then a
+/// `function_call` per tool call.
+pub(super) fn output_items(job: &Job, answer: &Answer) -> Vec<Value> {
+    let mut items = Vec::new();
+    if let Some(text) = answer.text.as_deref().filter(|t| !t.is_empty()) {
+        items.push(message_item(job, text, "completed"));
+    }
+    for (index, call) in answer.tool_calls.iter().enumerate() {
+        items.push(call_item(
+            job,
+            index,
+            call["id"].as_str().unwrap_or_default(),
+            call["function"]["name"].as_str().unwrap_or_default(),
+            call["function"]["arguments"].as_str().unwrap_or_default(),
+            "completed",
+        ));
+    }
+    items
+}
+
+pub(super) fn output_text(text: &str) -> Value {
+    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
+}
+
+pub(super) fn message_item(job: &Job, text: &str, status: &str) -> Value {
+    let content = if text.is_empty() && status == "in_progress" {
+        json!([])
+    } else {
+        json!([output_text(text)])
+    };
+    json!({"id": message_item_id(job), "type": "message", "role": "assistant",
+           "status": status, "content": content})
+}
+
+pub(super) fn call_item(
+    job: &Job,
+    index: usize,
+    call_id: &str,
+    name: &str,
+    arguments: &str,
+    status: &str,
+) -> Value {
+    json!({"id": call_item_id(job, index), "type": "function_call", "status": status,
+           "call_id": call_id, "name": name, "arguments": arguments})
+}
+
+pub(super) fn usage(usage: Usage) -> Value {
+    let (input, output) = (
+        u64::from(usage.prompt_tokens),
+        u64::from(usage.completion_tokens),
+    );
+    json!({
+        "input_tokens": input,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": output,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": input + output,
+    })
+}
+
+/// The Response object of `job` as `shown`.
+pub(super) fn response(job: &Job, shown: Shown) -> Value {
+    response_with(job, &Stored::of(job), shown)
+}
+
+/// [`response`] with the job's request read already (a stream shows its
+/// Response several times).
+pub(super) fn response_with(job: &Job, stored: &Stored, shown: Shown) -> Value {
+    let created_at = job.created_at / 1000;
+    let final_at = (shown.status == "completed").then_some(job.updated_at / 1000);
+    let metadata = match stored.echoed("metadata") {
+        Value::Null => json!({}),
+        m => m,
+    };
+    let tools = match stored.echoed("tools") {
+        Value::Null => json!([]),
+        t => t,
+    };
+    let tool_choice = match stored.echoed("tool_choice") {
+        Value::Null => json!("auto"),
+        c => c,
+    };
+    let text = match stored.echoed("text") {
+        Value::Null => json!({"format": {"type": "text"}}),
+        t => t,
+    };
+    json!({
+        "id": response_id(&job.id),
+        "object": "response",
+        "created_at": created_at,
+        "completed_at": final_at,
+        "status": shown.status,
+        "background": stored.echo.get("background").cloned().unwrap_or(json!(false)),
+        "error": shown.error,
+        "incomplete_details": null,
+        "instructions": stored.echoed("instructions"),
+        "max_output_tokens": stored.param("max_tokens"),
+        "metadata": metadata,
+        "model": shown.model,
+        "output": shown.output,
+        "parallel_tool_calls": true,
+        "previous_response_id": stored.echoed("previous_response_id"),
+        "reasoning": {"effort": null, "summary": null},
+        "store": stored.echo.get("store").cloned().unwrap_or(json!(true)),
+        "temperature": stored.param("temperature"),
+        "text": text,
+        "tool_choice": tool_choice,
+        "tools": tools,
+        "top_p": stored.param("top_p"),
+        "truncation": "disabled",
+        "usage": shown.usage.map(usage),
+        "user": null,
+    })
+}
+
+/// A Response's `error` for a job that ended without an answer (its code
+/// one of those the Response object has).
+pub(super) fn failure(refused: &Refused) -> Value {
+    let code = match &refused.why {
+        Refusal::RateLimited => "rate_limit_exceeded",
+        Refusal::ContextLengthExceeded | Refusal::ContentPolicy | Refusal::BadRequest(_) => {
+            "invalid_prompt"
+        }
+        _ => "server_error",
+    };
+    json!({"code": code, "message": refused.message})
+}
+
+/// A job that did not succeed, answered to a create that waited for it: the
+/// provider's code kept, a status the SDKs raise the right exception for.
+/// A finished job answers the same to every replay, so none says the SDK
+/// may retry.
+pub(super) fn refusal(refused: Refused) -> ResponsesError {
+    let Refused { why, message } = refused;
+    let error = |status: u16, code: &str| {
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+        ResponsesError {
+            status,
+            kind: error_type(status),
+            code: code.to_string(),
+            param: None,
+            message: message.clone(),
+            retry: false,
+            retry_after_ms: None,
+        }
+    };
+    match why {
+        // Still running after the wait: the same request with the same key
+        // picks it up (the SDK retries it by itself unless the key was made here).
+        Refusal::Pending { client_may_retry } => ResponsesError {
+            retry: client_may_retry,
+            ..error(504, "job_pending")
+        },
+        Refusal::Cancelled => error(409, "job_cancelled"),
+        Refusal::ContextLengthExceeded => ResponsesError {
+            param: Some("input".into()),
+            ..error(400, "context_length_exceeded")
+        },
+        Refusal::ContentPolicy => error(400, "content_policy_violation"),
+        Refusal::RateLimited => error(429, "rate_limit_exceeded"),
+        Refusal::ContractViolation => ResponsesError {
+            param: Some("text.format".into()),
+            ..error(502, "contract_violation")
+        },
+        Refusal::BadRequest(kind) => error(400, &kind),
+        Refusal::NeedsReview => error(502, "job_needs_review"),
+        Refusal::Failed(None) => error(502, "job_failed"),
+        Refusal::Failed(Some(kind)) => error(502, &kind),
+    }
+}

@@ -10,12 +10,12 @@
 
 mod common;
 
+use common::clients::{
+    client_world, jobs_made, one_execution_per_step, one_failed_job, request_of,
+};
 use common::python::{cases_of, instructor_python, python};
-use common::world::{route, start_world, ProviderSpec, World};
 use common::Backend;
-use onejob::config::IdempotencyMode;
 use serde_json::{json, Value};
-use std::collections::BTreeSet;
 
 on_both_backends!(
     langchain_structured_output_and_a_named_message,
@@ -23,75 +23,6 @@ on_both_backends!(
     instructor_reasks_after_a_failed_validation,
     the_openai_sdk_retrying_a_failure_makes_one_job,
 );
-
-/// A world with retry protection on for keyless clients: `default` is a
-/// healthy simulator, `down` a provider that always answers 503, `slow` one
-/// that answers after 1.5 s.
-async fn client_world(backend: Backend) -> World {
-    let providers = [
-        ProviderSpec {
-            name: "primary",
-            model: "healthy:latency=5",
-        },
-        ProviderSpec {
-            name: "broken",
-            model: "fail:503",
-        },
-        ProviderSpec {
-            name: "sluggish",
-            model: "healthy:latency=1500",
-        },
-    ];
-    start_world(backend, &providers, route("primary", &[]), |c| {
-        c.idempotency = IdempotencyMode::Fingerprint;
-        c.routes.insert("down".into(), route("broken", &[]));
-        c.routes.insert("slow".into(), route("sluggish", &[]));
-    })
-    .await
-}
-
-async fn request_of(world: &World, job_id: &str) -> Value {
-    let job = world.store.get_job(job_id).await.unwrap().unwrap();
-    serde_json::from_str(&job.request).unwrap()
-}
-
-/// Every answer a case saw: one job per request, all distinct, each
-/// succeeded and executed upstream exactly once. The job ids, in order.
-async fn one_execution_per_step(world: &World, seen: &Value, steps: usize) -> Vec<String> {
-    assert_eq!(seen["requests"], steps, "requests the client sent: {seen}");
-    let ids: Vec<String> = seen["job_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|id| id.as_str().expect("every answer names its job").to_string())
-        .collect();
-    assert_eq!(ids.len(), steps, "{seen}");
-    let distinct: BTreeSet<&String> = ids.iter().collect();
-    assert_eq!(
-        distinct.len(),
-        steps,
-        "each step is a job of its own: {seen}"
-    );
-    for id in &ids {
-        assert_eq!(world.job(id).await["state"], "succeeded", "job {id}");
-        assert_eq!(
-            world.executions(id, "primary"),
-            1,
-            "job {id} ran upstream once"
-        );
-        assert_eq!(world.deliveries(id, "primary"), 1, "job {id} was sent once");
-    }
-    ids
-}
-
-/// No job but the steps' (`jobs` of them).
-async fn jobs_made(world: &World, jobs: i64) {
-    assert_eq!(
-        world.store.count_jobs().await.unwrap(),
-        jobs,
-        "no job but the steps'"
-    );
-}
 
 async fn langchain_structured_output_and_a_named_message(backend: Backend) {
     let Some(python) = python() else {
@@ -206,22 +137,7 @@ async fn the_openai_sdk_retrying_a_failure_makes_one_job(backend: Backend) {
     // A job that failed: its 502 says `x-should-retry: false`, which the
     // SDK honours; had it retried, the same body would be the same job.
     assert_eq!(failed["error"]["status"], 502, "{failed}");
-    let failed_id = failed["job_ids"][0].as_str().unwrap();
-    assert!(
-        failed["job_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|id| id == failed_id),
-        "every try named the one job: {failed}"
-    );
-    let attempts = world.attempts(failed_id).await;
-    assert_eq!(
-        world.deliveries(failed_id, "broken"),
-        u64::try_from(attempts.len()).unwrap(),
-        "upstream saw the job's own attempts, no more: {attempts:?}"
-    );
-    assert_eq!(world.executions(failed_id, "broken"), 0);
+    let (_, attempts) = one_failed_job(&world, &failed).await;
 
     // A lost answer (the SDK's own timeout): it retried the same body, and
     // that was the same job, run upstream once.
@@ -240,8 +156,7 @@ async fn the_openai_sdk_retrying_a_failure_makes_one_job(backend: Backend) {
     eprintln!(
         "openai SDK retries: a failed job {} request(s), {} upstream attempt(s); \
          a timed-out call {tries} requests, 1 job, 1 execution",
-        failed["requests"],
-        attempts.len()
+        failed["requests"], attempts
     );
     jobs_made(&world, 2).await;
     world.stop().await;

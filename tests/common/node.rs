@@ -45,5 +45,26 @@ pub async fn node_cases<const N: usize>(
     cases: [&str; N],
 ) -> [Value; N] {
     let script = format!("{}/tests/node/cases.mjs", env!("CARGO_MANIFEST_DIR"));
-    super::python::run_cases(node, &script, address, api_key, cases).await
+    let output = tokio::process::Command::new(node)
+        .arg(&script)
+        .args(cases)
+        .env("ONEJOB_BASE_URL", address)
+        .env("ONEJOB_API_KEY", api_key)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{node:?} {script}: {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "Node cases {cases:?} failed ({}):\n{}\n{stdout}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), N, "cases {cases:?} printed {stdout:?}");
+    std::array::from_fn(|i| {
+        serde_json::from_str(lines[i].trim())
+            .unwrap_or_else(|e| panic!("case {} printed {:?}: {e}", cases[i], lines[i]))
+    })
 }

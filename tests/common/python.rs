@@ -75,33 +75,18 @@ pub async fn cases_of<const N: usize>(
     cases: [&str; N],
 ) -> [Value; N] {
     let script = format!("{}/tests/python/{script}", env!("CARGO_MANIFEST_DIR"));
-    run_cases(python, &script, address, api_key, cases).await
-}
-
-/// Run `program script CASE...` against the server at `address` as the
-/// holder of `api_key` (`ONEJOB_BASE_URL`, `ONEJOB_API_KEY`): each case
-/// prints one JSON line, returned in order. A case's own assertion failure
-/// fails the test with its stderr.
-pub async fn run_cases<const N: usize>(
-    program: &std::path::Path,
-    script: &str,
-    address: &str,
-    api_key: &str,
-    cases: [&str; N],
-) -> [Value; N] {
-    let output = tokio::process::Command::new(program)
-        .arg(script)
+    let output = tokio::process::Command::new(python)
+        .arg(&script)
         .args(cases)
         .env("ONEJOB_BASE_URL", address)
         .env("ONEJOB_API_KEY", api_key)
-        .kill_on_drop(true)
         .output()
         .await
-        .unwrap_or_else(|e| panic!("{program:?} {script}: {e}"));
+        .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
-        "cases {cases:?} failed ({}):\n{}\n{stdout}",
+        "SDK cases {cases:?} failed ({}):\n{}\n{stdout}",
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );

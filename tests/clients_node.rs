@@ -11,11 +11,13 @@
 
 mod common;
 
-use common::clients::{client_world, jobs_made, one_execution_per_step, one_failed_job};
+use common::clients::{
+    client_world, jobs_made, one_execution_per_step, one_failed_job, responses_served,
+};
 use common::node::{node, node_cases};
 use common::world::World;
 use common::Backend;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 on_both_backends!(
     openai_node_run_tools_runs_each_step_once,
@@ -78,18 +80,7 @@ async fn the_ai_sdk_default_provider_speaks_the_responses_api(backend: Backend) 
         return;
     };
     let world = client_world(backend).await;
-    // Without the door, both are 404. With it, `GET /v1/responses` is 405
-    // (the path is served, by POST), and a body with no `model` is refused
-    // before a job is made.
-    let (get, _) = world.get(&world.key, "/v1/responses").await;
-    let (status, body) = world.post(&world.key, "/v1/responses", &json!({})).await;
-    if get == 404 && status == 404 {
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED (AI SDK default provider): POST /v1/responses answers 404 ({body}); \
-             the Responses door is not on this build, so `openai(model)` cannot be proven yet"
-        );
+    if !responses_served(&world, "the AI SDK's default provider, openai(model)").await {
         world.stop().await;
         return;
     }

@@ -11,7 +11,7 @@
 mod common;
 
 use common::clients::{
-    client_world, jobs_made, one_execution_per_step, one_failed_job, request_of,
+    client_world, jobs_made, one_execution_per_step, one_failed_job, request_of, responses_served,
 };
 use common::python::{cases_of, instructor_python, python};
 use common::Backend;
@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 
 on_both_backends!(
     langchain_structured_output_and_a_named_message,
+    langchain_over_the_responses_api,
     a_pydantic_ai_agent_runs_its_tool_loop_once,
     instructor_reasks_after_a_failed_validation,
     the_openai_sdk_retrying_a_failure_makes_one_job,
@@ -59,6 +60,29 @@ async fn langchain_structured_output_and_a_named_message(backend: Backend) {
         "the name is kept: {sent}"
     );
     jobs_made(&world, 2).await;
+    world.stop().await;
+}
+
+async fn langchain_over_the_responses_api(backend: Backend) {
+    let Some(python) = python() else {
+        return;
+    };
+    let world = client_world(backend).await;
+    if !responses_served(&world, "langchain-openai, use_responses_api=True").await {
+        world.stop().await;
+        return;
+    }
+    let [answered] = cases_of(
+        "client_cases.py",
+        &python,
+        &world.address,
+        &world.key,
+        ["langchain_responses"],
+    )
+    .await;
+    let id = &one_execution_per_step(&world, &answered, 1).await[0];
+    assert_eq!(world.job(id).await["result"], answered["content"]);
+    jobs_made(&world, 1).await;
     world.stop().await;
 }
 

@@ -5,7 +5,7 @@
 use super::world::{route, start_world, ProviderSpec, World};
 use super::Backend;
 use onejob::config::IdempotencyMode;
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::collections::BTreeSet;
 
 /// A world with retry protection on for keyless clients: `default` is a
@@ -102,4 +102,25 @@ pub async fn one_failed_job(world: &World, seen: &Value) -> (String, usize) {
     );
     assert_eq!(world.executions(&id, "broken"), 0);
     (id, attempts.len())
+}
+
+/// Whether the server has the Responses door (`/v1/responses`), which lands
+/// on another branch; if not, one loud line saying that `what` is skipped.
+/// Without the door both probes are 404. With it, `GET /v1/responses` is
+/// 405 (the path is served, by POST), and a body with no `model` is
+/// refused before a job is made.
+pub async fn responses_served(world: &World, what: &str) -> bool {
+    let (get, _) = world.get(&world.key, "/v1/responses").await;
+    let (post, body) = world.post(&world.key, "/v1/responses", &json!({})).await;
+    if get == 404 && post == 404 {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED ({what}): POST /v1/responses answers 404 ({body}); the Responses door \
+             is not on this build, so this client's Responses API calls cannot be proven yet"
+        );
+        return false;
+    }
+    jobs_made(world, 0).await;
+    true
 }

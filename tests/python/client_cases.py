@@ -129,6 +129,26 @@ def langchain_named():
 
 
 @case
+def langchain_responses():
+    """langchain-openai with `use_responses_api=True`: `/v1/responses`."""
+    import openai
+    from langchain_openai import ChatOpenAI
+
+    seen = Seen()
+    llm = ChatOpenAI(
+        base_url=BASE_URL,
+        api_key=API_KEY,
+        model="default",
+        use_responses_api=True,
+        http_client=openai.DefaultHttpxClient(event_hooks=seen.hooks()),
+    )
+    answer = llm.invoke("Say hello.")
+    assert answer.text, answer
+    assert [r["path"] for r in seen.requests] == ["/v1/responses"], seen.requests
+    return seen.report(content=str(answer.text))
+
+
+@case
 def pydantic_ai_tool():
     """A pydantic-ai agent with a function tool: one request to call the
     tool, one to answer with its result."""

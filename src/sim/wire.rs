@@ -218,9 +218,16 @@ fn honest_prompt_tokens(turns: &[(String, String)]) -> u32 {
 /// Execute the request: the answer is a pure function of the prompt and schema.
 /// The tool a request makes the model call, if it does: the one
 /// `tool_choice` names, else the first offered — unless the choice is
-/// `none` or the last turn already answers a tool call.
+/// `none`, or the last turn already answers a tool call and the choice does
+/// not force one (`required` or a named function must be called every turn,
+/// as instructor's validation re-ask expects).
 fn tool_to_call(request: &SimRequest) -> Option<&(String, Value)> {
-    if request.answers_tool || request.tool_choice.as_ref() == Some(&json!("none")) {
+    let forced = match &request.tool_choice {
+        Some(Value::String(choice)) => choice == "required",
+        Some(choice) => choice.pointer("/function/name").is_some(),
+        None => false,
+    };
+    if request.tool_choice.as_ref() == Some(&json!("none")) || (request.answers_tool && !forced) {
         return None;
     }
     let named = request

@@ -10,6 +10,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use tokio::sync::oneshot;
 
+pub mod clients;
+pub mod node;
 pub mod procs;
 pub mod python;
 pub mod receiver;

@@ -27,6 +27,32 @@ pub fn python() -> Option<PathBuf> {
     }
 }
 
+/// The venv of `tests/python/requirements-instructor.txt`: instructor caps
+/// `jiter` below what the pinned `openai` 3.x needs, so it gets a venv of
+/// its own, with the newest openai 2.x it takes.
+pub const INSTRUCTOR_PYTHON_ENV: &str = "ONEJOB_TEST_PYTHON_INSTRUCTOR";
+
+/// The Python with instructor installed, or `None` (and one loud line on
+/// the real stderr per test binary).
+pub fn instructor_python() -> Option<PathBuf> {
+    match std::env::var(INSTRUCTOR_PYTHON_ENV) {
+        Ok(path) if !path.is_empty() => Some(PathBuf::from(path)),
+        _ => {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                use std::io::Write;
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "SKIPPED (instructor): the instructor tests pass without running; run .ci/run, or set \
+                     {INSTRUCTOR_PYTHON_ENV}=/tmp/onejob-venv-instructor/bin/python \
+                     (a venv with tests/python/requirements-instructor.txt)"
+                );
+            });
+            None
+        }
+    }
+}
+
 /// Run `cases` of `tests/python/sdk_cases.py`, in order in one Python
 /// process, against the server at `address` as the holder of `api_key`;
 /// what each printed, as JSON. A case's own assertion failure fails the

@@ -354,7 +354,7 @@ async fn an_unknown_after_a_reset_is_answered_by_the_fallback(backend: Backend, 
         r,
         |c| {
             // The reconciler asks only after the rescue has had its chance.
-            c.engine.reconcile_min_age_ms = 1_000;
+            c.engine.reconcile_min_age_ms = 2_000;
         },
     )
     .await;
@@ -414,7 +414,7 @@ async fn a_cut_stream_is_continued_or_ends_naming_the_cut(backend: Backend, kind
         |c| {
             // The reconciler asks only after the stream has ended (openai's
             // lookup would find the whole answer the simulator made).
-            c.engine.reconcile_min_age_ms = 1_000;
+            c.engine.reconcile_min_age_ms = 2_000;
         },
     )
     .await;

@@ -307,3 +307,67 @@ async fn streams_can_be_cut_after_some_chunks() {
     let body = cut.text().await;
     assert!(body.is_err(), "a cut stream must end in an error: {body:?}");
 }
+
+/// ConverseStream on the Bedrock wire breaks as the other wires do:
+/// `stream_cut:tokens=2` sends its start and two pieces of text, then cuts
+/// the connection; `stream_stall:tokens=2` sends them, then falls silent.
+#[tokio::test]
+async fn bedrock_streams_can_be_cut_or_stalled_after_some_pieces() {
+    use futures::StreamExt;
+    use onejob::providers::eventstream::Decoder;
+    let sim = SimServer::start("127.0.0.1:0").await.unwrap();
+    let client = reqwest::Client::new();
+    let body = json!({"messages": [{"role": "user", "content": [{"text": "tell me"}]}]});
+    // The events received (type, text) and whether the stream ended in an error,
+    // reading until the end or `quiet` without a byte.
+    let read = |model: &'static str, quiet: Duration| {
+        let request = client
+            .post(format!("{}/model/{model}/converse-stream", sim.base_url()))
+            .json(&body);
+        async move {
+            let response = request.send().await.unwrap();
+            assert_eq!(response.status(), 200, "{model}");
+            let mut bytes = response.bytes_stream();
+            let (mut decoder, mut events) = (Decoder::default(), Vec::new());
+            let ending = loop {
+                match tokio::time::timeout(quiet, bytes.next()).await {
+                    Err(_) => break "silent",
+                    Ok(None) => break "end",
+                    Ok(Some(Err(_))) => break "error",
+                    Ok(Some(Ok(chunk))) => {
+                        let (messages, bad) = decoder.push(&chunk);
+                        assert_eq!(bad, None, "{model}");
+                        for m in messages {
+                            let payload: Value = serde_json::from_slice(&m.payload).unwrap();
+                            let text = payload.pointer("/delta/text").and_then(Value::as_str);
+                            events.push((
+                                m.header(":event-type").unwrap().to_string(),
+                                text.map(str::to_string),
+                            ));
+                        }
+                    }
+                }
+            };
+            (events, ending)
+        }
+    };
+    let (whole, ending) = read("healthy", Duration::from_secs(5)).await;
+    assert_eq!(ending, "end");
+    assert_eq!(whole.last().unwrap().0, "metadata");
+    let pieces =
+        |events: &[(String, Option<String>)]| events.iter().filter(|(_, t)| t.is_some()).count();
+    assert!(pieces(&whole) > 2, "{whole:?}");
+    for (model, ends) in [
+        ("stream_cut:tokens=2", "error"),
+        ("stream_stall:tokens=2", "silent"),
+    ] {
+        let (events, ending) = read(model, Duration::from_millis(500)).await;
+        assert_eq!(ending, ends, "{model}: {events:?}");
+        assert_eq!(
+            events,
+            whole[..3].to_vec(),
+            "{model}: its start and two pieces"
+        );
+        assert_eq!(pieces(&events), 2, "{model}");
+    }
+}

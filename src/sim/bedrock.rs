@@ -11,7 +11,9 @@
 //! answer is asked for on this wire: it is executed as a JSON schema, and
 //! the JSON comes back as that tool's input (prose, from a model that
 //! ignores its instructions, comes back as text). ConverseStream answers in
-//! event-stream frames, all at once. `count-tokens` executes nothing.
+//! event-stream frames, paced by `gap=MS`; `stream_cut` and `stream_stall`
+//! break it after their pieces of text as on the other wires (other
+//! stream faults are not simulated here). `count-tokens` executes nothing.
 
 use super::behaviour::{Behaviour, Fault};
 use super::wire::{self, Wire};
@@ -22,6 +24,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use futures::stream::{self, BoxStream, StreamExt};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -181,19 +184,22 @@ fn converse_response(completion: &Value, structured: Option<&str>) -> Value {
     })
 }
 
-/// The answer as ConverseStream's events, each one event-stream message.
-fn stream_frames(response: &Value) -> Vec<u8> {
+/// The answer as ConverseStream's events, each one event-stream message,
+/// and whether it is a piece of text (where a stream fault may break it).
+fn stream_frames(response: &Value) -> Vec<(Vec<u8>, bool)> {
     let event = |kind: &str, payload: Value| {
-        eventstream::encode(
+        let text = payload.pointer("/delta/text").is_some();
+        let frame = eventstream::encode(
             &[
                 (":event-type", kind),
                 (":content-type", "application/json"),
                 (":message-type", "event"),
             ],
             payload.to_string().as_bytes(),
-        )
+        );
+        (frame, text)
     };
-    let mut out = event("messageStart", json!({"role": "assistant"}));
+    let mut out = vec![event("messageStart", json!({"role": "assistant"}))];
     let blocks = response
         .pointer("/output/message/content")
         .and_then(Value::as_array)
@@ -201,12 +207,12 @@ fn stream_frames(response: &Value) -> Vec<u8> {
         .unwrap_or_default();
     for (i, block) in blocks.iter().enumerate() {
         if let Some(tool) = block.get("toolUse") {
-            out.extend(event(
+            out.push(event(
                 "contentBlockStart",
                 json!({"contentBlockIndex": i, "start": {"toolUse":
                     {"toolUseId": tool["toolUseId"], "name": tool["name"]}}}),
             ));
-            out.extend(event(
+            out.push(event(
                 "contentBlockDelta",
                 json!({"contentBlockIndex": i, "delta": {"toolUse": {"input": tool["input"].to_string()}}}),
             ));
@@ -214,23 +220,85 @@ fn stream_frames(response: &Value) -> Vec<u8> {
             let text: Vec<char> = block["text"].as_str().unwrap_or_default().chars().collect();
             for piece in text.chunks(16) {
                 let piece: String = piece.iter().collect();
-                out.extend(event(
+                out.push(event(
                     "contentBlockDelta",
                     json!({"contentBlockIndex": i, "delta": {"text": piece}}),
                 ));
             }
         }
-        out.extend(event("contentBlockStop", json!({"contentBlockIndex": i})));
+        out.push(event("contentBlockStop", json!({"contentBlockIndex": i})));
     }
-    out.extend(event(
+    out.push(event(
         "messageStop",
         json!({"stopReason": response["stopReason"]}),
     ));
-    out.extend(event(
+    out.push(event(
         "metadata",
         json!({"usage": response["usage"], "metrics": response["metrics"]}),
     ));
     out
+}
+
+fn aborted() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::ConnectionAborted,
+        "simulated connection drop",
+    )
+}
+
+/// ConverseStream's events as the body's stream, under the behaviour the
+/// answer was made with: `gap=MS` paces them; `stream_cut` sends the
+/// first pieces of text (`tokens=N`, else half) and then cuts the
+/// connection, `stream_stall` sends them and then falls silent until the
+/// simulator shuts down.
+fn event_stream(
+    state: &Arc<SimState>,
+    frames: Vec<(Vec<u8>, bool)>,
+    behaviour: Behaviour,
+) -> BoxStream<'static, Result<Bytes, std::io::Error>> {
+    let text_at: Vec<usize> = (0..frames.len()).filter(|&i| frames[i].1).collect();
+    let mut frames: Vec<Vec<u8>> = frames.into_iter().map(|(frame, _)| frame).collect();
+    let cut_after = |after: Option<u32>| {
+        let n = after.map_or(text_at.len() / 2, |n| (n as usize).min(text_at.len()));
+        // Up to and including the n-th piece of text (or just messageStart).
+        if n == 0 {
+            1
+        } else {
+            text_at[n - 1] + 1
+        }
+    };
+    let tail: BoxStream<'static, Result<Bytes, std::io::Error>> = match behaviour.fault {
+        Fault::StreamCut => {
+            frames.truncate(cut_after(behaviour.after_pieces));
+            stream::once(async {
+                // One pending poll lets hyper flush the frames sent so far.
+                tokio::task::yield_now().await;
+                Err(aborted())
+            })
+            .boxed()
+        }
+        Fault::StreamStall => {
+            frames.truncate(cut_after(behaviour.after_pieces));
+            let state = state.clone();
+            stream::once(async move {
+                state.closing().await;
+                Err(aborted())
+            })
+            .boxed()
+        }
+        _ => stream::empty().boxed(),
+    };
+    let gap = behaviour.gap;
+    let paced = frames
+        .into_iter()
+        .enumerate()
+        .map(move |(i, f)| async move {
+            if let Some(gap) = gap.filter(|_| i > 0) {
+                tokio::time::sleep(gap).await;
+            }
+            Ok(Bytes::from(f))
+        });
+    stream::iter(paced).then(|f| f).chain(tail).boxed()
 }
 
 /// The simulator's OpenAI-shaped error as AWS's.
@@ -291,8 +359,10 @@ pub(crate) async fn model(
         Err(m) => return aws_error(400, "ValidationException", &m),
     };
     let structured = structured_tool(&value).map(|(name, _)| name);
+    let sim = state.0.clone();
     let answered = wire::chat_on(state, Wire::OpenAi, headers, translated).await;
     let status = answered.status();
+    let behaviour = answered.extensions().get::<Behaviour>().copied();
     let bytes = match axum::body::to_bytes(answered.into_body(), usize::MAX).await {
         Ok(b) => b,
         // The executor dropped the connection after executing: so do we.
@@ -317,7 +387,12 @@ pub(crate) async fn model(
     if !stream {
         return Json(response).into_response();
     }
-    let mut answer = Response::new(Body::from(stream_frames(&response)));
+    let frames = stream_frames(&response);
+    let mut answer = Response::new(Body::from_stream(event_stream(
+        &sim,
+        frames,
+        behaviour.unwrap_or_else(Behaviour::healthy),
+    )));
     answer.headers_mut().insert(
         "content-type",
         HeaderValue::from_static("application/vnd.amazon.eventstream"),

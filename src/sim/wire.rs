@@ -496,7 +496,11 @@ fn answer_response(
             Wire::Anthropic => anthropic_message(a),
             Wire::Gemini => super::gemini::response(a),
         };
-        return Json(body).into_response();
+        let mut response = Json(body).into_response();
+        // The behaviour the answer was made under (a replay's is healthy),
+        // for a wire that frames the answer itself (Bedrock's streams).
+        response.extensions_mut().insert(behaviour);
+        return response;
     }
     let mut frames = sse_frames(wire, a, include_usage);
     // Frames before the first piece of text: OpenAI's role chunk;

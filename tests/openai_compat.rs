@@ -23,6 +23,7 @@ on_both_backends!(
     an_unknown_path_answers_in_the_callers_error_shape,
     keyless_calls_are_keyed_by_their_body_in_fingerprint_mode,
     a_fingerprint_key_names_its_job_for_one_window,
+    a_provider_that_refuses_a_field_that_changes_the_answer_is_skipped,
 );
 
 async fn complete(
@@ -722,5 +723,41 @@ async fn a_fingerprint_key_names_its_job_for_one_window(backend: Backend) {
     let (_, second, _) = complete(&world, None, &body).await;
     assert_ne!(first["x-onejob-job-id"], second["x-onejob-job-id"]);
     assert_eq!(world.store.count_jobs().await.unwrap(), 2);
+    world.stop().await;
+}
+
+/// `refuses = ["seed"]` in a provider's file: a job that sets `seed` is
+/// never sent there (leaving it out would change the answer); a job
+/// without it is.
+async fn a_provider_that_refuses_a_field_that_changes_the_answer_is_skipped(backend: Backend) {
+    let providers = [
+        ProviderSpec {
+            name: "strict",
+            model: "healthy",
+        },
+        ProviderSpec {
+            name: "other",
+            model: "healthy",
+        },
+    ];
+    let world = start_world(backend, &providers, route("strict", &["other"]), |c| {
+        let path = c.providers_dir.join("strict.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(path, format!("refuses = [\"seed\", \"user\"]\n{text}")).unwrap();
+    })
+    .await;
+    let seeded = json!({"model": "default", "seed": 7, "user": "u-1",
+                        "messages": [{"role": "user", "content": "hi"}]});
+    let (status, headers, answer) = complete(&world, Some("refuses-1"), &seeded).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(headers["x-onejob-provider"], "other");
+    let job_id = headers["x-onejob-job-id"].to_str().unwrap();
+    assert_eq!(world.deliveries(job_id, "strict"), 0);
+    // `user` does not change the answer: left out, and the job runs there.
+    let unseeded = json!({"model": "default", "user": "u-1",
+                          "messages": [{"role": "user", "content": "hi"}]});
+    let (status, headers, _) = complete(&world, Some("refuses-2"), &unseeded).await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["x-onejob-provider"], "strict");
     world.stop().await;
 }

@@ -227,6 +227,24 @@ impl JobPlan {
                 )));
             }
         }
+        for field in &provider.config.refuses {
+            let set = match field.as_str() {
+                "seed" => params.seed.is_some(),
+                "presence_penalty" => params.presence_penalty.is_some(),
+                "frequency_penalty" => params.frequency_penalty.is_some(),
+                "stop" => params.stop.is_some(),
+                "parallel_tool_calls" => params.parallel_tool_calls == Some(false),
+                other => params.openai.as_ref().is_some_and(|f| {
+                    OPENAI_ANSWER_CHANGING.contains(&other) && f.contains_key(other)
+                }),
+            };
+            if set {
+                return Err(PlanError(format!(
+                    "{}: its server refuses {field} (refuses in its file)",
+                    provider.name
+                )));
+            }
+        }
         if matches!(kind, ProviderKind::Gemini | ProviderKind::Bedrock)
             && params.parallel_tool_calls == Some(false)
         {

@@ -30,6 +30,8 @@ pub struct AzureOpenAiProvider {
     model: String,
     api_key: Option<Secret>,
     auth: AzureAuth,
+    stream_usage: bool,
+    refuses: Vec<String>,
     timeouts: Timeouts,
 }
 
@@ -52,6 +54,8 @@ impl AzureOpenAiProvider {
             model: config.model.clone(),
             api_key,
             auth: config.azure_auth.unwrap_or_default(),
+            stream_usage: config.stream_usage.unwrap_or(true),
+            refuses: config.refuses.clone(),
             timeouts: config.timeouts,
         }
     }
@@ -138,7 +142,8 @@ impl Provider for AzureOpenAiProvider {
 
     #[tracing::instrument(skip_all, fields(provider = %self.name, key = %request.idempotency_key))]
     async fn call(&self, request: &ChatRequest) -> AttemptOutcome {
-        let body = request_body(&self.model, request, false);
+        let mut body = request_body(&self.model, request, false);
+        super::openai::leave_out(&mut body, &self.refuses);
         let outcome = match exchange(self.post(request, &body), &self.timeouts).await {
             Ok(response) => {
                 let latency = response.latency;
@@ -156,8 +161,11 @@ impl Provider for AzureOpenAiProvider {
     #[tracing::instrument(skip_all, fields(provider = %self.name, key = %request.idempotency_key))]
     async fn stream(&self, request: &ChatRequest, deltas: &DeltaSender) -> Streamed {
         let mut body = request_body(&self.model, request, false);
+        super::openai::leave_out(&mut body, &self.refuses);
         body["stream"] = json!(true);
-        body["stream_options"] = json!({"include_usage": true});
+        if self.stream_usage {
+            body["stream_options"] = json!({"include_usage": true});
+        }
         let streamed = stream::run_classified(
             self.post(request, &body),
             &self.timeouts,

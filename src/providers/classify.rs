@@ -14,9 +14,12 @@ use reqwest::StatusCode;
 use serde_json::Value;
 use std::time::{Duration, SystemTime};
 
-/// What a provider's error body says, in either published shape:
-/// OpenAI `{"error":{"message","type","code"}}` or Anthropic
-/// `{"type":"error","error":{"type","message"}}`.
+/// What a provider's error body says, in the shapes the OpenAI-wire
+/// servers answer in: OpenAI `{"error":{"message","type","code"}}` (also
+/// Groq, Together, DeepSeek, OpenRouter, llama.cpp's server), Anthropic
+/// `{"type":"error","error":{"type","message"}}`, the error at the top
+/// level `{"object":"error","message","type","code"}` (vLLM, Mistral), or
+/// a bare string `{"error":"…"}` (Ollama).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ErrorBody {
     pub kind: Option<String>,
@@ -29,11 +32,21 @@ impl ErrorBody {
         let Ok(value) = serde_json::from_slice::<Value>(body) else {
             return ErrorBody::default();
         };
-        let error = &value["error"];
         let text = |v: &Value| match v {
             Value::String(s) => Some(s.clone()),
             Value::Number(n) => Some(n.to_string()),
             _ => None,
+        };
+        let error = match &value["error"] {
+            Value::Object(_) => &value["error"],
+            Value::String(message) => {
+                return ErrorBody {
+                    kind: None,
+                    code: None,
+                    message: Some(message.clone()),
+                }
+            }
+            _ => &value,
         };
         ErrorBody {
             kind: text(&error["type"]),
@@ -51,13 +64,18 @@ impl ErrorBody {
     }
 }
 
-/// Codes and phrases by which OpenAI, Azure OpenAI and Anthropic say the
-/// prompt does not fit.
+/// Codes and phrases by which OpenAI, Azure OpenAI, Anthropic and the
+/// OpenAI-compatible servers say the prompt does not fit.
 const CONTEXT_LENGTH: &[&str] = &[
     "context_length_exceeded",
     "maximum context length",
     "prompt is too long",
     "context window",
+    // llama.cpp's server
+    "exceed_context_size",
+    "exceeds the available context size",
+    // Together (text-generation-inference's validation)
+    "`max_new_tokens` must be <=",
 ];
 /// ... and that the content was refused by a safety policy.
 const CONTENT_POLICY: &[&str] = &[

@@ -140,6 +140,18 @@ pub struct ProviderConfig {
     /// OpenAI-style only: send `store: true` and `metadata.onejob_key`.
     #[serde(default)]
     pub store: bool,
+    /// OpenAI's wire: ask a stream for its usage with
+    /// `stream_options.include_usage` (default true). False for a server
+    /// that refuses the field; a stream then reports the usage it sends
+    /// unasked, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_usage: Option<bool>,
+    /// OpenAI's wire: request fields this server refuses (a 400 or 422 for
+    /// an unknown field), among [`REFUSABLE`]. One that does not change the
+    /// answer is left out of the request; a job that sets one that does is
+    /// never sent here (another provider on the route takes it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refuses: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub anthropic_version: Option<String>,
     /// Whether the provider continues a trailing assistant turn (prefill), so
@@ -180,6 +192,25 @@ pub struct ProviderConfig {
     #[serde(skip)]
     pub source: PathBuf,
 }
+
+/// The Chat Completions fields a provider file may say its server refuses
+/// (`refuses`), and whether leaving one out would change the answer.
+pub const REFUSABLE: &[(&str, bool)] = &[
+    ("user", false),
+    ("name", false),
+    ("metadata", false),
+    ("store", false),
+    ("service_tier", false),
+    ("prompt_cache_key", false),
+    ("safety_identifier", false),
+    ("seed", true),
+    ("presence_penalty", true),
+    ("frequency_penalty", true),
+    ("stop", true),
+    ("parallel_tool_calls", true),
+    ("reasoning_effort", true),
+    ("verbosity", true),
+];
 
 /// How an Azure OpenAI provider sends the secret from `api_key_env`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -457,6 +488,45 @@ impl ProviderConfig {
         }
         if self.store && self.kind == ProviderKind::Anthropic {
             return Err(self.invalid("store", "only OpenAI-style providers store completions"));
+        }
+        if self.stream_usage.is_some()
+            && !matches!(
+                self.kind,
+                ProviderKind::Openai | ProviderKind::AzureOpenai | ProviderKind::Sim
+            )
+        {
+            return Err(self.invalid(
+                "stream_usage",
+                "only for OpenAI's wire (kind = \"openai\", \"azure_openai\", \"sim\")",
+            ));
+        }
+        if !self.refuses.is_empty() {
+            if !matches!(
+                self.kind,
+                ProviderKind::Openai | ProviderKind::AzureOpenai | ProviderKind::Sim
+            ) {
+                return Err(self.invalid(
+                    "refuses",
+                    "only for OpenAI's wire (kind = \"openai\", \"azure_openai\", \"sim\")",
+                ));
+            }
+            if let Some(field) = self
+                .refuses
+                .iter()
+                .find(|f| !REFUSABLE.iter().any(|(name, _)| name == f))
+            {
+                let known: Vec<&str> = REFUSABLE.iter().map(|(name, _)| *name).collect();
+                return Err(self.invalid(
+                    "refuses",
+                    format!("{field:?} is not one of {}", known.join(", ")),
+                ));
+            }
+            if self.store && self.refuses.iter().any(|f| f == "store") {
+                return Err(self.invalid(
+                    "refuses",
+                    "\"store\" cannot be refused with store = true (the lookup needs it)",
+                ));
+            }
         }
         if self.anthropic_version.is_some() && self.kind != ProviderKind::Anthropic {
             return Err(self.invalid("anthropic_version", "only for kind = \"anthropic\""));
@@ -771,6 +841,35 @@ lookup = "sim_ledger"
         let other = SIM.replace("\"healthy\"", "\"hang\"");
         let c = ProviderConfig::parse(&other, Path::new("a.toml")).unwrap();
         assert_ne!(a.digest(), c.digest());
+    }
+
+    #[test]
+    fn refuses_and_stream_usage_are_checked() {
+        let parse = |extra: &str| {
+            ProviderConfig::parse(&format!("{extra}\n{SIM}"), Path::new("p/x.toml"))
+                .map_err(|e| e.to_string())
+        };
+        let ok = parse("refuses = [\"user\", \"seed\"]\nstream_usage = false").unwrap();
+        assert_eq!(ok.refuses, ["user", "seed"]);
+        let unknown = parse("refuses = [\"colour\"]").unwrap_err();
+        assert!(
+            unknown.contains("refuses") && unknown.contains("colour"),
+            "{unknown}"
+        );
+        assert!(
+            unknown.contains("reasoning_effort"),
+            "lists the known: {unknown}"
+        );
+        let anthropic = SIM
+            .replace("kind = \"sim\"", "kind = \"anthropic\"")
+            .replace("lookup = \"sim_ledger\"", "api_key_env = \"SOME_KEY\"");
+        for extra in ["refuses = [\"user\"]", "stream_usage = false"] {
+            let err =
+                ProviderConfig::parse(&format!("{extra}\n{anthropic}"), Path::new("p/a.toml"))
+                    .unwrap_err()
+                    .to_string();
+            assert!(err.contains("only for OpenAI's wire"), "{err}");
+        }
     }
 
     #[test]

@@ -25,6 +25,10 @@ pub struct OpenAiProvider {
     model: String,
     api_key: Option<Secret>,
     store: bool,
+    /// Send `stream_options.include_usage` (see `ProviderConfig::stream_usage`).
+    stream_usage: bool,
+    /// Fields the server refuses, left out of every request.
+    refuses: Vec<String>,
     lookup: LookupMode,
     timeouts: Timeouts,
 }
@@ -43,6 +47,8 @@ impl OpenAiProvider {
             model: config.model.clone(),
             api_key,
             store: config.store,
+            stream_usage: config.stream_usage.unwrap_or(true),
+            refuses: config.refuses.clone(),
             lookup: config.lookup,
             timeouts: config.timeouts,
         }
@@ -211,6 +217,24 @@ pub fn request_body(model: &str, request: &ChatRequest, store: bool) -> Value {
     Value::Object(body)
 }
 
+/// Leave out of `body` the fields its server refuses (`refuses` in the
+/// provider file): top-level fields, and `name` from every message. Those
+/// that change the answer never reach here set: the plan skipped the
+/// provider for such a job.
+pub(crate) fn leave_out(body: &mut Value, refuses: &[String]) {
+    for field in refuses {
+        if field == "name" {
+            for message in body["messages"].as_array_mut().into_iter().flatten() {
+                if let Some(m) = message.as_object_mut() {
+                    m.remove("name");
+                }
+            }
+        } else if let Some(b) = body.as_object_mut() {
+            b.remove(field);
+        }
+    }
+}
+
 /// Read a chat completion object (the answer to a create, or an item of the
 /// stored list). A refusal or a content-filter stop is a definitive failure.
 pub fn completion_to_success(
@@ -254,7 +278,8 @@ pub fn completion_to_success(
 /// Send `request` in OpenAI's wire format and classify the answer. Shared
 /// with the simulator client.
 pub(crate) async fn call_openai_wire(p: &OpenAiProvider, request: &ChatRequest) -> AttemptOutcome {
-    let body = request_body(&p.model, request, p.store);
+    let mut body = request_body(&p.model, request, p.store);
+    leave_out(&mut body, &p.refuses);
     let mut builder = p
         .client
         .post(format!("{}/v1/chat/completions", p.base))
@@ -281,8 +306,11 @@ pub(crate) async fn stream_openai_wire(
     deltas: &DeltaSender,
 ) -> Streamed {
     let mut body = request_body(&p.model, request, p.store);
+    leave_out(&mut body, &p.refuses);
     body["stream"] = json!(true);
-    body["stream_options"] = json!({"include_usage": true});
+    if p.stream_usage {
+        body["stream_options"] = json!({"include_usage": true});
+    }
     let mut builder = p
         .client
         .post(format!("{}/v1/chat/completions", p.base))

@@ -424,8 +424,9 @@ async fn main() -> anyhow::Result<()> {
     let direct = Phase::new(&direct, Instant::now(), cpu);
     rss.push(("after lone client", rss_kib()));
 
-    // 2b. Time to first token, streamed: through onejob
-    // (`/v1/chat/completions`, `stream: true`) and from the simulator directly.
+    // 2b. Time to first token, streamed, through each streaming door
+    // (Chat Completions, Anthropic Messages, Responses) and from the
+    // simulator directly, in one run: each door's added time to first token.
     let streamed = |model: &str| {
         serde_json::to_vec(&json!({
             "model": model,
@@ -434,23 +435,28 @@ async fn main() -> anyhow::Result<()> {
             "stream": true,
         }))
     };
-    let (via_body, direct_body) = (streamed("default")?, streamed("healthy")?);
-    let chat_url = format!("{base}/v1/chat/completions");
+    let direct_body = streamed("healthy")?;
     let sim_chat_url = format!("{}/v1/chat/completions", sim.base_url());
-    let mut ttft_via = Vec::with_capacity(args.ttft);
-    let mut ttft_direct = Vec::with_capacity(args.ttft);
-    let cpu = cpu_time();
-    for i in 0..args.ttft {
-        let request = bench
-            .client
-            .post(&chat_url)
-            .bearer_auth(&bench.key)
-            .header("Idempotency-Key", format!("ttft-{i}"))
-            .header("Content-Type", "application/json")
-            .body(via_body.clone());
-        ttft_via.push(first_token(request).await);
+    let mut ttft_doors = Vec::new();
+    for dialect in [Dialect::Chat, Dialect::Messages, Dialect::Responses] {
+        let url = format!("{base}{}", dialect.path());
+        let body = dialect.streamed_body(message)?;
+        let mut samples = Vec::with_capacity(args.ttft);
+        let cpu = cpu_time();
+        for i in 0..args.ttft {
+            let request = bench
+                .client
+                .post(&url)
+                .bearer_auth(&bench.key)
+                .header("anthropic-version", "2023-06-01")
+                .header("Idempotency-Key", format!("ttft-{}-{i}", dialect.label()))
+                .header("Content-Type", "application/json")
+                .body(body.clone());
+            samples.push(first_token(request, dialect).await);
+        }
+        ttft_doors.push((dialect, Phase::new(&samples, Instant::now(), cpu)));
     }
-    let ttft_via = Phase::new(&ttft_via, Instant::now(), cpu);
+    let mut ttft_direct = Vec::with_capacity(args.ttft);
     let cpu = cpu_time();
     for i in 0..args.ttft {
         let request = bench
@@ -459,7 +465,7 @@ async fn main() -> anyhow::Result<()> {
             .header("Idempotency-Key", format!("ttft-direct-{i}"))
             .header("Content-Type", "application/json")
             .body(direct_body.clone());
-        ttft_direct.push(first_token(request).await);
+        ttft_direct.push(first_token(request, Dialect::Chat).await);
     }
     let ttft_direct = Phase::new(&ttft_direct, Instant::now(), cpu);
 
@@ -530,15 +536,17 @@ async fn main() -> anyhow::Result<()> {
         "",
         ""
     );
-    ttft_via.row("lone TTFT, streamed through onejob", "");
     ttft_direct.row("lone TTFT, simulator directly", "");
-    println!(
-        "{:<34} {:>9} {:>9} {:>9}",
-        "  onejob's added TTFT",
-        "",
-        ms(ttft_via.p50.saturating_sub(ttft_direct.p50)),
-        ms(ttft_via.p99.saturating_sub(ttft_direct.p99)),
-    );
+    for (dialect, phase) in &ttft_doors {
+        phase.row(&format!("lone TTFT via {}", dialect.path()), "");
+        println!(
+            "{:<34} {:>9} {:>9} {:>9}",
+            "  onejob's added TTFT",
+            "",
+            ms(phase.p50.saturating_sub(ttft_direct.p50)),
+            ms(phase.p99.saturating_sub(ttft_direct.p99)),
+        );
+    }
     fixed.row(
         &format!("fixed rate {}/s for {} s", args.rate, args.rate_secs),
         "≤ 2 ms p99",
@@ -556,10 +564,74 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Send a streamed completion; the sample's latency is the time to the
-/// first chunk carrying content, and it is ok when the stream ends with
-/// `[DONE]`.
-async fn first_token(request: reqwest::RequestBuilder) -> Sample {
+/// A streaming door's dialect, as the time-to-first-token phase reads it.
+#[derive(Debug, Clone, Copy)]
+enum Dialect {
+    Chat,
+    Messages,
+    Responses,
+}
+
+impl Dialect {
+    fn path(self) -> &'static str {
+        match self {
+            Dialect::Chat => "/v1/chat/completions",
+            Dialect::Messages => "/v1/messages",
+            Dialect::Responses => "/v1/responses",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Dialect::Chat => "chat",
+            Dialect::Messages => "messages",
+            Dialect::Responses => "responses",
+        }
+    }
+
+    /// The same prompt and token limit, streamed, in this dialect.
+    fn streamed_body(self, message: &str) -> serde_json::Result<Vec<u8>> {
+        serde_json::to_vec(&match self {
+            Dialect::Chat | Dialect::Messages => json!({
+                "model": "default",
+                "messages": [{ "role": "user", "content": message }],
+                "max_tokens": 64,
+                "stream": true,
+            }),
+            Dialect::Responses => json!({
+                "model": "default",
+                "input": message,
+                "max_output_tokens": 64,
+                "stream": true,
+            }),
+        })
+    }
+
+    /// Whether one event's data carries the first piece of text.
+    fn is_text(self, event: &serde_json::Value) -> bool {
+        let text = match self {
+            Dialect::Chat => &event["choices"][0]["delta"]["content"],
+            Dialect::Messages => &event["delta"]["text"],
+            Dialect::Responses if event["type"] == "response.output_text.delta" => &event["delta"],
+            Dialect::Responses => &serde_json::Value::Null,
+        };
+        text.as_str().is_some_and(|t| !t.is_empty())
+    }
+
+    /// Whether the stream read so far has its dialect's end of a whole answer.
+    fn ended(self, seen: &str) -> bool {
+        match self {
+            Dialect::Chat => seen.contains("data: [DONE]"),
+            Dialect::Messages => seen.contains("event: message_stop"),
+            Dialect::Responses => seen.contains("event: response.completed"),
+        }
+    }
+}
+
+/// Send a streamed request; the sample's latency is the time to the first
+/// event carrying text, and it is ok when the stream ends with its
+/// dialect's end of a whole answer.
+async fn first_token(request: reqwest::RequestBuilder, dialect: Dialect) -> Sample {
     let started = Instant::now();
     let mut first = None;
     let mut seen = String::new();
@@ -568,24 +640,20 @@ async fn first_token(request: reqwest::RequestBuilder) -> Sample {
             match response.chunk().await {
                 Ok(Some(bytes)) => {
                     seen.push_str(&String::from_utf8_lossy(&bytes));
-                    if first.is_none() && seen.contains("\"content\":\"") {
+                    if first.is_none() {
                         let has_text = seen.split("\n\n").any(|event| {
                             event
                                 .lines()
                                 .filter_map(|l| l.strip_prefix("data: "))
                                 .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
-                                .any(|c| {
-                                    c["choices"][0]["delta"]["content"]
-                                        .as_str()
-                                        .is_some_and(|t| !t.is_empty())
-                                })
+                                .any(|e| dialect.is_text(&e))
                         });
                         if has_text {
                             first = Some(started.elapsed());
                         }
                     }
                 }
-                Ok(None) => break seen.contains("data: [DONE]"),
+                Ok(None) => break dialect.ended(&seen),
                 Err(_) => break false,
             }
         },

@@ -252,6 +252,14 @@ pub fn request_body(model: &str, request: &ChatRequest) -> Result<Value, String>
     if let Some(choice) = &options.tool_choice {
         body.insert("tool_choice".into(), tool_choice(choice));
     }
+    if let Some(schema) = &request.response_schema {
+        // Structured outputs, GA form (`output_config.format`): the answer
+        // is JSON that follows the schema, as OpenAI's json_schema asks.
+        body.insert(
+            "output_config".into(),
+            json!({"format": {"type": "json_schema", "schema": schema}}),
+        );
+    }
     if options.parallel_tool_calls == Some(false) && options.tools.is_some() {
         // Anthropic's spelling: a flag on the tool choice (auto by default).
         let choice = body
@@ -386,6 +394,48 @@ impl Provider for AnthropicProvider {
 
     async fn lookup(&self, _idempotency_key: &str) -> Lookup {
         Lookup::CannotTell("anthropic offers no lookup by key".into())
+    }
+
+    /// `POST /v1/messages/count_tokens`: Anthropic's own count of the
+    /// prompt, which the contract run compares with ours. It takes the
+    /// prompt's fields only (a `max_tokens` is refused).
+    async fn count_tokens(&self, request: &ChatRequest) -> Option<Result<u32, String>> {
+        Some(self.count(request).await)
+    }
+}
+
+impl AnthropicProvider {
+    async fn count(&self, request: &ChatRequest) -> Result<u32, String> {
+        let body = request_body(&self.model, request).map_err(|e| format!("not sent: {e}"))?;
+        let mut counted = Map::new();
+        for field in ["model", "messages", "system", "tools", "tool_choice"] {
+            if let Some(v) = body.get(field) {
+                counted.insert(field.into(), v.clone());
+            }
+        }
+        let mut builder = self
+            .client
+            .post(format!("{}/v1/messages/count_tokens", self.base))
+            .header("anthropic-version", &self.version)
+            .json(&Value::Object(counted));
+        if let Some(key) = &self.api_key {
+            builder = builder.header("x-api-key", key.expose());
+        }
+        let response = exchange(builder, &self.timeouts)
+            .await
+            .map_err(|outcome| format!("{outcome:?}"))?;
+        if !response.status.is_success() {
+            return Err(format!(
+                "HTTP {}: {}",
+                response.status,
+                String::from_utf8_lossy(&response.body)
+            ));
+        }
+        let value: Value = serde_json::from_slice(&response.body).map_err(|e| error_chain(&e))?;
+        value["input_tokens"]
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| format!("no input_tokens in {value}"))
     }
 }
 

@@ -181,6 +181,10 @@ fn router(state: Arc<SimState>) -> Router {
             post(wire::openai_chat).get(wire::list_stored),
         )
         .route("/v1/messages", post(wire::anthropic_messages))
+        .route(
+            "/v1/messages/count_tokens",
+            post(wire::anthropic_count_tokens),
+        )
         .route("/v1beta/models/{model_method}", post(gemini::models))
         .route("/model/{model}/{operation}", post(bedrock::model))
         .route(

@@ -140,7 +140,11 @@ fn parse_request(wire: Wire, body: &Value) -> Result<SimRequest, String> {
     }
     let schema = match wire {
         Wire::OpenAi | Wire::Gemini => body.pointer("/response_format/json_schema/schema"),
-        Wire::Anthropic => body.pointer("/output_format/schema"),
+        // Structured outputs: the GA `output_config.format`, or the beta's
+        // `output_format`.
+        Wire::Anthropic => body
+            .pointer("/output_config/format/schema")
+            .or_else(|| body.pointer("/output_format/schema")),
     }
     .cloned();
     let mut unstreamed = body.clone();
@@ -600,6 +604,47 @@ pub(crate) async fn chat_on(
 }
 
 /// The prompt tokens the executor would report for an OpenAI-shaped body.
+/// Anthropic's `POST /v1/messages/count_tokens`: the prompt's tokens,
+/// counted as the executor counts its usage (`wrong_usage` miscounts here
+/// too); nothing is executed or recorded.
+pub(crate) async fn anthropic_count_tokens(
+    State(state): State<Arc<SimState>>,
+    body: Bytes,
+) -> Response {
+    let invalid = |m: &str| {
+        error(
+            Wire::Anthropic,
+            400,
+            "invalid_request_error",
+            "invalid_request",
+            m,
+        )
+    };
+    let mut value: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return invalid(&format!("body is not JSON: {e}")),
+    };
+    if value.get("max_tokens").is_some() {
+        return invalid("max_tokens: Extra inputs are not permitted");
+    }
+    // The Messages parser asks for one; a count has none.
+    value["max_tokens"] = json!(1);
+    let request = match parse_request(Wire::Anthropic, &value) {
+        Ok(r) => r,
+        Err(m) => return invalid(&m),
+    };
+    let behaviour = state
+        .models
+        .get(&request.model)
+        .map_or_else(|| Behaviour::parse(&request.model), Ok)
+        .or_else(|m| state.config.default_behaviour.ok_or(m));
+    let mut tokens = honest_prompt_tokens(&request.turns);
+    if behaviour.is_ok_and(|b| b.fault == Fault::WrongUsage) {
+        tokens = tokens.saturating_mul(3) / 2 + 1;
+    }
+    Json(json!({ "input_tokens": tokens })).into_response()
+}
+
 pub(crate) fn prompt_tokens_of(body: &Value) -> Result<u32, String> {
     parse_request(Wire::OpenAi, body).map(|r| honest_prompt_tokens(&r.turns))
 }

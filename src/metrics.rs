@@ -46,6 +46,8 @@ pub struct Metrics {
     pub reconciled_found: AtomicU64,
     pub reconciled_not_found: AtomicU64,
     pub reconciled_cannot_tell: AtomicU64,
+    /// Unknown attempts of finished jobs let go past unknown_deadline_ms.
+    pub reconciled_abandoned: AtomicU64,
     /// Hedge attempts whose result won the compare-and-swap.
     pub hedges_won: AtomicU64,
     /// (provider, outcome) → finished attempts.
@@ -84,6 +86,7 @@ impl Default for Metrics {
             reconciled_found: AtomicU64::new(0),
             reconciled_not_found: AtomicU64::new(0),
             reconciled_cannot_tell: AtomicU64::new(0),
+            reconciled_abandoned: AtomicU64::new(0),
             hedges_won: AtomicU64::new(0),
             attempts: Family::default(),
             discarded_tokens_by_provider: Family::default(),
@@ -296,6 +299,11 @@ impl Metrics {
                 "onejob_reconciled_cannot_tell",
                 "Reconciliations the provider could not answer",
                 read(&self.reconciled_cannot_tell),
+            ),
+            (
+                "onejob_reconciled_abandoned",
+                "Unknown attempts of finished jobs let go once no one could say, past unknown_deadline_ms",
+                read(&self.reconciled_abandoned),
             ),
         ])
     }

@@ -175,7 +175,29 @@ async fn reconcile(inner: &Arc<Inner>, attempt: &Attempt) -> Result<(), crate::s
                 .get(&job.route)
                 .map(|r| r.unknown_deadline_ms)
                 .unwrap_or(0) as i64;
-            if now - attempt.started_at >= deadline {
+            if now - attempt.started_at >= deadline && job.state.is_final() {
+                // Nothing waits on it any more (the job finished without
+                // it) and nobody can say whether it ran: it is let go, as a
+                // loser is, instead of being asked about on every pass.
+                let finish = FinishAttempt {
+                    attempt_id: attempt.id.clone(),
+                    outcome: AttemptOutcome::Abandoned {
+                        reason: format!(
+                            "the job finished without it, and past unknown_deadline_ms ({deadline} ms) {} still cannot say whether it ran: {why}",
+                            attempt.provider
+                        ),
+                    },
+                    at: now,
+                    actor: "reconciler".to_string(),
+                };
+                match inner.store.finish_attempt(finish).await {
+                    Ok(_) => {
+                        Metrics::inc(&inner.metrics.reconciled_abandoned);
+                        tracing::info!("an unknown attempt of a finished job was let go");
+                    }
+                    Err(e) => tracing::debug!(error = %e, "unknown attempt already settled"),
+                }
+            } else if now - attempt.started_at >= deadline {
                 let reason = format!(
                     "attempt {} on {} has had an unknown outcome for over {deadline} ms and the provider cannot say: {why}",
                     attempt.id, attempt.provider

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::world::{route, set_window, start_world, ProviderSpec, World};
+use common::world::{refuse_prefill, route, set_window, start_world, ProviderSpec, World};
 use common::Backend;
 use futures::StreamExt;
 use serde_json::{json, Value};
@@ -15,6 +15,8 @@ on_both_backends!(
     a_streamed_completion_arrives_in_pieces_and_replays_the_same_text,
     a_stream_cut_mid_answer_is_finished_by_a_fallback_that_continues_it,
     a_stream_cut_with_no_continuation_ends_with_an_error_naming_the_cut,
+    a_cut_whose_fallback_cannot_take_a_prefill_is_restarted_and_streams_the_rest_once,
+    a_restart_that_diverges_from_what_the_client_has_ends_with_an_error_naming_the_cut,
     a_primary_silent_past_silence_ms_loses_the_stream_to_the_hedge,
     a_stalled_stream_is_bounded_by_stall_ms_and_continued,
     a_malformed_chunk_breaks_the_stream_and_it_is_continued,
@@ -103,6 +105,26 @@ fn content(events: &[Sse]) -> String {
         .collect()
 }
 
+/// The usage chunk's `usage` (`stream_options.include_usage`).
+fn usage(events: &[Sse]) -> Value {
+    events
+        .iter()
+        .map(Sse::json)
+        .find(|v| v["usage"].is_object())
+        .map(|v| v["usage"].clone())
+        .expect("a usage chunk")
+}
+
+/// Tokens of `text` as `o200k_base` counts them (how onejob counts what a
+/// cut attempt delivered).
+fn o200k(text: &str) -> u64 {
+    onejob::contracts::tokenizer::tokenizer("o200k_base")
+        .unwrap()
+        .encode_user_text("answer", text)
+        .unwrap()
+        .len() as u64
+}
+
 fn finish_reasons(events: &[Sse]) -> Vec<String> {
     events
         .iter()
@@ -132,6 +154,21 @@ fn job_id(headers: &reqwest::header::HeaderMap) -> String {
 
 fn result_text(job: &Value) -> String {
     job["result"].as_str().expect("a text result").to_string()
+}
+
+/// The usage a healthy simulator reports for `text`, asked directly.
+async fn healthy_usage(world: &World, text: &str) -> Value {
+    let answer: Value = world
+        .client
+        .post(format!("{}/v1/chat/completions", world.sim.base_url()))
+        .json(&json!({"model": "healthy", "messages": [{"role": "user", "content": text}]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    answer["usage"].clone()
 }
 
 /// What a healthy simulator answers to `text`, asked directly.
@@ -277,11 +314,24 @@ async fn a_stream_cut_mid_answer_is_finished_by_a_fallback_that_continues_it(bac
         .filter(|c| c["choices"][0]["delta"]["content"].is_string())
         .map(|c| c["model"].clone())
         .collect();
-    assert_eq!(models.first().unwrap(), "stream_cut:tokens=2");
+    assert!(
+        models.iter().all(|m| m == "stream_cut:tokens=2"),
+        "every chunk names the model that began the answer: {models:?}"
+    );
+    // Usage counts every delivered token: the cut owner's 32 characters
+    // (counted by its tokenizer) and the continuation's own (the simulator
+    // counts a token per 4 characters), and both owners' prompts.
+    let usage = usage(&events);
+    let rest = text.chars().count() - 32;
     assert_eq!(
-        models.last().unwrap(),
-        "healthy",
-        "the continuation names its model"
+        usage["completion_tokens"].as_u64().unwrap(),
+        o200k(&text[..32]) + rest.div_ceil(4) as u64,
+        "{usage}"
+    );
+    let alone = healthy_usage(&world, "Explain tides").await;
+    assert!(
+        usage["prompt_tokens"].as_u64().unwrap() >= 2 * alone["prompt_tokens"].as_u64().unwrap(),
+        "both owners' prompts: {usage} vs {alone}"
     );
 
     let job = world.job(&id).await;
@@ -337,6 +387,109 @@ async fn a_stream_cut_with_no_continuation_ends_with_an_error_naming_the_cut(bac
     let (_, _, replay) = stream(&world, "cut-2", &body("Explain tides")).await;
     assert_eq!(content(&replay), whole, "a replay returns the final answer");
     assert_eq!(world.executions(&id, "primary"), 1);
+    world.stop().await;
+}
+
+async fn a_cut_whose_fallback_cannot_take_a_prefill_is_restarted_and_streams_the_rest_once(
+    backend: Backend,
+) {
+    let providers = [
+        spec("primary", "stream_cut:tokens=2"),
+        spec("backup", "healthy"),
+    ];
+    let world = start_world(backend, &providers, route("primary", &["backup"]), |c| {
+        refuse_prefill(c, "backup");
+        // The reconciler asks about the cut attempt only after the restart
+        // has had its chance (it would find the primary's whole answer).
+        c.engine.reconcile_min_age_ms = 10_000;
+    })
+    .await;
+    let (status, headers, events) = stream(&world, "restart-1", &body("Explain tides")).await;
+    assert_eq!(status, 200);
+    let id = job_id(&headers);
+    assert!(error_event(&events).is_none(), "{events:?}");
+    let text = content(&events);
+    let whole = healthy_answer(&world, "Explain tides").await;
+    assert_eq!(
+        text, whole,
+        "the whole answer once, the prefix not repeated"
+    );
+    assert_eq!(finish_reasons(&events), vec!["stop"]);
+    assert!(ends_done(&events));
+    // The restart's own usage is the whole answer's.
+    let usage = usage(&events);
+    assert_eq!(
+        usage["completion_tokens"].as_u64().unwrap(),
+        whole.chars().count().div_ceil(4) as u64,
+        "{usage}"
+    );
+    let job = world.job(&id).await;
+    assert_eq!(job["state"], "succeeded");
+    assert_eq!(result_text(&job), text, "the result is what the client saw");
+    let attempts = world.attempts(&id).await;
+    assert_eq!(attempts[0]["error_kind"], "stream_cut", "{attempts:?}");
+    assert_eq!(attempts[1]["provider"], "backup", "{attempts:?}");
+    assert_eq!(attempts[1]["state"], "succeeded", "{attempts:?}");
+    assert_eq!(job["completed_by"], attempts[1]["id"]);
+    assert_eq!(world.executions(&id, "primary"), 1);
+    assert_eq!(world.executions(&id, "backup"), 1);
+    assert_eq!(world.counter("onejob_stream_restarts_total").await, 1.0);
+    assert_eq!(
+        world.counter("onejob_stream_restarts_diverged_total").await,
+        0.0
+    );
+    world.stop().await;
+}
+
+async fn a_restart_that_diverges_from_what_the_client_has_ends_with_an_error_naming_the_cut(
+    backend: Backend,
+) {
+    let providers = [
+        spec("primary", "stream_cut:tokens=2"),
+        // Another answer to the same prompt: it cannot repeat the prefix.
+        spec("backup", "healthy:variant=1"),
+    ];
+    let world = start_world(backend, &providers, route("primary", &["backup"]), |c| {
+        refuse_prefill(c, "backup");
+        c.engine.reconcile_min_age_ms = 10_000;
+    })
+    .await;
+    let (status, headers, events) = stream(&world, "restart-2", &body("Explain tides")).await;
+    assert_eq!(status, 200);
+    let id = job_id(&headers);
+    let error = error_event(&events).expect("an in-band error event");
+    assert_eq!(error["code"], "stream_cut", "{error}");
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains("primary"), "names the cut: {error}");
+    assert!(message.contains("diverged at char"), "{error}");
+    assert!(
+        finish_reasons(&events).is_empty(),
+        "never a finish: {events:?}"
+    );
+    assert!(!ends_done(&events));
+    let partial = content(&events);
+    assert_eq!(partial.chars().count(), 32, "only the cut owner's pieces");
+    assert!(healthy_answer(&world, "Explain tides")
+        .await
+        .starts_with(&partial));
+    assert_eq!(world.counter("onejob_stream_restarts_total").await, 1.0);
+    assert_eq!(
+        world.counter("onejob_stream_restarts_diverged_total").await,
+        1.0
+    );
+    // The restart, already running, may still win the job: its whole
+    // answer is the result a replay returns.
+    let (job, attempts) = world
+        .until(&id, Duration::from_secs(20), |j, _| {
+            j["state"] == "succeeded"
+        })
+        .await;
+    assert_eq!(job["completed_by"], attempts[1]["id"], "{attempts:?}");
+    let whole = result_text(&job);
+    assert!(!whole.starts_with(&partial), "the restart's own answer");
+    let (_, _, replay) = stream(&world, "restart-2", &body("Explain tides")).await;
+    assert_eq!(content(&replay), whole, "a replay returns the job's answer");
+    assert_eq!(world.executions(&id, "backup"), 1);
     world.stop().await;
 }
 

@@ -493,6 +493,14 @@ async fn a_content_filter_is_an_invalid_request_error_after_one_attempt(backend:
     let (name, error) = events.last().unwrap();
     assert_eq!(name, "error", "{text}");
     assert_eq!(error["error"]["type"], "invalid_request_error", "{text}");
+    assert!(
+        !error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .to_lowercase()
+            .contains("replay"),
+        "a finished job has nothing to replay: {text}"
+    );
     assert!(events.iter().all(|(n, _)| n != "message_stop"), "{text}");
     world.stop().await;
 }

@@ -229,11 +229,19 @@ pub(super) async fn close_after_drive(
                     JobState::Cancelled => "job_cancelled".to_string(),
                     _ => "job_pending".to_string(),
                 };
+                // A job that is finished (failed or cancelled) has no other
+                // answer to come: nothing is said about replaying it.
+                let finished = matches!(now.state, JobState::Failed | JobState::Cancelled);
                 let message = format!(
-                    "job {} is {}: {}; replay this request with the same Idempotency-Key for its final answer",
+                    "job {} is {}: {}{}",
                     now.id,
                     now.state.as_str(),
-                    now.last_error.as_deref().unwrap_or("no result yet")
+                    now.last_error.as_deref().unwrap_or("no result yet"),
+                    if finished {
+                        ""
+                    } else {
+                        "; replay this request with the same Idempotency-Key for its final answer"
+                    }
                 );
                 (code, message)
             }

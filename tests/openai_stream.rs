@@ -17,6 +17,7 @@ on_both_backends!(
     a_stream_cut_with_no_continuation_ends_with_an_error_naming_the_cut,
     a_cut_whose_fallback_cannot_take_a_prefill_is_restarted_and_streams_the_rest_once,
     a_restart_that_diverges_from_what_the_client_has_ends_with_an_error_naming_the_cut,
+    a_client_told_error_is_not_billed_again_unless_the_route_completes_after_it,
     a_primary_silent_past_silence_ms_loses_the_stream_to_the_hedge,
     a_stalled_stream_is_bounded_by_stall_ms_and_continued,
     a_malformed_chunk_breaks_the_stream_and_it_is_continued,
@@ -491,6 +492,78 @@ async fn a_restart_that_diverges_from_what_the_client_has_ends_with_an_error_nam
     assert_eq!(content(&replay), whole, "a replay returns the job's answer");
     assert_eq!(world.executions(&id, "backup"), 1);
     world.stop().await;
+}
+
+/// A cut whose continuation is refused: the client's stream ends with the
+/// cut. By default (`complete_after_stream_error = false`) nothing else is
+/// asked of any provider: the job waits in review for its unknown attempt.
+/// With the setting on, the job goes on and another attempt is run (billed).
+async fn a_client_told_error_is_not_billed_again_unless_the_route_completes_after_it(
+    backend: Backend,
+) {
+    for complete_after in [false, true] {
+        let providers = [
+            spec("primary", "stream_cut:tokens=2"),
+            // Says it takes a prefill, then refuses it (never executed).
+            spec("backup", "no_prefill"),
+        ];
+        let mut policy = route("primary", &["backup"]);
+        policy.complete_after_stream_error = complete_after;
+        let world = start_world(backend, &providers, policy, |c| {
+            // The reconciler stays out of it: only the engine may ask again.
+            c.engine.reconcile_min_age_ms = 60_000;
+        })
+        .await;
+        let (_, headers, events) = stream(&world, "told-1", &body("Explain tides")).await;
+        let id = job_id(&headers);
+        let error = error_event(&events).expect("an in-band error event");
+        assert_eq!(error["code"], "stream_cut", "{complete_after}: {error}");
+        assert!(finish_reasons(&events).is_empty());
+        if complete_after {
+            // The old behaviour: the job goes on and runs another attempt.
+            let (job, attempts) = world
+                .until(&id, Duration::from_secs(20), |j, _| {
+                    j["state"] == "succeeded"
+                })
+                .await;
+            assert!(attempts.len() >= 3, "another attempt: {attempts:?}");
+            assert_eq!(
+                world.deliveries(&id, "primary") + world.deliveries(&id, "backup"),
+                3,
+                "the cut, the refused continuation and the retry: {attempts:?}"
+            );
+            assert!(job["completed_by"] == attempts.last().unwrap()["id"]);
+        } else {
+            // The cut attempt may have executed (unknown), so the job is
+            // not failed: it waits in review, and nothing runs it again.
+            let (job, attempts) = world
+                .until(&id, Duration::from_secs(20), |j, _| {
+                    j["state"] == "needs_review"
+                })
+                .await;
+            assert_eq!(
+                states(&attempts),
+                vec![pair("primary", "unknown"), pair("backup", "failed")],
+                "no attempt after the error"
+            );
+            assert!(
+                job["last_error"]
+                    .as_str()
+                    .unwrap()
+                    .contains("complete_after_stream_error"),
+                "{job}"
+            );
+            assert_eq!(world.deliveries(&id, "primary"), 1);
+            assert_eq!(
+                world.deliveries(&id, "backup"),
+                1,
+                "only the refused continuation"
+            );
+            assert_eq!(world.executions(&id, "backup"), 0);
+        }
+        assert_eq!(world.executions(&id, "primary"), 1);
+        world.stop().await;
+    }
 }
 
 async fn a_primary_silent_past_silence_ms_loses_the_stream_to_the_hedge(backend: Backend) {

@@ -115,6 +115,14 @@ impl StreamHub {
         matches!(self.state().events.last(), Some(StreamEvent::Error { .. }))
     }
 
+    /// The error the stream ended with, if it did: its code and message.
+    pub fn error(&self) -> Option<(String, String)> {
+        match self.state().events.last() {
+            Some(StreamEvent::Error { code, message }) => Some((code.clone(), message.clone())),
+            _ => None,
+        }
+    }
+
     /// Events from `from` on, and whether the stream has ended.
     pub fn events_from(&self, from: usize) -> (Vec<StreamEvent>, bool) {
         let state = self.state();

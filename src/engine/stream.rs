@@ -304,16 +304,27 @@ impl Limits {
     }
 }
 
+/// Run `attempt` streamed, in a task of its own inside the attempt's span
+/// (a child of the job's), so its log lines carry the job's and the
+/// attempt's ids, as an unstreamed attempt's do.
 fn launch(
     inner: &Inner,
     entry: &ProviderEntry,
+    attempt: &Attempt,
     request: crate::providers::ChatRequest,
     limits: Limits,
     index: usize,
     events: mpsc::UnboundedSender<(usize, Event)>,
 ) -> JoinHandle<()> {
     let client = entry.client.clone();
-    inner.spawn(async move {
+    let span = tracing::info_span!(
+        "attempt",
+        job_id = %attempt.job_id,
+        attempt_id = %attempt.id,
+        provider = %attempt.provider,
+        kind = attempt.kind.as_str(),
+    );
+    let run = async move {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let call = tokio::time::timeout(limits.whole, client.stream(&request, &tx));
         tokio::pin!(call);
@@ -343,7 +354,8 @@ fn launch(
         let streamed = ended
             .unwrap_or_else(|message| (AttemptOutcome::unknown("attempt_timeout", message), None));
         let _ = events.send((index, Event::End(streamed)));
-    })
+    };
+    inner.spawn(tracing::Instrument::instrument(run, span))
 }
 
 /// Cancel an attempt that lost the stream (or whose round is over) and
@@ -518,10 +530,11 @@ pub(super) async fn run_streamed_round(
         Err(_) => return RoundEnd::Done,
     };
     let (tx, mut rx) = mpsc::unbounded_channel();
+    let task = launch(inner, first, &attempt, request, limits, 0, tx.clone());
     let mut live = vec![Live {
         attempt,
         entry: first,
-        task: launch(inner, first, request, limits, 0, tx.clone()),
+        task,
         done: false,
         answered: false,
     }];
@@ -572,10 +585,11 @@ pub(super) async fn run_streamed_round(
                     hedges_left = hedges_left.saturating_sub(1);
                     tried.push($entry.name.clone());
                     let index = live.len();
+                    let task = launch(inner, $entry, &attempt, $request, limits, index, tx.clone());
                     live.push(Live {
                         attempt,
                         entry: $entry,
-                        task: launch(inner, $entry, $request, limits, index, tx.clone()),
+                        task,
                         done: false,
                         answered: false,
                     });

@@ -172,6 +172,12 @@ pub struct RouteConfig {
     /// is never cut at `attempt_timeout_ms`.
     #[serde(default = "defaults::stream_timeout_ms")]
     pub stream_timeout_ms: u64,
+    /// Streamed jobs: when a client's stream ended with an error, whether the
+    /// job goes on in the background (and may run, and bill, another
+    /// attempt). Off: a job whose client was told "error" is not run again;
+    /// attempts already in flight settle normally (a late success still wins).
+    #[serde(default)]
+    pub complete_after_stream_error: bool,
     /// How the hedge's silence threshold is chosen: `fixed` (`silence_ms`)
     /// or `auto` (learned per provider; see `docs/hedging.md`).
     #[serde(default)]
@@ -511,6 +517,7 @@ impl RouteConfig {
             unknown_deadline_ms: defaults::unknown_deadline_ms(),
             stall_ms: defaults::stall_ms(),
             stream_timeout_ms: defaults::stream_timeout_ms(),
+            complete_after_stream_error: false,
             silence: SilenceMode::Fixed,
             hedge_quantile: defaults::hedge_quantile(),
             silence_min_ms: None,
@@ -655,6 +662,11 @@ mod tests {
         assert_eq!(config.body_read_timeout.as_millis(), 30_000);
         assert_eq!(config.engine, EngineConfig::default());
         assert_eq!(config.webhooks, crate::webhooks::WebhooksConfig::default());
+        assert_eq!(
+            config.routes.get("default"),
+            Some(&RouteConfig::builtin_default()),
+            "[routes.default] writes every route default"
+        );
         // The commented [limits] example is valid once uncommented.
         let uncommented: String = text
             .lines()

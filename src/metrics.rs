@@ -50,6 +50,11 @@ pub struct Metrics {
     pub reconciled_abandoned: AtomicU64,
     /// Hedge attempts whose result won the compare-and-swap.
     pub hedges_won: AtomicU64,
+    /// Cut streams restarted without a prefill on a provider that cannot
+    /// continue one.
+    pub stream_restarts: AtomicU64,
+    /// Restarts whose answer did not repeat what the client had.
+    pub stream_restarts_diverged: AtomicU64,
     /// (provider, outcome) → finished attempts.
     attempts: Family<Labels, Counter>,
     discarded_tokens_by_provider: Family<Labels, Counter>,
@@ -88,6 +93,8 @@ impl Default for Metrics {
             reconciled_cannot_tell: AtomicU64::new(0),
             reconciled_abandoned: AtomicU64::new(0),
             hedges_won: AtomicU64::new(0),
+            stream_restarts: AtomicU64::new(0),
+            stream_restarts_diverged: AtomicU64::new(0),
             attempts: Family::default(),
             discarded_tokens_by_provider: Family::default(),
             job_latency: latency_histogram(),
@@ -269,6 +276,16 @@ impl Metrics {
                 "onejob_hedges_won",
                 "Hedge attempts that won the job",
                 read(&self.hedges_won),
+            ),
+            (
+                "onejob_stream_restarts",
+                "Cut streams restarted without a prefill on another provider",
+                read(&self.stream_restarts),
+            ),
+            (
+                "onejob_stream_restarts_diverged",
+                "Stream restarts that did not repeat what the client had",
+                read(&self.stream_restarts_diverged),
             ),
             (
                 "onejob_cas_lost",

@@ -7,7 +7,7 @@
 mod common;
 mod upstream;
 
-use common::world::{route, set_window, start_world, ProviderSpec, World};
+use common::world::{refuse_prefill, route, set_window, start_world, ProviderSpec, World};
 use common::Backend;
 use serde_json::{json, Value};
 
@@ -21,6 +21,7 @@ on_both_backends!(
     context_length_exceeded_moves_to_a_larger_window_never_back,
     context_length_exceeded_with_no_larger_window_is_an_invalid_request_error,
     a_content_filter_is_an_invalid_request_error_after_one_attempt,
+    a_cut_restarted_on_a_fallback_without_prefill_is_one_message_or_an_error_event,
     blocks_reach_an_anthropic_provider_natively_with_cache_control_untouched,
 );
 
@@ -493,7 +494,108 @@ async fn a_content_filter_is_an_invalid_request_error_after_one_attempt(backend:
     let (name, error) = events.last().unwrap();
     assert_eq!(name, "error", "{text}");
     assert_eq!(error["error"]["type"], "invalid_request_error", "{text}");
+    assert!(
+        !error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .to_lowercase()
+            .contains("replay"),
+        "a finished job has nothing to replay: {text}"
+    );
     assert!(events.iter().all(|(n, _)| n != "message_stop"), "{text}");
+    world.stop().await;
+}
+
+/// A stream cut after 32 characters whose fallback cannot continue a
+/// prefill: the fallback's restart repeats them (held back), and the client
+/// gets one whole message, begun by the cut model, with the restart's usage;
+/// a restart that says something else is an `error` event, never
+/// `message_stop`.
+async fn a_cut_restarted_on_a_fallback_without_prefill_is_one_message_or_an_error_event(
+    backend: Backend,
+) {
+    let providers = [
+        spec("cutting", "stream_cut:tokens=2"),
+        spec("backup", "healthy"),
+        spec("other", "healthy:variant=1"),
+    ];
+    let world = start_world(backend, &providers, route("cutting", &["backup"]), |c| {
+        refuse_prefill(c, "backup");
+        refuse_prefill(c, "other");
+        c.engine.reconcile_min_age_ms = 10_000;
+        c.routes
+            .insert("diverging".into(), route("cutting", &["other"]));
+    })
+    .await;
+    // What a healthy simulator answers, asked directly.
+    let answer: Value = world
+        .client
+        .post(format!("{}/v1/chat/completions", world.sim.base_url()))
+        .json(&json!({"model": "healthy", "messages": [{"role": "user", "content": "Explain tides"}]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let whole = answer["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let streamed = |route: &str| {
+        json!({"model": route, "max_tokens": 256, "stream": true,
+               "messages": [{"role": "user", "content": "Explain tides"}]})
+    };
+    let response = post(&world, "/v1/messages", Some("cut-1"), &streamed("default"))
+        .send()
+        .await
+        .unwrap();
+    let job_id = header(response.headers(), "x-onejob-job-id").to_string();
+    let text = response.text().await.unwrap();
+    let restarted = events(&text);
+    let said: String = restarted
+        .iter()
+        .filter(|(n, _)| n == "content_block_delta")
+        .filter_map(|(_, d)| d["delta"]["text"].as_str())
+        .collect();
+    assert_eq!(said, whole, "one whole message, nothing repeated: {text}");
+    assert_eq!(restarted[0].1["message"]["model"], "stream_cut:tokens=2");
+    let delta = &restarted
+        .iter()
+        .find(|(n, _)| n == "message_delta")
+        .unwrap()
+        .1;
+    assert_eq!(delta["delta"]["stop_reason"], "end_turn", "{text}");
+    assert_eq!(
+        delta["usage"]["output_tokens"].as_u64().unwrap(),
+        whole.chars().count().div_ceil(4) as u64,
+        "the restart's own usage is the whole answer's: {text}"
+    );
+    assert_eq!(restarted.last().unwrap().0, "message_stop");
+    assert_eq!(world.job(&job_id).await["result"], json!(whole));
+    assert_eq!(world.executions(&job_id, "backup"), 1);
+
+    let response = post(
+        &world,
+        "/v1/messages",
+        Some("cut-2"),
+        &streamed("diverging"),
+    )
+    .send()
+    .await
+    .unwrap();
+    let text = response.text().await.unwrap();
+    let diverged = events(&text);
+    let (name, error) = diverged.last().unwrap();
+    assert_eq!(name, "error", "{text}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("diverged at char"),
+        "{text}"
+    );
+    assert!(diverged.iter().all(|(n, _)| n != "message_stop"), "{text}");
     world.stop().await;
 }
 

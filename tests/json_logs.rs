@@ -3,7 +3,7 @@
 //! simulator, and every line of its stderr is parsed. Every line written
 //! inside the job's work carries `job_id` as a top-level field, and every
 //! line inside an attempt also `attempt_id` and `provider`, the ones of an
-//! attempt the job really made.
+//! attempt the job really made; a streamed job's attempts as well.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -107,6 +107,45 @@ async fn every_json_line_of_a_jobs_work_carries_its_ids_at_the_top_level() {
         assert!(Instant::now() < deadline, "attempts: {attempts:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
+    // A streamed job: its attempts run in tasks of their own, which must
+    // carry the ids too (the slow primary is hedged, the hedge streams).
+    let streamed = client
+        .post(format!("{address}/v1/chat/completions"))
+        .bearer_auth(&key)
+        .header("Idempotency-Key", "json-logs-stream-1")
+        .json(&serde_json::json!({
+            "model": "default",
+            "messages": [{"role": "user", "content": "stream me"}],
+            "stream": true
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(streamed.status(), 200);
+    let stream_id = streamed.headers()["x-onejob-job-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let events = streamed.text().await.unwrap();
+    assert!(events.contains("data: [DONE]"), "{events}");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let stream_attempts = loop {
+        let body: Value = client
+            .get(format!("{address}/v1/jobs/{stream_id}/attempts"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let attempts = body["attempts"].as_array().cloned().unwrap_or_default();
+        if attempts.len() == 2 && attempts.iter().all(|a| a["state"] != "started") {
+            break attempts;
+        }
+        assert!(Instant::now() < deadline, "attempts: {attempts:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     // Refused requests: the same key with another body, and a bad key.
     let reused = client
         .post(format!("{address}/v1/jobs"))
@@ -141,7 +180,7 @@ async fn every_json_line_of_a_jobs_work_carries_its_ids_at_the_top_level() {
             .as_array()
             .is_some_and(|s| s.iter().any(|s| s == name))
     };
-    let (mut job_lines, mut attempt_lines) = (0, 0);
+    let (mut job_lines, mut attempt_lines, mut streamed_lines) = (0, 0, 0);
     for l in &lines {
         for field in ["timestamp", "level", "target"] {
             assert!(l[field].is_string(), "no {field}: {l}");
@@ -156,13 +195,21 @@ async fn every_json_line_of_a_jobs_work_carries_its_ids_at_the_top_level() {
             }
         }
         if in_span(l, "attempt") {
-            let attempt = attempts
-                .iter()
-                .find(|a| a["id"] == l["attempt_id"])
+            let (job, attempt) = [(&id, &attempts), (&stream_id, &stream_attempts)]
+                .into_iter()
+                .find_map(|(job, list)| {
+                    list.iter()
+                        .find(|a| a["id"] == l["attempt_id"])
+                        .map(|a| (job, a))
+                })
                 .unwrap_or_else(|| panic!("a line of an attempt without its attempt_id: {l}"));
             assert_eq!(l["provider"], attempt["provider"], "{l}");
-            assert_eq!(l["job_id"], id.as_str(), "{l}");
-            attempt_lines += 1;
+            assert_eq!(l["job_id"], job.as_str(), "{l}");
+            if job == &stream_id {
+                streamed_lines += 1;
+            } else {
+                attempt_lines += 1;
+            }
         }
     }
     assert!(job_lines > 0, "no line of the job's work: {text}");
@@ -182,5 +229,9 @@ async fn every_json_line_of_a_jobs_work_carries_its_ids_at_the_top_level() {
     assert!(!text.contains(key.as_str()), "the key is never logged");
     assert!(!text.contains("ok_not_a_real_key"));
     assert!(attempt_lines > 0, "no line of an attempt: {text}");
+    assert!(
+        streamed_lines > 0,
+        "no line of a streamed attempt with its ids: {text}"
+    );
     sim.shutdown().await.unwrap();
 }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::world::{route, set_window, start_world, ProviderSpec, World};
+use common::world::{refuse_prefill, route, set_window, start_world, ProviderSpec, World};
 use common::Backend;
 use futures::StreamExt;
 use serde_json::{json, Value};
@@ -15,6 +15,9 @@ on_both_backends!(
     a_streamed_completion_arrives_in_pieces_and_replays_the_same_text,
     a_stream_cut_mid_answer_is_finished_by_a_fallback_that_continues_it,
     a_stream_cut_with_no_continuation_ends_with_an_error_naming_the_cut,
+    a_cut_whose_fallback_cannot_take_a_prefill_is_restarted_and_streams_the_rest_once,
+    a_restart_that_diverges_from_what_the_client_has_ends_with_an_error_naming_the_cut,
+    a_client_told_error_is_not_billed_again_unless_the_route_completes_after_it,
     a_primary_silent_past_silence_ms_loses_the_stream_to_the_hedge,
     a_stalled_stream_is_bounded_by_stall_ms_and_continued,
     a_malformed_chunk_breaks_the_stream_and_it_is_continued,
@@ -103,6 +106,26 @@ fn content(events: &[Sse]) -> String {
         .collect()
 }
 
+/// The usage chunk's `usage` (`stream_options.include_usage`).
+fn usage(events: &[Sse]) -> Value {
+    events
+        .iter()
+        .map(Sse::json)
+        .find(|v| v["usage"].is_object())
+        .map(|v| v["usage"].clone())
+        .expect("a usage chunk")
+}
+
+/// Tokens of `text` as `o200k_base` counts them (how onejob counts what a
+/// cut attempt delivered).
+fn o200k(text: &str) -> u64 {
+    onejob::contracts::tokenizer::tokenizer("o200k_base")
+        .unwrap()
+        .encode_user_text("answer", text)
+        .unwrap()
+        .len() as u64
+}
+
 fn finish_reasons(events: &[Sse]) -> Vec<String> {
     events
         .iter()
@@ -132,6 +155,21 @@ fn job_id(headers: &reqwest::header::HeaderMap) -> String {
 
 fn result_text(job: &Value) -> String {
     job["result"].as_str().expect("a text result").to_string()
+}
+
+/// The usage a healthy simulator reports for `text`, asked directly.
+async fn healthy_usage(world: &World, text: &str) -> Value {
+    let answer: Value = world
+        .client
+        .post(format!("{}/v1/chat/completions", world.sim.base_url()))
+        .json(&json!({"model": "healthy", "messages": [{"role": "user", "content": text}]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    answer["usage"].clone()
 }
 
 /// What a healthy simulator answers to `text`, asked directly.
@@ -277,11 +315,24 @@ async fn a_stream_cut_mid_answer_is_finished_by_a_fallback_that_continues_it(bac
         .filter(|c| c["choices"][0]["delta"]["content"].is_string())
         .map(|c| c["model"].clone())
         .collect();
-    assert_eq!(models.first().unwrap(), "stream_cut:tokens=2");
+    assert!(
+        models.iter().all(|m| m == "stream_cut:tokens=2"),
+        "every chunk names the model that began the answer: {models:?}"
+    );
+    // Usage counts every delivered token: the cut owner's 32 characters
+    // (counted by its tokenizer) and the continuation's own (the simulator
+    // counts a token per 4 characters), and both owners' prompts.
+    let usage = usage(&events);
+    let rest = text.chars().count() - 32;
     assert_eq!(
-        models.last().unwrap(),
-        "healthy",
-        "the continuation names its model"
+        usage["completion_tokens"].as_u64().unwrap(),
+        o200k(&text[..32]) + rest.div_ceil(4) as u64,
+        "{usage}"
+    );
+    let alone = healthy_usage(&world, "Explain tides").await;
+    assert!(
+        usage["prompt_tokens"].as_u64().unwrap() >= 2 * alone["prompt_tokens"].as_u64().unwrap(),
+        "both owners' prompts: {usage} vs {alone}"
     );
 
     let job = world.job(&id).await;
@@ -338,6 +389,181 @@ async fn a_stream_cut_with_no_continuation_ends_with_an_error_naming_the_cut(bac
     assert_eq!(content(&replay), whole, "a replay returns the final answer");
     assert_eq!(world.executions(&id, "primary"), 1);
     world.stop().await;
+}
+
+async fn a_cut_whose_fallback_cannot_take_a_prefill_is_restarted_and_streams_the_rest_once(
+    backend: Backend,
+) {
+    let providers = [
+        spec("primary", "stream_cut:tokens=2"),
+        spec("backup", "healthy"),
+    ];
+    let world = start_world(backend, &providers, route("primary", &["backup"]), |c| {
+        refuse_prefill(c, "backup");
+        // The reconciler asks about the cut attempt only after the restart
+        // has had its chance (it would find the primary's whole answer).
+        c.engine.reconcile_min_age_ms = 10_000;
+    })
+    .await;
+    let (status, headers, events) = stream(&world, "restart-1", &body("Explain tides")).await;
+    assert_eq!(status, 200);
+    let id = job_id(&headers);
+    assert!(error_event(&events).is_none(), "{events:?}");
+    let text = content(&events);
+    let whole = healthy_answer(&world, "Explain tides").await;
+    assert_eq!(
+        text, whole,
+        "the whole answer once, the prefix not repeated"
+    );
+    assert_eq!(finish_reasons(&events), vec!["stop"]);
+    assert!(ends_done(&events));
+    // The restart's own usage is the whole answer's.
+    let usage = usage(&events);
+    assert_eq!(
+        usage["completion_tokens"].as_u64().unwrap(),
+        whole.chars().count().div_ceil(4) as u64,
+        "{usage}"
+    );
+    let job = world.job(&id).await;
+    assert_eq!(job["state"], "succeeded");
+    assert_eq!(result_text(&job), text, "the result is what the client saw");
+    let attempts = world.attempts(&id).await;
+    assert_eq!(attempts[0]["error_kind"], "stream_cut", "{attempts:?}");
+    assert_eq!(attempts[1]["provider"], "backup", "{attempts:?}");
+    assert_eq!(attempts[1]["state"], "succeeded", "{attempts:?}");
+    assert_eq!(job["completed_by"], attempts[1]["id"]);
+    assert_eq!(world.executions(&id, "primary"), 1);
+    assert_eq!(world.executions(&id, "backup"), 1);
+    assert_eq!(world.counter("onejob_stream_restarts_total").await, 1.0);
+    assert_eq!(
+        world.counter("onejob_stream_restarts_diverged_total").await,
+        0.0
+    );
+    world.stop().await;
+}
+
+async fn a_restart_that_diverges_from_what_the_client_has_ends_with_an_error_naming_the_cut(
+    backend: Backend,
+) {
+    let providers = [
+        spec("primary", "stream_cut:tokens=2"),
+        // Another answer to the same prompt: it cannot repeat the prefix.
+        spec("backup", "healthy:variant=1"),
+    ];
+    let world = start_world(backend, &providers, route("primary", &["backup"]), |c| {
+        refuse_prefill(c, "backup");
+        c.engine.reconcile_min_age_ms = 10_000;
+    })
+    .await;
+    let (status, headers, events) = stream(&world, "restart-2", &body("Explain tides")).await;
+    assert_eq!(status, 200);
+    let id = job_id(&headers);
+    let error = error_event(&events).expect("an in-band error event");
+    assert_eq!(error["code"], "stream_cut", "{error}");
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains("primary"), "names the cut: {error}");
+    assert!(message.contains("diverged at char"), "{error}");
+    assert!(
+        finish_reasons(&events).is_empty(),
+        "never a finish: {events:?}"
+    );
+    assert!(!ends_done(&events));
+    let partial = content(&events);
+    assert_eq!(partial.chars().count(), 32, "only the cut owner's pieces");
+    assert!(healthy_answer(&world, "Explain tides")
+        .await
+        .starts_with(&partial));
+    assert_eq!(world.counter("onejob_stream_restarts_total").await, 1.0);
+    assert_eq!(
+        world.counter("onejob_stream_restarts_diverged_total").await,
+        1.0
+    );
+    // The restart, already running, may still win the job: its whole
+    // answer is the result a replay returns.
+    let (job, attempts) = world
+        .until(&id, Duration::from_secs(20), |j, _| {
+            j["state"] == "succeeded"
+        })
+        .await;
+    assert_eq!(job["completed_by"], attempts[1]["id"], "{attempts:?}");
+    let whole = result_text(&job);
+    assert!(!whole.starts_with(&partial), "the restart's own answer");
+    let (_, _, replay) = stream(&world, "restart-2", &body("Explain tides")).await;
+    assert_eq!(content(&replay), whole, "a replay returns the job's answer");
+    assert_eq!(world.executions(&id, "backup"), 1);
+    world.stop().await;
+}
+
+/// A cut whose continuation is refused: the client's stream ends with the
+/// cut. By default (`complete_after_stream_error = false`) nothing else is
+/// asked of any provider: the job waits in review for its unknown attempt.
+/// With the setting on, the job goes on and another attempt is run (billed).
+async fn a_client_told_error_is_not_billed_again_unless_the_route_completes_after_it(
+    backend: Backend,
+) {
+    for complete_after in [false, true] {
+        let providers = [
+            spec("primary", "stream_cut:tokens=2"),
+            // Says it takes a prefill, then refuses it (never executed).
+            spec("backup", "no_prefill"),
+        ];
+        let mut policy = route("primary", &["backup"]);
+        policy.complete_after_stream_error = complete_after;
+        let world = start_world(backend, &providers, policy, |c| {
+            // The reconciler stays out of it: only the engine may ask again.
+            c.engine.reconcile_min_age_ms = 60_000;
+        })
+        .await;
+        let (_, headers, events) = stream(&world, "told-1", &body("Explain tides")).await;
+        let id = job_id(&headers);
+        let error = error_event(&events).expect("an in-band error event");
+        assert_eq!(error["code"], "stream_cut", "{complete_after}: {error}");
+        assert!(finish_reasons(&events).is_empty());
+        if complete_after {
+            // The old behaviour: the job goes on and runs another attempt.
+            let (job, attempts) = world
+                .until(&id, Duration::from_secs(20), |j, _| {
+                    j["state"] == "succeeded"
+                })
+                .await;
+            assert!(attempts.len() >= 3, "another attempt: {attempts:?}");
+            assert_eq!(
+                world.deliveries(&id, "primary") + world.deliveries(&id, "backup"),
+                3,
+                "the cut, the refused continuation and the retry: {attempts:?}"
+            );
+            assert!(job["completed_by"] == attempts.last().unwrap()["id"]);
+        } else {
+            // The cut attempt may have executed (unknown), so the job is
+            // not failed: it waits in review, and nothing runs it again.
+            let (job, attempts) = world
+                .until(&id, Duration::from_secs(20), |j, _| {
+                    j["state"] == "needs_review"
+                })
+                .await;
+            assert_eq!(
+                states(&attempts),
+                vec![pair("primary", "unknown"), pair("backup", "failed")],
+                "no attempt after the error"
+            );
+            assert!(
+                job["last_error"]
+                    .as_str()
+                    .unwrap()
+                    .contains("complete_after_stream_error"),
+                "{job}"
+            );
+            assert_eq!(world.deliveries(&id, "primary"), 1);
+            assert_eq!(
+                world.deliveries(&id, "backup"),
+                1,
+                "only the refused continuation"
+            );
+            assert_eq!(world.executions(&id, "backup"), 0);
+        }
+        assert_eq!(world.executions(&id, "primary"), 1);
+        world.stop().await;
+    }
 }
 
 async fn a_primary_silent_past_silence_ms_loses_the_stream_to_the_hedge(backend: Backend) {
@@ -679,7 +905,18 @@ async fn a_streamed_content_filter_fails_after_one_attempt_with_its_reason(backe
     let (_, headers, events) = stream(&world, "filter-1", &body("Hello")).await;
     let id = job_id(&headers);
     let error = error_event(&events).expect("an error event");
-    assert_eq!(error["code"], "content_policy", "{error}");
+    // The provider's refusal as OpenAI says it, for a job that is finished:
+    // nothing about replaying.
+    assert_eq!(error["code"], "content_policy_violation", "{error}");
+    assert_eq!(error["type"], "invalid_request_error", "{error}");
+    assert!(
+        !error["message"]
+            .as_str()
+            .unwrap()
+            .to_lowercase()
+            .contains("replay"),
+        "{error}"
+    );
     assert!(content(&events).is_empty());
     assert!(!ends_done(&events));
     let attempts = world.attempts(&id).await;

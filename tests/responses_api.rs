@@ -454,6 +454,19 @@ async fn a_streamed_failure_ends_in_response_failed(backend: Backend) {
     assert_eq!(last["response"]["status"], "failed");
     assert_eq!(last["response"]["output"], json!([]));
     assert!(last["response"]["error"]["message"].is_string(), "{last}");
+    // The provider's refusal keeps its code, with nothing about replaying.
+    assert_eq!(
+        last["response"]["error"]["code"], "content_policy_violation",
+        "{last}"
+    );
+    assert!(
+        !last["response"]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .to_lowercase()
+            .contains("replay"),
+        "{last}"
+    );
     // Unstreamed, the same job is the error a client acts on.
     let again = create(
         &world,

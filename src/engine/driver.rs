@@ -327,6 +327,17 @@ async fn drive(
                 }
             }
         };
+        // The client's stream ended with an error: unless the route says
+        // otherwise, the job is not run again behind its back.
+        if let (Some(hub), RoundEnd::Ended { unknown, .. }) = (&hub, &end) {
+            if let Some((code, told)) = hub.error().filter(|_| !route.complete_after_stream_error) {
+                stop_after_stream_error(inner, unknown.as_deref(), &code, &told, |t| {
+                    transition(job.id.clone(), t)
+                })
+                .await;
+                return;
+            }
+        }
         let (unknown, failure) = match end {
             RoundEnd::Done => return,
             RoundEnd::Refused
@@ -463,6 +474,40 @@ async fn drive(
             }
         };
         steer = next;
+    }
+}
+
+/// `complete_after_stream_error = false`: the client was told `code`:
+/// `told`, so no other attempt is made. Without an unknown attempt the job
+/// fails with that error. An unknown one may have executed (invariant 3):
+/// the job waits in review, where reconciliation may still find its answer
+/// and complete the job, and nothing runs it again.
+async fn stop_after_stream_error<F, Fut>(
+    inner: &Inner,
+    unknown: Option<&str>,
+    code: &str,
+    told: &str,
+    transition: F,
+) where
+    F: Fn(JobTransition) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let reason = format!(
+        "{code}: {told} (the client's stream ended with this error; complete_after_stream_error is off, so the job is not run again)"
+    );
+    match unknown {
+        Some(provider) => {
+            tracing::info!(%provider, %code, "the client was told of an error; the job waits for its unknown attempt in review, not run again");
+            if transition(JobTransition::Review { reason }).await {
+                Metrics::inc(&inner.metrics.jobs_to_review);
+            }
+        }
+        None => {
+            tracing::info!(%code, "the client was told of an error; the job fails with it, not run again");
+            if transition(JobTransition::Fail { reason }).await {
+                Metrics::inc(&inner.metrics.jobs_failed);
+            }
+        }
     }
 }
 

@@ -136,6 +136,28 @@ impl JobPlan {
         made
     }
 
+    /// What an attempt on `provider` cut mid-answer used, as the provider's
+    /// tokenizer counts it: the prompt, and the text it delivered. `None`
+    /// when it cannot be counted.
+    pub fn estimated_usage(
+        &self,
+        provider: &ProviderEntry,
+        delivered: &str,
+    ) -> Option<crate::providers::Usage> {
+        let prompt = self.prompt(Self::wire(provider)).ok()?;
+        let name = provider.config.tokenizer.name();
+        let prompt_tokens = count_prompt_tokens(name, &prompt).ok()?;
+        let completion = crate::contracts::tokenizer::tokenizer(name)
+            .ok()?
+            .encode_user_text("answer", delivered)
+            .ok()?
+            .len();
+        Some(crate::providers::Usage {
+            prompt_tokens,
+            completion_tokens: u32::try_from(completion).unwrap_or(u32::MAX),
+        })
+    }
+
     fn make_request_for(&self, provider: &ProviderEntry) -> Result<ChatRequest, PlanError> {
         let prompt = self.prompt(Self::wire(provider))?;
         let tokenizer = provider.config.tokenizer.name();

@@ -12,8 +12,9 @@
 //! - The answer is committed by the CAS (invariant 5) before the hub says
 //!   the stream finished: a stream that ends normally is a durable result.
 //! - A stream broken mid-answer is finished by a provider that continues a
-//!   prefill, or ends with an error naming the original failure; a
-//!   truncated answer is never reported as finished.
+//!   prefill, or restarted on one that does not (its repetition of what the
+//!   client has held back), or ends with an error naming the original
+//!   failure; a truncated or spliced answer is never reported as finished.
 
 use super::driver::{settle, start, RoundEnd, RoundFailure, Settled, Source};
 use super::hedging::Measure;
@@ -112,6 +113,14 @@ impl StreamHub {
     /// replay waits for the job's final answer instead.
     pub fn ended_in_error(&self) -> bool {
         matches!(self.state().events.last(), Some(StreamEvent::Error { .. }))
+    }
+
+    /// The error the stream ended with, if it did: its code and message.
+    pub fn error(&self) -> Option<(String, String)> {
+        match self.state().events.last() {
+            Some(StreamEvent::Error { code, message }) => Some((code.clone(), message.clone())),
+            _ => None,
+        }
     }
 
     /// Events from `from` on, and whether the stream has ended.
@@ -228,11 +237,19 @@ pub(super) async fn close_after_drive(
                     JobState::Cancelled => "job_cancelled".to_string(),
                     _ => "job_pending".to_string(),
                 };
+                // A job that is finished (failed or cancelled) has no other
+                // answer to come: nothing is said about replaying it.
+                let finished = matches!(now.state, JobState::Failed | JobState::Cancelled);
                 let message = format!(
-                    "job {} is {}: {}; replay this request with the same Idempotency-Key for its final answer",
+                    "job {} is {}: {}{}",
                     now.id,
                     now.state.as_str(),
-                    now.last_error.as_deref().unwrap_or("no result yet")
+                    now.last_error.as_deref().unwrap_or("no result yet"),
+                    if finished {
+                        ""
+                    } else {
+                        "; replay this request with the same Idempotency-Key for its final answer"
+                    }
                 );
                 (code, message)
             }
@@ -287,16 +304,27 @@ impl Limits {
     }
 }
 
+/// Run `attempt` streamed, in a task of its own inside the attempt's span
+/// (a child of the job's), so its log lines carry the job's and the
+/// attempt's ids, as an unstreamed attempt's do.
 fn launch(
     inner: &Inner,
     entry: &ProviderEntry,
+    attempt: &Attempt,
     request: crate::providers::ChatRequest,
     limits: Limits,
     index: usize,
     events: mpsc::UnboundedSender<(usize, Event)>,
 ) -> JoinHandle<()> {
     let client = entry.client.clone();
-    inner.spawn(async move {
+    let span = tracing::info_span!(
+        "attempt",
+        job_id = %attempt.job_id,
+        attempt_id = %attempt.id,
+        provider = %attempt.provider,
+        kind = attempt.kind.as_str(),
+    );
+    let run = async move {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let call = tokio::time::timeout(limits.whole, client.stream(&request, &tx));
         tokio::pin!(call);
@@ -326,7 +354,8 @@ fn launch(
         let streamed = ended
             .unwrap_or_else(|message| (AttemptOutcome::unknown("attempt_timeout", message), None));
         let _ = events.send((index, Event::End(streamed)));
-    })
+    };
+    inner.spawn(tracing::Instrument::instrument(run, span))
 }
 
 /// Cancel an attempt that lost the stream (or whose round is over) and
@@ -345,19 +374,21 @@ async fn abandon(inner: &Inner, plan: &JobPlan, live: &mut Live<'_>, reason: &st
 
 /// A provider that may finish a broken stream: on the route, not tried in
 /// this round, admitted (as a fallback unless it is the primary), breaker
-/// closed, and able to continue a prefill.
+/// closed, and (with `prefill`) able to continue a prefill; without, it
+/// restarts the answer.
 fn continuation_target<'a>(
     inner: &'a Inner,
     route: &RouteConfig,
     plan: &JobPlan,
     tried: &[String],
+    prefill: bool,
 ) -> Option<&'a ProviderEntry> {
     std::iter::once(&route.primary)
         .chain(route.fallbacks.iter())
         .filter(|name| !tried.contains(name))
         .find_map(|name| {
             let entry = inner.catalog.get(name)?;
-            if !entry.config.continues_prefill() {
+            if prefill && !entry.config.continues_prefill() {
                 return None;
             }
             plan.request_for(entry).ok()?;
@@ -368,6 +399,82 @@ fn continuation_target<'a>(
                 .ok()?;
             inner.with_breaker(name, |b| b.is_closed()).then_some(entry)
         })
+}
+
+/// Where a restart (a cut answer asked for again, without the prefill, of a
+/// provider that cannot continue one) stands against what the client has.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Echo {
+    /// Repeating the prefix so far: its output is held back.
+    Holding,
+    /// It repeated the whole prefix: the rest goes to the client.
+    Released,
+    /// It said something else: the client's stream ended with the cut.
+    Diverged,
+}
+
+#[derive(Debug)]
+struct Restart {
+    /// The restarted attempt's index in the round.
+    index: usize,
+    /// What the client had when the stream was cut.
+    prefix: String,
+    /// Bytes of `prefix` the restart has repeated.
+    matched: usize,
+    echo: Echo,
+}
+
+/// What a piece of a restart that is still repeating the prefix means.
+#[derive(Debug, PartialEq)]
+enum Heard {
+    /// Part of the prefix: held back.
+    Held,
+    /// The prefix is whole, with this piece's text past it (maybe empty).
+    Rest(Delta),
+    /// Not the prefix: it diverged at this character.
+    Diverged(usize),
+}
+
+impl Restart {
+    fn hear(&mut self, delta: Delta) -> Heard {
+        let left = &self.prefix[self.matched..];
+        let text = delta.content.as_str();
+        if text.len() < left.len() && left.starts_with(text) && delta.tool_calls.is_empty() {
+            self.matched += text.len();
+            return Heard::Held;
+        }
+        if let Some(rest) = text.strip_prefix(left) {
+            self.matched = self.prefix.len();
+            self.echo = Echo::Released;
+            return Heard::Rest(Delta {
+                content: rest.to_string(),
+                tool_calls: delta.tool_calls,
+            });
+        }
+        let same = left
+            .chars()
+            .zip(text.chars())
+            .take_while(|(a, b)| a == b)
+            .count();
+        self.echo = Echo::Diverged;
+        Heard::Diverged(self.prefix[..self.matched].chars().count() + same)
+    }
+
+    /// What the client has been sent: all of the prefix.
+    fn chars(&self) -> usize {
+        self.prefix.chars().count()
+    }
+}
+
+/// `a` + `b`: the tokens of two owners of one answer.
+fn add_usage(a: Option<Usage>, b: Option<Usage>) -> Option<Usage> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(Usage {
+            prompt_tokens: a.prompt_tokens.saturating_add(b.prompt_tokens),
+            completion_tokens: a.completion_tokens.saturating_add(b.completion_tokens),
+        }),
+        (a, b) => a.or(b),
+    }
 }
 
 /// One round of streamed attempts: the first (primary or retry), a hedge
@@ -423,10 +530,11 @@ pub(super) async fn run_streamed_round(
         Err(_) => return RoundEnd::Done,
     };
     let (tx, mut rx) = mpsc::unbounded_channel();
+    let task = launch(inner, first, &attempt, request, limits, 0, tx.clone());
     let mut live = vec![Live {
         attempt,
         entry: first,
-        task: launch(inner, first, request, limits, 0, tx.clone()),
+        task,
         done: false,
         answered: false,
     }];
@@ -458,6 +566,14 @@ pub(super) async fn run_streamed_round(
     let (mut earlier, mut own) = (String::new(), String::new());
     let mut broken: Option<(String, String)> = None;
     let (mut unknown, mut failure) = (None::<String>, None::<RoundFailure>);
+    // A restart without the prefill, while it repeats what the client has.
+    let mut restart: Option<Restart> = None;
+    // The model that began the answer: every event names it, continued or not.
+    let mut first_model: Option<String> = None;
+    // The tokens of earlier owners (cut ones counted by their tokenizer).
+    let mut earlier_usage: Option<Usage> = None;
+    // Whether the client was sent a tool call (a restart cannot repeat one).
+    let mut tools_sent = false;
 
     // Start a hedge (or continuation) to `entry` with `request`; `None` when
     // the guard refuses.
@@ -469,10 +585,11 @@ pub(super) async fn run_streamed_round(
                     hedges_left = hedges_left.saturating_sub(1);
                     tried.push($entry.name.clone());
                     let index = live.len();
+                    let task = launch(inner, $entry, &attempt, $request, limits, index, tx.clone());
                     live.push(Live {
                         attempt,
                         entry: $entry,
-                        task: launch(inner, $entry, $request, limits, index, tx.clone()),
+                        task,
                         done: false,
                         answered: false,
                     });
@@ -562,14 +679,37 @@ pub(super) async fn run_streamed_round(
                 if owner != Some(index) {
                     continue;
                 }
-                own.push_str(&delta.content);
-                hub.push(StreamEvent::Piece {
-                    model: live[index].entry.config.model.clone(),
-                    delta,
-                });
                 stall
                     .as_mut()
                     .reset(tokio::time::Instant::now() + stall_for);
+                own.push_str(&delta.content);
+                let delta = match restart.as_mut().filter(|r| r.index == index) {
+                    Some(r) if r.echo == Echo::Holding => match r.hear(delta) {
+                        Heard::Held => continue,
+                        Heard::Rest(rest) => {
+                            tracing::info!(
+                                provider = %live[index].entry.name,
+                                chars = r.chars(),
+                                "restart repeated the prefix; streaming the rest"
+                            );
+                            rest
+                        }
+                        Heard::Diverged(at) => {
+                            diverged(inner, hub, broken.as_ref(), &live[index].entry.name, r, at);
+                            continue;
+                        }
+                    },
+                    Some(r) if r.echo == Echo::Diverged => continue,
+                    _ => delta,
+                };
+                if delta.is_empty() {
+                    continue;
+                }
+                tools_sent |= !delta.tool_calls.is_empty();
+                let model = first_model
+                    .get_or_insert_with(|| live[index].entry.config.model.clone())
+                    .clone();
+                hub.push(StreamEvent::Piece { model, delta });
             }
             Event::End((outcome, finish)) => {
                 live[index].done = true;
@@ -620,8 +760,18 @@ pub(super) async fn run_streamed_round(
                 let entry = live[index].entry;
                 match outcome {
                     AttemptOutcome::Succeeded(success) => {
+                        if let Some(r) = restart
+                            .as_mut()
+                            .filter(|r| r.index == index && r.echo == Echo::Holding)
+                        {
+                            // Its whole answer is shorter than what the client has.
+                            let at = success.output.chars().count();
+                            diverged(inner, hub, broken.as_ref(), &entry.name, r, at);
+                        }
                         let output = format!("{earlier}{}", success.output);
-                        let usage = success.usage;
+                        // A continuation's answer came from its owners: their
+                        // tokens are the answer's (a restart's own are whole).
+                        let usage = add_usage(earlier_usage, success.usage);
                         let whole = AttemptOutcome::Succeeded(Success { output, ..success });
                         let settled =
                             settle(inner, plan, &live[index].attempt, whole, Source::Live).await;
@@ -634,7 +784,9 @@ pub(super) async fn run_streamed_round(
                                     inner.hedging.hedge_won(&job.route, inner.clock.now_ms());
                                 }
                                 hub.push(StreamEvent::Finish {
-                                    model: entry.config.model.clone(),
+                                    model: first_model
+                                        .clone()
+                                        .unwrap_or_else(|| entry.config.model.clone()),
                                     finish_reason: finish
                                         .map_or_else(|| "stop".to_string(), |f| f.finish_reason),
                                     usage,
@@ -642,7 +794,10 @@ pub(super) async fn run_streamed_round(
                                 RoundEnd::Done
                             }
                             Settled::Lost => {
-                                let streamed = format!("{earlier}{own}");
+                                let streamed = match restart.as_ref().filter(|r| r.index == index) {
+                                    Some(r) if r.echo == Echo::Holding => r.prefix.clone(),
+                                    _ => format!("{earlier}{own}"),
+                                };
                                 finish_from_winner(inner, job, &streamed, entry, hub).await;
                                 RoundEnd::Done
                             }
@@ -656,7 +811,13 @@ pub(super) async fn run_streamed_round(
                             }
                         };
                     }
-                    AttemptOutcome::Failed(f) if own.is_empty() && broken.is_some() => {
+                    AttemptOutcome::Failed(f)
+                        if broken.is_some()
+                            && (own.is_empty()
+                                || restart.as_ref().is_some_and(|r| {
+                                    r.index == index && r.echo == Echo::Holding
+                                })) =>
+                    {
                         // A continuation refused before adding anything: the
                         // client hears of the original failure, not this.
                         let reason = format!("{}: {}: {}", entry.name, f.kind, f.message);
@@ -721,16 +882,28 @@ pub(super) async fn run_streamed_round(
                                 ),
                             )
                         });
+                        // What the client has: a restart still repeating it
+                        // has sent none of its own.
+                        let this_restart = restart.as_ref().filter(|r| r.index == index);
+                        let gave_up = this_restart.is_some_and(|r| r.echo == Echo::Diverged);
+                        let client_has = match this_restart {
+                            Some(r) if r.echo == Echo::Holding => r.prefix.clone(),
+                            _ => format!("{earlier}{own}"),
+                        };
+                        let cut_usage = plan.estimated_usage(entry, &own);
                         // Continue on a provider that takes a prefill, started
-                        // while the broken attempt still counts as started.
+                        // while the broken attempt still counts as started;
+                        // else restart on one that does not, without it.
                         let mut continued = None;
-                        if hedges_left > 0 {
-                            if let Some(next) = continuation_target(inner, route, plan, &tried) {
+                        let mut restarted = false;
+                        if hedges_left > 0 && !gave_up {
+                            if let Some(next) =
+                                continuation_target(inner, route, plan, &tried, true)
+                            {
                                 if let Ok(mut request) = plan.request_for(next) {
-                                    request.messages.push(Message::new(
-                                        Role::Assistant,
-                                        format!("{earlier}{own}"),
-                                    ));
+                                    request
+                                        .messages
+                                        .push(Message::new(Role::Assistant, client_has.clone()));
                                     continued = hedge!(next, request);
                                     if continued.is_some() {
                                         inner.hedging.admit(
@@ -739,6 +912,28 @@ pub(super) async fn run_streamed_round(
                                             false,
                                         );
                                         tracing::info!(provider = %next.name, "stream broke mid-answer; continuing it");
+                                    }
+                                }
+                            } else if !tools_sent {
+                                if let Some(next) =
+                                    continuation_target(inner, route, plan, &tried, false)
+                                {
+                                    if let Ok(request) = plan.request_for(next) {
+                                        continued = hedge!(next, request);
+                                        if continued.is_some() {
+                                            restarted = true;
+                                            inner.hedging.admit(
+                                                &job.route,
+                                                inner.clock.now_ms(),
+                                                false,
+                                            );
+                                            Metrics::inc(&inner.metrics.stream_restarts);
+                                            tracing::info!(
+                                                provider = %next.name,
+                                                chars = client_has.chars().count(),
+                                                "stream broke mid-answer and no provider left continues a prefill; restarting without it"
+                                            );
+                                        }
                                     }
                                 }
                             }
@@ -754,8 +949,22 @@ pub(super) async fn run_streamed_round(
                         unknown = Some(entry.name.clone());
                         match continued {
                             Some(next) => {
-                                earlier.push_str(&own);
                                 own.clear();
+                                if restarted {
+                                    // The restart's own usage is the whole answer's.
+                                    earlier.clear();
+                                    earlier_usage = None;
+                                    restart = Some(Restart {
+                                        index: next,
+                                        prefix: client_has,
+                                        matched: 0,
+                                        echo: Echo::Holding,
+                                    });
+                                } else {
+                                    earlier = client_has;
+                                    earlier_usage = add_usage(earlier_usage, cut_usage);
+                                    restart = None;
+                                }
                                 owner = Some(next);
                                 broken = Some(original);
                                 stall
@@ -818,6 +1027,34 @@ async fn finish_from_winner(
     }
 }
 
+/// A restart did not repeat what the client has: the client's stream ends
+/// with the original cut; the restart goes on (it may still win the job).
+fn diverged(
+    inner: &Inner,
+    hub: &StreamHub,
+    broken: Option<&(String, String)>,
+    provider: &str,
+    restart: &mut Restart,
+    at: usize,
+) {
+    restart.echo = Echo::Diverged;
+    Metrics::inc(&inner.metrics.stream_restarts_diverged);
+    tracing::info!(%provider, at, "restart diverged at char {at}; the stream ends with the cut");
+    let (code, message) = broken.cloned().unwrap_or_else(|| {
+        (
+            "stream_cut".to_string(),
+            "the stream was cut mid-answer".to_string(),
+        )
+    });
+    hub.fail(
+        &code,
+        &format!(
+            "{message}; a restart on {provider} did not repeat the {} characters already sent (it diverged at char {at})",
+            restart.chars()
+        ),
+    );
+}
+
 fn ended(unknown: Option<String>, failure: Option<RoundFailure>) -> RoundEnd {
     RoundEnd::Ended { unknown, failure }
 }
@@ -853,5 +1090,57 @@ async fn claim(
             }
             abandon(inner, plan, other, "another attempt owns the stream").await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn restart(prefix: &str) -> Restart {
+        Restart {
+            index: 1,
+            prefix: prefix.to_string(),
+            matched: 0,
+            echo: Echo::Holding,
+        }
+    }
+
+    #[test]
+    fn a_restart_is_held_while_it_repeats_the_prefix_then_released() {
+        let mut r = restart("The tide rises");
+        assert_eq!(r.hear(Delta::text("The ti")), Heard::Held);
+        assert_eq!(r.hear(Delta::text("de ri")), Heard::Held);
+        assert_eq!(
+            r.hear(Delta::text("ses and falls")),
+            Heard::Rest(Delta::text(" and falls"))
+        );
+        assert_eq!(r.echo, Echo::Released);
+        let mut exact = restart("abc");
+        assert_eq!(exact.hear(Delta::text("abc")), Heard::Rest(Delta::text("")));
+    }
+
+    #[test]
+    fn a_restart_that_says_something_else_diverges_at_its_first_other_char() {
+        let mut r = restart("The tide rises");
+        assert_eq!(r.hear(Delta::text("The ti")), Heard::Held);
+        assert_eq!(r.hear(Delta::text("me flies")), Heard::Diverged(6));
+        assert_eq!(r.echo, Echo::Diverged);
+        let mut tool = restart("ab");
+        let call = Delta {
+            content: "a".to_string(),
+            tool_calls: vec![serde_json::json!({"index": 0})],
+        };
+        assert_eq!(tool.hear(call), Heard::Diverged(1));
+    }
+
+    #[test]
+    fn usage_of_two_owners_is_their_sum() {
+        let u = |p, c| Usage {
+            prompt_tokens: p,
+            completion_tokens: c,
+        };
+        assert_eq!(add_usage(Some(u(10, 3)), Some(u(14, 5))), Some(u(24, 8)));
+        assert_eq!(add_usage(None, Some(u(1, 2))), Some(u(1, 2)));
     }
 }

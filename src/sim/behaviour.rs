@@ -14,7 +14,8 @@
 //! stream it is the time to its first token). `tail=P%:MS` makes the
 //! latency heavy-tailed: P percent of requests (e.g. `4%`, `0.5%`) wait MS
 //! milliseconds more (`healthy:latency=20..60,tail=4%:1500`). `gap=MS`
-//! paces a stream: MS between two of its events. `times=N`
+//! paces a stream: MS between two of its events. `variant=N` (N > 0) gives
+//! another answer to the same prompt (a model that does not repeat itself). `times=N`
 //! makes the fault transient: the first N requests for that model name meet
 //! it, later ones are answered healthily (`rate_limit:retry_after=1,times=1`
 //! is one 429, then service).
@@ -157,6 +158,9 @@ pub struct Behaviour {
     /// `stream: true`: the pause between two events of the stream
     /// (`gap=MS`), for a generation that takes a while.
     pub gap: Option<Duration>,
+    /// Another answer to the same prompt (`variant=N`, N > 0), as a model
+    /// that does not repeat itself gives: the text is drawn from another seed.
+    pub variant: u64,
 }
 
 impl Behaviour {
@@ -169,6 +173,7 @@ impl Behaviour {
             after_pieces: None,
             tail: None,
             gap: None,
+            variant: 0,
         }
     }
 
@@ -182,6 +187,7 @@ impl Behaviour {
         let mut after_pieces = None;
         let mut tail = None;
         let mut gap = None;
+        let mut variant = 0;
         for param in params.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let number = |v: &str| {
                 v.parse::<u64>()
@@ -193,6 +199,7 @@ impl Behaviour {
                 Some(("ms", v)) => ms = Some(number(v)?),
                 Some(("retry_after", v)) => retry_after_s = Some(number(v)?),
                 Some(("times", v)) => times = Some(number(v)?),
+                Some(("variant", v)) => variant = number(v)?,
                 Some(("gap", v)) => gap = Some(Duration::from_millis(number(v)?)),
                 Some(("tokens", v)) => {
                     after_pieces = Some(u32::try_from(number(v)?).unwrap_or(u32::MAX))
@@ -239,6 +246,7 @@ impl Behaviour {
             after_pieces,
             tail,
             gap,
+            variant,
         })
     }
 }
@@ -285,6 +293,7 @@ mod tests {
         assert_eq!(Tail::parse("0.5%:10").unwrap().per_mille, 5);
         assert!(Behaviour::parse("healthy:tail=4:1500").is_err());
         assert!(Behaviour::parse("healthy:tail=140%:1").is_err());
+        assert_eq!(Behaviour::parse("no_prefill:variant=1").unwrap().variant, 1);
         assert!(Behaviour::parse("gpt-4o").is_err());
         assert!(Behaviour::parse("healthy:speed=3").is_err());
     }

@@ -660,7 +660,7 @@ async fn chat(
         Ok(v) => v,
         Err(e) => return invalid(&format!("body is not JSON: {e}")),
     };
-    let request = match parse_request(wire, &value) {
+    let mut request = match parse_request(wire, &value) {
         Ok(r) => r,
         Err(m) => return invalid(&m),
     };
@@ -672,6 +672,10 @@ async fn chat(
             None => return error(wire, 404, "not_found_error", "model_not_found", &m),
         },
     };
+    // Another answer to the same prompt: another seed.
+    request.seed = request
+        .seed
+        .wrapping_add(behaviour.variant.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let key = headers
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())

@@ -100,6 +100,17 @@ pub fn set_window(config: &Config, name: &str, window: u32) {
     );
 }
 
+/// Make provider `name` of a world say it cannot continue a prefill (from
+/// `tune`): a stream cut mid-answer is restarted on it, not continued.
+pub fn refuse_prefill(config: &Config, name: &str) {
+    edit_provider(
+        config,
+        name,
+        "lookup = \"sim_ledger\"\n",
+        "lookup = \"sim_ledger\"\nsupports_prefill = false\n",
+    );
+}
+
 /// [`distrust_keys`] for a provider directory made by [`provider_dir`].
 pub fn distrust_keys_in(dir: &std::path::Path, name: &str) {
     edit_provider_file(

@@ -194,11 +194,28 @@ impl Renderer {
                 self.frame(0, "[DONE]", &mut out);
             }
             StreamEvent::Error { code, message } => {
-                let body = json!({"error": {"message": message, "type": "server_error", "param": null, "code": code}});
+                let (code, kind) = in_band_error(code);
+                let body = json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
                 self.frame(0, &body.to_string(), &mut out);
             }
         }
         out
+    }
+}
+
+/// An in-band error's OpenAI `code` and `type`: a provider's refusal keeps
+/// OpenAI's own (`content_policy_violation`, `invalid_request_error`);
+/// anything else is the server's.
+fn in_band_error(code: &str) -> (&str, &'static str) {
+    match code {
+        "content_policy" | "content_policy_violation" => {
+            ("content_policy_violation", "invalid_request_error")
+        }
+        "context_length_exceeded" | "bad_request" | "unprocessable" | "invalid_prompt" => {
+            (code, "invalid_request_error")
+        }
+        "rate_limited" | "quota_exceeded" => ("rate_limit_exceeded", "rate_limit_error"),
+        _ => (code, "server_error"),
     }
 }
 

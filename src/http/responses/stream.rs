@@ -299,8 +299,14 @@ impl StreamEncoder for Encoder {
                 self.start(&mut out);
                 // What was streamed stays with the client; the failed
                 // Response shows none of it as an answer.
-                let error =
-                    json!({"code": "server_error", "message": format!("{code}: {message}")});
+                // A provider's refusal keeps OpenAI's code for it.
+                let shown_code = match code.as_str() {
+                    "content_policy" | "content_policy_violation" => "content_policy_violation",
+                    "context_length_exceeded" => "context_length_exceeded",
+                    "rate_limited" | "quota_exceeded" => "rate_limit_exceeded",
+                    _ => "server_error",
+                };
+                let error = json!({"code": shown_code, "message": format!("{code}: {message}")});
                 let shown = Shown::without_answer(&self.job, self.model.clone(), error);
                 let mut response = encode::response_with(&self.job, &self.stored, shown);
                 response["status"] = json!("failed");

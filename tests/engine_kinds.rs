@@ -388,7 +388,10 @@ async fn an_unknown_after_a_reset_is_answered_by_the_fallback(backend: Backend, 
         assert_eq!(job["completed_by"], attempts[1]["id"], "{kind:?}");
         assert_eq!(attempts[0]["state"], "discarded", "{kind:?}: {attempts:?}");
         let why = attempts[0]["error_message"].as_str().unwrap_or_default();
-        assert!(why.contains("cannot say whether it ran"), "{kind:?}: {attempts:?}");
+        assert!(
+            why.contains("cannot say whether it ran"),
+            "{kind:?}: {attempts:?}"
+        );
         assert!(world.counter("onejob_reconciled_cannot_tell_total").await >= 1.0);
         assert!(world.counter("onejob_reconciled_abandoned_total").await >= 1.0);
         assert_eq!(world.counter("onejob_reconciled_found_total").await, 0.0);
@@ -478,7 +481,8 @@ async fn a_cut_stream_is_continued_or_restarted(backend: Backend, kind: Kind) {
             "{kind:?}: asked for the whole answer, not to continue the cut one"
         );
         // The cut attempt: found executed and discarded where it can be
-        // looked up, else it stays unknown.
+        // looked up, else it stays unknown (until unknown_deadline_ms, 10
+        // minutes here, lets it go).
         let cut_ends = if kind.looks_up() {
             "discarded"
         } else {

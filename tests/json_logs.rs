@@ -223,9 +223,11 @@ async fn every_json_line_of_a_jobs_work_carries_its_ids_at_the_top_level() {
     assert_eq!(refused[0]["code"], "idempotency_key_reused");
     assert_eq!(refused[0]["owner"], "alice");
     assert_eq!(refused[0]["path"], "/v1/jobs");
+    assert_eq!(refused[0]["route"], "default");
     assert_eq!(refused[1]["status"], 401, "{}", refused[1]);
     assert_eq!(refused[1]["code"], "unauthorized");
     assert_eq!(refused[1]["owner"], "-");
+    assert_eq!(refused[1]["route"], "-");
     assert!(!text.contains(key.as_str()), "the key is never logged");
     assert!(!text.contains("ok_not_a_real_key"));
     assert!(attempt_lines > 0, "no line of an attempt: {text}");

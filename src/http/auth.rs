@@ -30,9 +30,7 @@ impl FromRequestParts<AppState> for Caller {
             .authenticate(presented)
             .await?
             .ok_or(ApiError::Unauthorized)?;
-        if let Some(note) = parts.extensions.get::<super::refusals::Note>() {
-            note.set_owner(&caller.owner_id);
-        }
+        super::refusals::note_owner(&caller.owner_id);
         Ok(caller)
     }
 }

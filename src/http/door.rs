@@ -228,6 +228,14 @@ pub async fn submit(
     let submission = match submitted {
         Ok(s) => s,
         Err(e) => {
+            // The route, for the refusal's log line (read again only here).
+            #[derive(serde::Deserialize)]
+            struct Routed {
+                route: Option<String>,
+            }
+            if let Ok(Routed { route }) = serde_json::from_slice(job_body) {
+                super::refusals::note_route(route.as_deref().unwrap_or("default"));
+            }
             if matches!(e, jobs::SubmitError::KeyReused { .. }) {
                 Metrics::inc(&state.metrics.idempotency_conflicts);
             }

@@ -1,6 +1,7 @@
 //! One log line for every refused request (a 4xx answer): its status, its
-//! stable error code, the owner when the key was good, the method and the
-//! path, never the key. Without it an operator cannot see why an SDK fails.
+//! stable error code, the owner when the key was good, the route when the
+//! body named one, the method and the path, never the key. Without it an
+//! operator cannot see why an SDK fails.
 
 use axum::extract::Request;
 use axum::middleware::Next;
@@ -8,20 +9,38 @@ use axum::response::Response;
 use std::sync::{Arc, Mutex};
 
 /// What the request's handling learnt that its refusal's line names: the
-/// owner, once a key was resolved (see `auth`).
+/// owner once a key was resolved (`auth`), the route once a door decoded
+/// the body (`door::submit`).
 #[derive(Debug, Clone, Default)]
-pub struct Note(Arc<Mutex<Option<String>>>);
+struct Note(Arc<Mutex<Learnt>>);
 
-impl Note {
-    pub fn set_owner(&self, owner: &str) {
-        if let Ok(mut slot) = self.0.lock() {
-            *slot = Some(owner.to_string());
+#[derive(Debug, Default)]
+struct Learnt {
+    owner: Option<String>,
+    route: Option<String>,
+}
+
+tokio::task_local! {
+    /// The note of the request this task is handling.
+    static NOTE: Note;
+}
+
+fn learn(f: impl FnOnce(&mut Learnt)) {
+    let _ = NOTE.try_with(|note| {
+        if let Ok(mut learnt) = note.0.lock() {
+            f(&mut learnt);
         }
-    }
+    });
+}
 
-    fn owner(&self) -> Option<String> {
-        self.0.lock().ok().and_then(|slot| slot.clone())
-    }
+/// The owner of the request being handled, for its refusal's line.
+pub fn note_owner(owner: &str) {
+    learn(|l| l.owner = Some(owner.to_string()));
+}
+
+/// The route of the request being handled, for its refusal's line.
+pub fn note_route(route: &str) {
+    learn(|l| l.route = Some(route.to_string()));
 }
 
 /// The stable code of an error answer, put on the response by the error
@@ -29,19 +48,21 @@ impl Note {
 #[derive(Debug, Clone)]
 pub struct ErrorCode(pub String);
 
-pub async fn log_refusals(mut request: Request, next: Next) -> Response {
+pub async fn log_refusals(request: Request, next: Next) -> Response {
     let note = Note::default();
-    request.extensions_mut().insert(note.clone());
     let method = request.method().clone();
     let uri = request.uri().clone();
-    let response = next.run(request).await;
+    let response = NOTE.scope(note.clone(), next.run(request)).await;
     let status = response.status();
     if status.is_client_error() {
         let code = response.extensions().get::<ErrorCode>();
+        let learnt = note.0.lock().map(|l| (l.owner.clone(), l.route.clone()));
+        let (owner, route) = learnt.unwrap_or_default();
         tracing::info!(
             status = status.as_u16(),
             code = code.map_or("-", |c| c.0.as_str()),
-            owner = note.owner().as_deref().unwrap_or("-"),
+            owner = owner.as_deref().unwrap_or("-"),
+            route = route.as_deref().unwrap_or("-"),
             method = %method,
             path = uri.path(),
             "request refused"

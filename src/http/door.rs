@@ -233,8 +233,13 @@ pub async fn submit(
             struct Routed {
                 route: Option<String>,
             }
+            // Only a configured route's name: whatever else a client wrote
+            // there (a key pasted as the model) is never logged.
             if let Ok(Routed { route }) = serde_json::from_slice(job_body) {
-                super::refusals::note_route(route.as_deref().unwrap_or("default"));
+                let route = route.as_deref().unwrap_or("default");
+                if state.config.routes.contains_key(route) {
+                    super::refusals::note_route(route);
+                }
             }
             if matches!(e, jobs::SubmitError::KeyReused { .. }) {
                 Metrics::inc(&state.metrics.idempotency_conflicts);

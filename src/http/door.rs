@@ -7,7 +7,8 @@
 //! submit and its counters, waiting for the job to settle — and gives
 //! back the engine's canonical answer ([`Outcome`]) or its stream events
 //! ([`Opened`]). The door encodes those, and its errors, in its own shape.
-//! Nothing here knows a dialect, and no door imports another: adding one
+//! Nothing here knows a dialect, and no door imports another (the two
+//! that answer in OpenAI's error shape share `http::openai_error`): adding one
 //! touches its own module and the router.
 
 use super::error::ApiError;

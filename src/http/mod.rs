@@ -13,6 +13,7 @@ pub mod error;
 pub mod job_actions;
 pub mod jobs;
 pub mod openai;
+pub mod openai_error;
 pub mod refusals;
 pub mod responses;
 pub mod serve;

@@ -45,13 +45,13 @@ pub async fn create(
     if let Some(ask) = decoded.stream {
         let opened = door::open_stream(&state, &mut arrival, &decoded.job_body, &headers)
             .await
-            .map_err(CompatError::submit)?;
+            .map_err(CompatError::submitted)?;
         let renderer = stream::Renderer::new(&opened.job, ask, &headers);
         return Ok(door::stream_response(opened, &arrival.key, renderer)?);
     }
     let settled = door::run(&state, &mut arrival, &decoded.job_body, &headers)
         .await
-        .map_err(CompatError::submit)?;
+        .map_err(CompatError::submitted)?;
     let response = door::respond(
         &state,
         &settled,

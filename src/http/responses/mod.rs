@@ -63,7 +63,7 @@ pub async fn create(
     if decoded.stream {
         let opened = door::open_stream(&state, &mut arrival, &job_body, &headers)
             .await
-            .map_err(ResponsesError::submit)?;
+            .map_err(error::submit)?;
         let first_model = model_now(
             &state,
             &Settled {
@@ -79,16 +79,16 @@ pub async fn create(
         arrival
             .key_body(&state, &job_body)
             .await
-            .map_err(ResponsesError::submit)?;
+            .map_err(error::submit)?;
         let submission = door::submit(&state, &arrival, &job_body)
             .await
-            .map_err(ResponsesError::submit)?;
+            .map_err(error::submit)?;
         let settled = settle(&state, submission.job, submission.replayed).await?;
         return Ok(shown_response(&state, &settled, Some(&arrival.key))?);
     }
     let settled = door::run(&state, &mut arrival, &job_body, &headers)
         .await
-        .map_err(ResponsesError::submit)?;
+        .map_err(error::submit)?;
     // Cancelled: the Response as it is. Still running after the wait: a
     // 504 the SDK retries with the same key; failed: the error it is.
     if settled.job.state == JobState::Cancelled {

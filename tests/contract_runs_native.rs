@@ -1,9 +1,11 @@
-//! Contract runs for `kind = "bedrock"` providers against the simulator's
-//! Bedrock wire (Converse, CountTokens) over HTTP: an honest model passes
-//! every check, its own tokenizer check included (Bedrock's `CountTokens`
-//! compared with our count within the contract's tolerance); a model deaf
-//! to the `system` blocks fails, and so does one whose count disagrees with
-//! ours. Runs are stored on both backends.
+//! Contract runs for the provider kinds with their own wire and their own
+//! count-tokens API (gemini's `countTokens`, bedrock's `CountTokens`,
+//! anthropic's `count_tokens`), each against the simulator's wire for it
+//! over HTTP: an honest model passes every check, its own tokenizer check
+//! included (the provider's count compared with ours within the
+//! contract's tolerance); a model deaf to the system prompt fails, and so
+//! does one whose count disagrees with ours. Runs are stored on both
+//! backends.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -16,8 +18,10 @@ use onejob::sim::{SimHandle, SimServer};
 use std::collections::BTreeMap;
 use std::path::Path;
 
-on_both_backends!(an_honest_bedrock_model_passes_every_check_with_its_own_token_count);
+on_both_backends!(an_honest_model_passes_every_check_with_its_own_token_count);
 
+const KINDS: [&str; 3] = ["gemini", "bedrock", "anthropic"];
+const KEY_ENV: &str = "ONEJOB_TEST_NATIVE_CONTRACT_KEY";
 const KEY_ID_ENV: &str = "ONEJOB_TEST_CONTRACT_AWS_KEY_ID";
 const SECRET_ENV: &str = "ONEJOB_TEST_CONTRACT_AWS_SECRET";
 
@@ -25,16 +29,27 @@ fn shipped() -> BTreeMap<String, Contract> {
     load_all(&Path::new(env!("CARGO_MANIFEST_DIR")).join("contracts")).unwrap()
 }
 
-/// A providers directory of bedrock providers on the simulator, one per
+/// A providers directory of `kind` providers on the simulator, one per
 /// (name, simulated model).
-fn catalog(sim: &SimHandle, providers: &[(&str, &str)]) -> (tempfile::TempDir, Catalog) {
+fn catalog(
+    sim: &SimHandle,
+    kind: &str,
+    providers: &[(&str, &str)],
+) -> (tempfile::TempDir, Catalog) {
+    std::env::set_var(KEY_ENV, "native-test-key");
     std::env::set_var(KEY_ID_ENV, "AKIDEXAMPLE");
     std::env::set_var(SECRET_ENV, "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY");
     let dir = tempfile::tempdir().unwrap();
     for (name, model) in providers {
+        let auth = match kind {
+            "bedrock" => format!(
+                "region = \"us-east-1\"\naccess_key_id_env = \"{KEY_ID_ENV}\"\n\
+                 secret_access_key_env = \"{SECRET_ENV}\"\n"
+            ),
+            _ => format!("api_key_env = \"{KEY_ENV}\"\n"),
+        };
         let text = format!(
-            "kind = \"bedrock\"\nbase_url = \"{}\"\nregion = \"us-east-1\"\nmodel = \"{model}\"\n\
-             access_key_id_env = \"{KEY_ID_ENV}\"\nsecret_access_key_env = \"{SECRET_ENV}\"\n\
+            "kind = \"{kind}\"\nbase_url = \"{}\"\nmodel = \"{model}\"\n{auth}\
              tokenizer = \"o200k_base\"\ncontext_window = 16384\n\
              [timeouts]\nconnect_ms = 2000\nfirst_byte_ms = 20000\ntotal_ms = 30000\n",
             sim.base_url()
@@ -53,9 +68,15 @@ fn failures(report: &ContractReport, check: CheckKind) -> Vec<(String, String)> 
         .collect()
 }
 
-async fn an_honest_bedrock_model_passes_every_check_with_its_own_token_count(backend: Backend) {
+async fn an_honest_model_passes_every_check_with_its_own_token_count(backend: Backend) {
+    for kind in KINDS {
+        honest(backend, kind).await;
+    }
+}
+
+async fn honest(backend: Backend, kind: &str) {
     let sim = SimServer::start("127.0.0.1:0").await.unwrap();
-    let (_dir, catalog) = catalog(&sim, &[("bedrock", "healthy")]);
+    let (_dir, catalog) = catalog(&sim, kind, &[(kind, "healthy")]);
     let contracts = shipped();
     let db = TestDb::new(backend).await;
     let store = db.store().await;
@@ -72,7 +93,7 @@ async fn an_honest_bedrock_model_passes_every_check_with_its_own_token_count(bac
     .unwrap();
     assert_eq!(reports.len(), contracts.len());
     for report in &reports {
-        assert!(report.passed, "{}", report.to_table());
+        assert!(report.passed, "{kind}: {}", report.to_table());
         let contract = &contracts[&report.contract];
         assert_eq!(report.checks.len(), contract.cases.len() * 4);
         for check in report
@@ -82,7 +103,7 @@ async fn an_honest_bedrock_model_passes_every_check_with_its_own_token_count(bac
         {
             assert!(
                 check.message.contains("its count-tokens API says"),
-                "{}: {}",
+                "{kind} {}: {}",
                 check.case,
                 check.message
             );
@@ -98,22 +119,29 @@ async fn an_honest_bedrock_model_passes_every_check_with_its_own_token_count(bac
                 check.message
             );
         }
-        // Each case ran once on the simulator (countTokens runs nothing).
+        // Each case ran once on the simulator (counting runs nothing).
         for case in &contract.cases {
-            let key = onejob::contracts::contract_run_key(contract, "bedrock", &case.name);
+            let key = onejob::contracts::contract_run_key(contract, kind, &case.name);
             assert_eq!(sim.ledger().executions(&key), 1, "{key}");
         }
     }
     let latest = store.latest_contract_runs().await.unwrap();
     assert_eq!(latest.len(), contracts.len());
-    assert!(latest.iter().all(|r| r.passed && r.provider == "bedrock"));
+    assert!(latest.iter().all(|r| r.passed && r.provider == kind));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_model_deaf_to_the_system_blocks_or_miscounting_fails_on_the_bedrock_wire() {
+async fn a_model_deaf_to_the_system_prompt_or_miscounting_fails_on_each_wire() {
+    for kind in KINDS {
+        deaf_or_miscounting(kind).await;
+    }
+}
+
+async fn deaf_or_miscounting(kind: &str) {
     let sim = SimServer::start("127.0.0.1:0").await.unwrap();
     let (_dir, catalog) = catalog(
         &sim,
+        kind,
         &[("deaf", "ignore_system"), ("miscounting", "wrong_usage")],
     );
     let contracts = shipped();
@@ -134,9 +162,9 @@ async fn a_model_deaf_to_the_system_blocks_or_miscounting_fails_on_the_bedrock_w
     let report = |name: &str| reports.iter().find(|r| r.provider == name).unwrap();
 
     let deaf = report("deaf");
-    assert!(!deaf.passed);
+    assert!(!deaf.passed, "{kind}");
     let schema = failures(deaf, CheckKind::Schema);
-    assert_eq!(schema.len(), cases, "{}", deaf.to_table());
+    assert_eq!(schema.len(), cases, "{kind}: {}", deaf.to_table());
     assert!(schema
         .iter()
         .all(|(_, m)| m.starts_with("output is not JSON")));
@@ -148,7 +176,7 @@ async fn a_model_deaf_to_the_system_blocks_or_miscounting_fails_on_the_bedrock_w
 
     let miscounting = report("miscounting");
     let tokenizer = failures(miscounting, CheckKind::Tokenizer);
-    assert_eq!(tokenizer.len(), cases, "{}", miscounting.to_table());
+    assert_eq!(tokenizer.len(), cases, "{kind}: {}", miscounting.to_table());
     assert_eq!(miscounting.failures().count(), cases);
     for (case, message) in &tokenizer {
         assert!(message.contains("off by more than"), "{case}: {message}");
@@ -157,10 +185,16 @@ async fn a_model_deaf_to_the_system_blocks_or_miscounting_fails_on_the_bedrock_w
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn count_tokens_alone_can_fail_the_tokenizer_check() {
-    // `wrong_usage` miscounts in CountTokens as in its usage: 1.5 times ours.
+    for kind in KINDS {
+        count_alone(kind).await;
+    }
+}
+
+async fn count_alone(kind: &str) {
+    // `wrong_usage` miscounts in the count API as in its usage: 1.5 times ours.
     let sim = SimServer::start("127.0.0.1:0").await.unwrap();
-    let (_dir, catalog) = catalog(&sim, &[("bedrock", "wrong_usage")]);
-    let provider = catalog.get("bedrock").unwrap().client.clone();
+    let (_dir, catalog) = catalog(&sim, kind, &[(kind, "wrong_usage")]);
+    let provider = catalog.get(kind).unwrap().client.clone();
     let contract = &shipped()["ticket-triage"];
     let case = &contract.cases[0];
     let request = contract
@@ -175,7 +209,7 @@ async fn count_tokens_alone_can_fail_the_tokenizer_check() {
         .unwrap();
     let ours = onejob::contracts::count_prompt_tokens("o200k_base", &prompt).unwrap();
     let theirs = provider.count_tokens(&request).await.unwrap().unwrap();
-    assert_eq!(theirs, ours * 3 / 2 + 1);
+    assert_eq!(theirs, ours * 3 / 2 + 1, "{kind}");
     assert_eq!(
         sim.ledger().executions("k-count"),
         0,

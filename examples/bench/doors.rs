@@ -100,7 +100,12 @@ impl Door {
             } else {
                 StatusCode::OK
             };
-        let answered = match self {
+        status_ok && self.answered(body) && replayed != fresh
+    }
+
+    /// Whether a body holds a finished answer of this door.
+    pub fn answered(self, body: &[u8]) -> bool {
+        match self {
             Door::Jobs => serde_json::from_slice::<serde_json::Value>(body)
                 .is_ok_and(|job| job["state"] == "succeeded"),
             Door::Chat => serde_json::from_slice::<serde_json::Value>(body)
@@ -114,7 +119,6 @@ impl Door {
             Door::ResponsesStream => {
                 String::from_utf8_lossy(body).contains("event: response.completed\n")
             }
-        };
-        status_ok && answered && replayed != fresh
+        }
     }
 }

@@ -105,6 +105,24 @@ struct Args {
     /// the latency targets that are stated in fsyncs.
     #[arg(long, default_value_t = 200)]
     fsyncs: usize,
+    /// With --server-bin: the database of one server (`LABEL=URL`), over
+    /// --database-url: e.g. the same build on PostgreSQL beside SQLite in
+    /// one run (`--server-bin sqlite=BIN --server-bin pg=BIN --server-db
+    /// pg=postgres://…`).
+    #[arg(long)]
+    server_db: Vec<String>,
+    /// With --server-bin: a gateway to compare with (`LABEL=COMMAND`,
+    /// `{port}` in COMMAND replaced by a free port), started by the bench
+    /// as a process of its own and driven through its `/v1/chat/completions`
+    /// against the same simulator (`{sim}` in --peer-header is its address):
+    /// its CPU per request and requests/s beside onejob's, in one run. It is
+    /// not durable and keeps no job.
+    #[arg(long)]
+    peer: Option<String>,
+    /// A header every request to the peer carries (`NAME=VALUE`), e.g.
+    /// `x-portkey-provider=openai` and `x-portkey-custom-host={sim}/v1`.
+    #[arg(long)]
+    peer_header: Vec<String>,
 }
 
 /// The prompt every benchmark job sends.
@@ -117,6 +135,9 @@ struct Bench {
     url: String,
     key: String,
     body: Arc<Vec<u8>>,
+    /// A peer gateway (`--peer`): its headers, and its answers checked as
+    /// plain completions (it keeps no job, so nothing is a replay).
+    peer: Option<Arc<Vec<(String, String)>>>,
 }
 
 impl Bench {
@@ -127,6 +148,7 @@ impl Bench {
             url: format!("{base}{}", door.path()),
             key,
             body: Arc::new(door.body()?),
+            peer: None,
         })
     }
 
@@ -138,6 +160,7 @@ impl Bench {
             url: self.url.clone(),
             key,
             body: self.body.clone(),
+            peer: self.peer.clone(),
         }
     }
 }
@@ -163,6 +186,9 @@ impl Bench {
         if self.door == Door::Jobs {
             request = request.header("Prefer", "wait=30");
         }
+        for (name, value) in self.peer.iter().flat_map(|h| h.iter()) {
+            request = request.header(name, value);
+        }
         let Ok(response) = request.body(self.body.as_ref().clone()).send().await else {
             return false;
         };
@@ -174,6 +200,9 @@ impl Bench {
         let Ok(bytes) = response.bytes().await else {
             return false;
         };
+        if self.peer.is_some() {
+            return status.is_success() && Door::Chat.answered(&bytes);
+        }
         self.door.check(status, replayed, &bytes, fresh)
     }
 }

@@ -51,6 +51,7 @@ impl Server {
         label: &str,
         bin: PathBuf,
         sim_toml: &str,
+        database_url: Option<&str>,
         args: &Args,
     ) -> anyhow::Result<Server> {
         let dir = tempfile::tempdir()?;
@@ -61,11 +62,11 @@ impl Server {
             &config,
             "[routes.default]\nprimary = \"primary\"\nfallbacks = []\n",
         )?;
-        let pg = match args.database_url.as_deref().map(DatabaseUrl::parse) {
+        let pg = match database_url.map(DatabaseUrl::parse) {
             Some(Ok(DatabaseUrl::Postgres(url))) => Some(FreshPostgres::create(&url).await?),
             _ => None,
         };
-        let database = match (&pg, &args.database_url) {
+        let database = match (&pg, database_url) {
             (Some(pg), _) => pg.url.clone(),
             // One file per server beside the one named, e.g. /dev/shm/bench-new.db.
             (None, Some(path)) => {
@@ -255,25 +256,41 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
     let sim = onejob::sim::SimServer::start("127.0.0.1:0").await?;
     let sim_toml = sim.provider_toml("healthy");
     let mut servers = Vec::new();
+    let server_dbs = labelled(&args.server_db)?;
     for (label, bin) in parse_bins(&args.server_bin) {
-        servers.push(Server::start(&label, bin, &sim_toml, args).await?);
+        let database_url = server_dbs
+            .iter()
+            .find(|(l, _)| *l == label)
+            .map(|(_, url)| url.as_str())
+            .or(args.database_url.as_deref());
+        servers.push(Server::start(&label, bin, &sim_toml, database_url, args).await?);
     }
-    let backend = match args.database_url.as_deref().map(DatabaseUrl::parse) {
-        Some(Ok(DatabaseUrl::Postgres(_))) => "PostgreSQL",
-        _ => "SQLite (WAL, synchronous=FULL)",
+    let peer = match &args.peer {
+        Some(spec) => Some(Peer::start(spec, &args.peer_header, &sim.base_url(), args).await?),
+        None => None,
     };
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
-        "onejob bench, process mode: {backend}; each server its own process, the load and the \
-         simulator in this one; {cores} cores"
+        "onejob bench, process mode: each server its own process, the load and the simulator in \
+         this one; {cores} cores"
     );
     for s in &servers {
+        let backend = match DatabaseUrl::parse(&s.database) {
+            Ok(DatabaseUrl::Postgres(_)) => "PostgreSQL",
+            _ => "SQLite (WAL, synchronous=FULL)",
+        };
         println!(
-            "  {:<8} {} (pid {}, database {})",
+            "  {:<8} {} (pid {}, {backend}: {})",
             s.label,
             s.bin.display(),
             s.pid,
             s.database
+        );
+    }
+    if let Some(p) = &peer {
+        println!(
+            "  {:<8} {} (pid {}, a gateway that keeps no job)",
+            p.label, p.command, p.pid
         );
     }
     if args.soak > 0 {
@@ -304,6 +321,10 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
         "max_tokens": 64,
     }))?;
     let mut direct = Tally::default();
+    let mut peer_tally = DoorTallies::default();
+    if let Some(p) = &peer {
+        jobs_phase(&p.bench, "warm-peer", 300, args.concurrency).await;
+    }
     for round in 0..args.rounds.max(1) {
         let mut order: Vec<usize> = (0..servers.len()).collect();
         if round % 2 == 1 {
@@ -321,6 +342,9 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
                 )
                 .await;
             }
+        }
+        if let Some(p) = &peer {
+            peer_round(p, &mut peer_tally, &format!("r{round}"), args).await;
         }
         // The upstream alone, for the added latency.
         let started = Instant::now();
@@ -360,6 +384,8 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
     for server in servers {
         server.stop().await;
     }
+    let peer_label = peer.as_ref().map(|p| p.label.clone());
+    drop(peer);
 
     let (d50, d99) = (direct.quantile(0.5), direct.quantile(0.99));
     println!();
@@ -459,9 +485,64 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
             per_door(&|t| format!("{:.0}", t.replays.rate())),
             "",
         );
+        if labels.len() > 1 {
+            let first = &tallies[0].doors[d].jobs;
+            row(
+                &format!("  durable jobs/s, CPU per job ÷ {}'s", labels[0]),
+                per_door(&|t| {
+                    format!(
+                        "{:.0}%, {:.0}%",
+                        100.0 * t.jobs.rate() / first.rate().max(0.001),
+                        100.0 * t.jobs.cpu_us() / first.cpu_us().max(0.001)
+                    )
+                }),
+                "PostgreSQL beside SQLite: ≥ 75%, ≤ 100%",
+            );
+        }
+        if let Some(peer) = &peer_label {
+            let p = &peer_tally;
+            row(
+                &format!("  durable job CPU ÷ {peer}'s per request"),
+                per_door(&|t| format!("1/{:.1}", p.jobs.cpu_us() / t.jobs.cpu_us().max(0.001))),
+                "≤ 1/8",
+            );
+            row(
+                &format!("  durable jobs/s ÷ {peer}'s requests/s"),
+                per_door(&|t| format!("{:.1}×", t.jobs.rate() / p.jobs.rate().max(0.001))),
+                "≥ 4×",
+            );
+        }
         row(
             "  failed (jobs, lone, replays)",
             per_door(&|t| format!("{}/{}/{}", t.jobs.failed, t.lone.failed, t.replays.failed)),
+            "0",
+        );
+    }
+    if let Some(peer) = &peer_label {
+        let p = &peer_tally;
+        println!("{peer}, /v1/chat/completions (not durable: no job, no replay)");
+        row(
+            &format!("  server CPU per request (C={c})"),
+            vec![format!("{:.0} µs", p.jobs.cpu_us())],
+            "",
+        );
+        row(
+            &format!("  requests/s (C={c})"),
+            vec![format!("{:.0}", p.jobs.rate())],
+            "",
+        );
+        row(
+            "  added latency at one client, p50 / p99 ms",
+            vec![format!(
+                "{} / {}",
+                ms(p.lone.quantile(0.5).saturating_sub(d50)),
+                ms(p.lone.quantile(0.99).saturating_sub(d99))
+            )],
+            "",
+        );
+        row(
+            "  failed (requests, lone)",
+            vec![format!("{}/{}", p.jobs.failed, p.lone.failed)],
             "0",
         );
     }
@@ -518,6 +599,116 @@ async fn door_round(
     tally
         .replays
         .add(&samples, started, server.cpu().saturating_sub(cpu));
+}
+
+/// `LABEL=VALUE` pairs.
+fn labelled(specs: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+    specs
+        .iter()
+        .map(|spec| {
+            spec.split_once('=')
+                .map(|(l, v)| (l.to_string(), v.to_string()))
+                .ok_or_else(|| anyhow::anyhow!("{spec:?}: LABEL=VALUE expected"))
+        })
+        .collect()
+}
+
+/// A gateway to compare with (`--peer`), a process of its own.
+struct Peer {
+    label: String,
+    command: String,
+    pid: String,
+    bench: Arc<Bench>,
+    _child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Peer {
+    async fn start(spec: &str, headers: &[String], sim: &str, args: &Args) -> anyhow::Result<Peer> {
+        let (label, command) = spec
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--peer {spec:?}: LABEL=COMMAND expected"))?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let command = command.replace("{port}", &port.to_string());
+        let mut words = command.split_whitespace();
+        let program = words
+            .next()
+            .ok_or_else(|| anyhow::anyhow!("--peer {spec:?}: no command"))?;
+        let dir = tempfile::tempdir()?;
+        let log = std::fs::File::create(dir.path().join("peer.log"))?;
+        let child = Command::new(program)
+            .args(words)
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()?;
+        let pid = child
+            .id()
+            .ok_or_else(|| anyhow::anyhow!("the peer exited at once"))?
+            .to_string();
+        let address = format!("127.0.0.1:{port}");
+        let listening = tokio::time::timeout(Duration::from_secs(60), async {
+            while tokio::net::TcpStream::connect(&address).await.is_err() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        listening
+            .await
+            .map_err(|_| anyhow::anyhow!("the peer did not listen on {address} within 60 s"))?;
+        let headers = labelled(headers)?
+            .into_iter()
+            .map(|(name, value)| (name, value.replace("{sim}", sim)))
+            .collect();
+        let client = reqwest::Client::builder()
+            .pool_max_idle_per_host(4 * args.concurrency)
+            .build()?;
+        let mut bench = Bench::new(
+            client,
+            &format!("http://{address}"),
+            super::Door::Chat,
+            "sk-bench".into(),
+        )?;
+        bench.body = Arc::new(serde_json::to_vec(&json!({
+            "model": "healthy",
+            "messages": [{ "role": "user", "content": super::MESSAGE }],
+            "temperature": 0,
+            "max_tokens": 64,
+        }))?);
+        bench.peer = Some(Arc::new(headers));
+        Ok(Peer {
+            label: label.to_string(),
+            command,
+            pid,
+            bench: Arc::new(bench),
+            _child: child,
+            _dir: dir,
+        })
+    }
+}
+
+/// One round of the peer: requests at --concurrency, then a lone client.
+async fn peer_round(peer: &Peer, tally: &mut DoorTallies, prefix: &str, args: &Args) {
+    let (started, cpu) = (Instant::now(), proc_cpu(&peer.pid));
+    let samples = jobs_phase(&peer.bench, prefix, args.jobs, args.concurrency).await;
+    tally
+        .jobs
+        .add(&samples, started, proc_cpu(&peer.pid).saturating_sub(cpu));
+    let (started, cpu) = (Instant::now(), proc_cpu(&peer.pid));
+    let mut lone = Vec::with_capacity(args.lone);
+    for j in 0..args.lone {
+        let t = Instant::now();
+        let ok = peer.bench.submit(&format!("{prefix}-lone-{j}"), true).await;
+        lone.push(Sample {
+            done: Instant::now(),
+            latency: t.elapsed(),
+            ok,
+        });
+    }
+    tally
+        .lone
+        .add(&lone, started, proc_cpu(&peer.pid).saturating_sub(cpu));
 }
 
 /// p50 and p99 of `n` fsyncs of a 4 KiB append to a file in `dir` (the

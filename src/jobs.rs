@@ -6,7 +6,7 @@ use crate::config::RouteConfig;
 use crate::domain::fingerprint::{canonical_json, fingerprint};
 use crate::domain::job::NewJob;
 use crate::domain::request::IdempotencyKey;
-use crate::domain::{new_id, Job, JobRequest, RequestError};
+use crate::domain::{new_id, Attempt, Job, JobRequest, RequestError};
 use crate::engine::Engine;
 use crate::keys::Caller;
 use crate::replays::{body_digest, Replays};
@@ -27,6 +27,8 @@ pub struct Submission {
     pub body_digest: [u8; 32],
     /// True when a replay was answered without reading the database.
     pub from_memory: bool,
+    /// The attempt that won the job, when the replay memory holds it.
+    pub winner: Option<Arc<Attempt>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -100,6 +102,7 @@ pub async fn submit(
                 replayed: true,
                 body_digest: digest,
                 from_memory: true,
+                winner: hit.winner.clone(),
             });
         }
     }
@@ -201,6 +204,7 @@ pub async fn submit(
             replayed: false,
             body_digest: digest,
             from_memory: false,
+            winner: None,
         }),
         CreateOutcome::Existing(job) => {
             replay.from_memory = false;
@@ -285,6 +289,7 @@ impl Replay<'_> {
                 replayed: true,
                 body_digest: self.digest,
                 from_memory: self.from_memory,
+                winner: None,
             });
         }
         let detail = serde_json::json!({ "fingerprint": self.fingerprint }).to_string();

@@ -15,7 +15,7 @@
 //! flush in one commit. A crash loses at most the replays counted since the
 //! last flush (they were never acknowledged as anything but replays).
 
-use crate::domain::{Job, Millis};
+use crate::domain::{Attempt, Job, Millis};
 use crate::store::{event, NewEvent, Store};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -42,6 +42,11 @@ pub struct Replays {
 #[derive(Clone)]
 pub struct Remembered {
     pub job: Arc<Job>,
+    /// The attempt that won a succeeded job, once a door has read it (its
+    /// `output` left out: that is the job's result): a door that answers
+    /// with the result names its provider and usage without reading the
+    /// job's attempts again. A winning attempt never changes either.
+    pub winner: Option<Arc<Attempt>>,
     body_digest: Option<[u8; 32]>,
 }
 
@@ -78,7 +83,19 @@ fn slot(owner: &str, key: &str) -> String {
     s
 }
 
-fn size_of(job: &Job) -> usize {
+fn size_of(remembered: &Remembered) -> usize {
+    let winner = remembered.winner.as_deref().map_or(0, |a| {
+        std::mem::size_of::<Attempt>()
+            + a.id.len()
+            + a.job_id.len()
+            + a.provider.len()
+            + a.usage.as_ref().map_or(0, String::len)
+            + a.provider_request_id.as_ref().map_or(0, String::len)
+    });
+    job_size(&remembered.job) + winner
+}
+
+fn job_size(job: &Job) -> usize {
     std::mem::size_of::<Job>()
         + job.id.len()
         + job.owner_id.len()
@@ -125,25 +142,42 @@ impl FinishedJobs {
     /// Keep `job` if it can never change; `body_digest` is the digest of a
     /// raw body whose fingerprint matched it, when known.
     pub fn remember(&self, job: &Job, body_digest: Option<[u8; 32]>) {
-        if !job.state.is_settled_for_good() {
-            return;
+        self.keep(job, body_digest, None);
+    }
+
+    /// Keep a succeeded `job` with the attempt that won it (`completed_by`),
+    /// as a door read it; anything else is kept as [`Self::remember`] would.
+    pub fn remember_winner(&self, job: &Job, winner: &Attempt) {
+        if job.completed_by.as_ref() != Some(&winner.id) {
+            return self.remember(job, None);
         }
-        let size = size_of(job);
-        if size > self.half / 8 {
+        let winner = Attempt {
+            output: None,
+            ..winner.clone()
+        };
+        self.keep(job, None, Some(Arc::new(winner)));
+    }
+
+    fn keep(&self, job: &Job, body_digest: Option<[u8; 32]>, winner: Option<Arc<Attempt>>) {
+        if !job.state.is_settled_for_good() {
             return;
         }
         let slot = slot(&job.owner_id, &job.idempotency_key);
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let body_digest = body_digest.or_else(|| {
-            g.young
-                .get(&slot)
-                .or_else(|| g.old.get(&slot))
-                .and_then(|r| r.body_digest)
-        });
+        // What an earlier remembering of this very job knew is kept.
+        let earlier = g
+            .young
+            .get(&slot)
+            .or_else(|| g.old.get(&slot))
+            .filter(|r| r.job.id == job.id);
         let remembered = Remembered {
+            body_digest: body_digest.or_else(|| earlier.and_then(|r| r.body_digest)),
+            winner: winner.or_else(|| earlier.and_then(|r| r.winner.clone())),
             job: Arc::new(job.clone()),
-            body_digest,
         };
+        if size_of(&remembered) > self.half / 8 {
+            return;
+        }
         g.old.remove(&slot);
         g.insert(slot, remembered, self.half);
     }
@@ -161,9 +195,9 @@ impl FinishedJobs {
 
 impl Generations {
     fn insert(&mut self, slot: String, remembered: Remembered, half: usize) {
-        let size = size_of(&remembered.job);
+        let size = size_of(&remembered);
         if let Some(previous) = self.young.insert(slot, remembered) {
-            self.young_bytes = self.young_bytes.saturating_sub(size_of(&previous.job));
+            self.young_bytes = self.young_bytes.saturating_sub(size_of(&previous));
         }
         self.young_bytes += size;
         if self.young_bytes >= half {
@@ -298,7 +332,7 @@ mod tests {
 
     #[test]
     fn memory_stays_within_its_budget_and_keeps_what_is_replayed() {
-        let one = size_of(&job("k00000", JobState::Succeeded, "x"));
+        let one = job_size(&job("k00000", JobState::Succeeded, "x"));
         let jobs = FinishedJobs::with_capacity(100 * one);
         jobs.remember(&job("hot", JobState::Succeeded, "x"), None);
         for i in 0..10_000 {

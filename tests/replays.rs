@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::world::{route, start_world, ProviderSpec, World};
+use common::world::{route, start_faulty_world, start_world, ProviderSpec, World};
 use common::{chat_body, Backend};
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -13,6 +13,7 @@ use std::time::Duration;
 on_both_backends!(
     replays_of_a_finished_job_come_from_memory_and_are_audited,
     a_late_losers_error_leaves_a_succeeded_job_unchanged,
+    a_chat_replay_names_its_winner_without_reading_the_attempts_again,
 );
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -174,5 +175,74 @@ async fn a_late_losers_error_leaves_a_succeeded_job_unchanged(backend: Backend) 
     let after = world.store.get_job(&id).await.unwrap().unwrap();
     assert_eq!(after, won, "the succeeded job's row did not change");
     assert_eq!(after.last_error, None);
+    world.stop().await;
+}
+
+/// A Chat Completions replay answers with the winning attempt's provider,
+/// id and usage: the first answer read the job's attempts once, and the
+/// replay memory keeps the winner, so replays of the same bytes read none.
+async fn a_chat_replay_names_its_winner_without_reading_the_attempts_again(backend: Backend) {
+    let providers = [ProviderSpec {
+        name: "primary",
+        model: "healthy",
+    }];
+    let (world, faulty) =
+        start_faulty_world(backend, &providers, route("primary", &[]), |_| {}).await;
+    let body = serde_json::to_vec(&json!({
+        "model": "default",
+        "messages": [{ "role": "user", "content": "summarise order 7" }],
+    }))
+    .unwrap();
+    let send = || async {
+        let response = world
+            .client
+            .post(format!("{}/v1/chat/completions", world.address))
+            .bearer_auth(&world.key)
+            .header("Idempotency-Key", "order-7")
+            .header("Content-Type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .map(|v| v.to_str().unwrap().to_string())
+        };
+        let heads = (
+            header("x-onejob-provider"),
+            header("x-onejob-attempt"),
+            header("idempotent-replayed"),
+        );
+        let status = response.status().as_u16();
+        (status, heads, response.json::<Value>().await.unwrap())
+    };
+    let (status, (provider, attempt, replayed), first) = send().await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(provider.as_deref(), Some("primary"));
+    assert_eq!(replayed, None);
+    let attempt = attempt.expect("the answering attempt is named");
+    let reads = faulty.calls("list_attempts");
+    assert!(reads >= 1, "the first answer read the attempts");
+
+    for _ in 0..5 {
+        let (status, (p, a, replayed), again) = send().await;
+        assert_eq!(status, 200, "{again}");
+        assert_eq!(replayed.as_deref(), Some("true"));
+        assert_eq!(
+            (p.as_deref(), a.as_deref()),
+            (Some("primary"), Some(attempt.as_str()))
+        );
+        assert_eq!(again["choices"], first["choices"]);
+        assert_eq!(again["usage"], first["usage"], "the winner's usage, kept");
+        assert_eq!(again["model"], first["model"]);
+    }
+    assert_eq!(
+        faulty.calls("list_attempts"),
+        reads,
+        "no replay read the job's attempts"
+    );
+    assert_eq!(world.counter("onejob_replays_from_memory_total").await, 5.0);
     world.stop().await;
 }

@@ -307,12 +307,39 @@ pub async fn run(
         .unwrap_or(DEFAULT_WAIT_SECS)
         .min(MAX_WAIT_SECS);
     let job = wait_final(state, &submission, Duration::from_secs(wait)).await;
-    let attempts = state.store.list_attempts(&job.id).await?;
+    let attempts = attempts_to_answer(state, &job, submission.winner.as_deref()).await?;
     Ok(Settled {
         job,
         attempts,
         replayed: submission.replayed,
     })
+}
+
+/// The attempts a door answers a settled job with: for a succeeded job the
+/// winner alone does (its provider, id and usage), and the replay memory
+/// may hold it, read once by the first answer; otherwise the job's attempts
+/// as stored (a refusal explains itself by the last failed one).
+async fn attempts_to_answer(
+    state: &AppState,
+    job: &Job,
+    remembered: Option<&Attempt>,
+) -> Result<Vec<Attempt>, ApiError> {
+    let succeeded = job.state == JobState::Succeeded;
+    if let Some(winner) =
+        remembered.filter(|w| succeeded && job.completed_by.as_ref() == Some(&w.id))
+    {
+        return Ok(vec![winner.clone()]);
+    }
+    let attempts = state.store.list_attempts(&job.id).await?;
+    if succeeded {
+        if let Some(winner) = attempts
+            .iter()
+            .find(|a| job.completed_by.as_ref() == Some(&a.id))
+        {
+            state.replays.finished.remember_winner(job, winner);
+        }
+    }
+    Ok(attempts)
 }
 
 /// The model that answered: the model the winning attempt's provider asks
@@ -584,7 +611,7 @@ pub async fn open_stream(
         None => submission.job,
     };
     let attempts = if job.state == JobState::Succeeded {
-        state.store.list_attempts(&job.id).await?
+        attempts_to_answer(state, &job, submission.winner.as_deref()).await?
     } else {
         Vec::new()
     };
@@ -621,7 +648,7 @@ pub async fn open_existing(
         _ => job,
     };
     let attempts = if job.state == JobState::Succeeded {
-        state.store.list_attempts(&job.id).await?
+        attempts_to_answer(state, &job, None).await?
     } else {
         Vec::new()
     };

@@ -57,10 +57,6 @@ const LAYERS: &[(&str, &[&str])] = &[
 /// when its cycle is gone: the test fails until you do.
 const ALLOWED_CYCLES: &[(&[&str], &str)] = &[
     (
-        &["engine/driver.rs", "engine/stream.rs"],
-        "issue 23 step 2: one attempt round for streamed and unstreamed attempts",
-    ),
-    (
         &["sim/gemini.rs", "sim/wire.rs"],
         "issue 20: the simulator's wire dispatch calls Gemini's encoder and Gemini's \
          handler reuses the shared wire; removed when each simulated wire is its own \

@@ -8,6 +8,7 @@
 //! Time (`Clock` for timestamps, tokio time for timers), randomness (a seeded
 //! RNG) and providers (the `Provider` trait) are injected.
 
+mod attempt;
 mod driver;
 mod durable;
 pub mod gate;

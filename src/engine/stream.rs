@@ -16,14 +16,14 @@
 //!   client has held back), or ends with an error naming the original
 //!   failure; a truncated or spliced answer is never reported as finished.
 
-use super::driver::{settle, start, RoundEnd, RoundFailure, Settled, Source};
+use super::attempt::{open, settle, start_hedge, RoundEnd, RoundFailure, Settled, Source};
 use super::hedging::Measure;
 use super::plan::JobPlan;
-use super::routing::choose_hedge;
+use super::routing::{choose_continuation, choose_hedge};
 use super::Inner;
 use crate::config::RouteConfig;
 use crate::domain::request::{Message, Role};
-use crate::domain::{Attempt, AttemptKind, GuardRefusal, Job, JobState};
+use crate::domain::{Attempt, AttemptKind, Job, JobState};
 use crate::metrics::Metrics;
 use crate::providers::catalog::ProviderEntry;
 use crate::providers::stream::Delta;
@@ -358,6 +358,49 @@ fn launch(
     inner.spawn(tracing::Instrument::instrument(run, span))
 }
 
+/// Start a hedge (or continuation) to `entry` with `request` and launch it
+/// streamed; its index in the round, or `None` when it may not start.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the streamed round's state a new attempt joins; merged into one round next"
+)]
+async fn hedge_streamed<'a>(
+    inner: &Inner,
+    job: &Job,
+    route: &RouteConfig,
+    entry: &'a ProviderEntry,
+    request: crate::providers::ChatRequest,
+    budgeted: bool,
+    why: &str,
+    limits: Limits,
+    events: &mpsc::UnboundedSender<(usize, Event)>,
+    live: &mut Vec<Live<'a>>,
+    tried: &mut Vec<String>,
+    hedges_left: &mut u32,
+) -> Option<usize> {
+    let attempt = start_hedge(inner, job, route, entry, budgeted, why).await?;
+    *hedges_left = hedges_left.saturating_sub(1);
+    tried.push(entry.name.clone());
+    let index = live.len();
+    let task = launch(
+        inner,
+        entry,
+        &attempt,
+        request,
+        limits,
+        index,
+        events.clone(),
+    );
+    live.push(Live {
+        attempt,
+        entry,
+        task,
+        done: false,
+        answered: false,
+    });
+    Some(index)
+}
+
 /// Cancel an attempt that lost the stream (or whose round is over) and
 /// record it as abandoned; its usage is not known once it is cut off.
 async fn abandon(inner: &Inner, plan: &JobPlan, live: &mut Live<'_>, reason: &str) {
@@ -370,35 +413,6 @@ async fn abandon(inner: &Inner, plan: &JobPlan, live: &mut Live<'_>, reason: &st
         reason: reason.to_string(),
     };
     settle(inner, plan, &live.attempt, outcome, Source::Live).await;
-}
-
-/// A provider that may finish a broken stream: on the route, not tried in
-/// this round, admitted (as a fallback unless it is the primary), breaker
-/// closed, and (with `prefill`) able to continue a prefill; without, it
-/// restarts the answer.
-fn continuation_target<'a>(
-    inner: &'a Inner,
-    route: &RouteConfig,
-    plan: &JobPlan,
-    tried: &[String],
-    prefill: bool,
-) -> Option<&'a ProviderEntry> {
-    std::iter::once(&route.primary)
-        .chain(route.fallbacks.iter())
-        .filter(|name| !tried.contains(name))
-        .find_map(|name| {
-            let entry = inner.catalog.get(name)?;
-            if prefill && !entry.config.continues_prefill() {
-                return None;
-            }
-            plan.request_for(entry).ok()?;
-            let as_fallback = *name != route.primary;
-            inner
-                .gate
-                .admits(name, plan.contract_name(), as_fallback)
-                .ok()?;
-            inner.with_breaker(name, |b| b.is_closed()).then_some(entry)
-        })
 }
 
 /// Where a restart (a cut answer asked for again, without the prefill, of a
@@ -497,37 +511,9 @@ pub(super) async fn run_streamed_round(
 ) -> RoundEnd {
     let limits = Limits::of(route);
     let stall_for = Duration::from_millis(route.stall_ms.max(1));
-    let request = match plan.request_for(first) {
-        Ok(r) => r,
-        Err(e) => {
-            return ended(
-                None,
-                Some(RoundFailure::of_round(
-                    false,
-                    "invalid_request",
-                    e.0,
-                    &first.name,
-                )),
-            )
-        }
-    };
-    let attempt = match start(inner, job, route, first, kind).await {
-        Ok(attempt) => attempt,
-        Err(GuardRefusal::OutcomeUnknown) => return RoundEnd::Refused,
-        // The unknown attempt a rescue was to back up was settled meanwhile:
-        // go on as a retry.
-        Err(GuardRefusal::HedgeNotAllowed) => {
-            return ended(
-                None,
-                Some(RoundFailure::of_round(
-                    true,
-                    "hedge_not_needed",
-                    "the attempt to back up was settled meanwhile".to_string(),
-                    "",
-                )),
-            )
-        }
-        Err(_) => return RoundEnd::Done,
+    let (attempt, request) = match open(inner, job, route, plan, first, kind, None).await {
+        Ok(opened) => opened,
+        Err(end) => return end,
     };
     let (tx, mut rx) = mpsc::unbounded_channel();
     let task = launch(inner, first, &attempt, request, limits, 0, tx.clone());
@@ -575,31 +561,6 @@ pub(super) async fn run_streamed_round(
     // Whether the client was sent a tool call (a restart cannot repeat one).
     let mut tools_sent = false;
 
-    // Start a hedge (or continuation) to `entry` with `request`; `None` when
-    // the guard refuses.
-    macro_rules! hedge {
-        ($entry:expr, $request:expr) => {{
-            match start(inner, job, route, $entry, AttemptKind::Hedge).await {
-                Ok(attempt) => {
-                    Metrics::inc(&inner.metrics.hedges_started);
-                    hedges_left = hedges_left.saturating_sub(1);
-                    tried.push($entry.name.clone());
-                    let index = live.len();
-                    let task = launch(inner, $entry, &attempt, $request, limits, index, tx.clone());
-                    live.push(Live {
-                        attempt,
-                        entry: $entry,
-                        task,
-                        done: false,
-                        answered: false,
-                    });
-                    Some(index)
-                }
-                Err(_) => None,
-            }
-        }};
-    }
-
     loop {
         let running = live.iter().filter(|l| !l.done).count();
         if running == 0 {
@@ -612,12 +573,11 @@ pub(super) async fn run_streamed_round(
                 silence_armed = false;
                 if let Some(entry) = choose_hedge(inner, route, plan, &tried) {
                     if let Ok(request) = plan.request_for(entry) {
-                        if super::hedging::admit(inner, job) {
-                            tracing::info!(provider = %entry.name, "no first token within the silence threshold; hedging");
-                            if hedge!(entry, request).is_none() {
-                                inner.hedging.not_started(&job.route, inner.clock.now_ms());
-                            }
-                        }
+                        hedge_streamed(
+                inner, job, route, entry, request, true, "no first token within the silence threshold", limits, &tx, &mut live, &mut tried,
+                &mut hedges_left,
+            )
+            .await;
                     }
                 }
                 continue;
@@ -732,14 +692,21 @@ pub(super) async fn run_streamed_round(
                         if hedges_left > 0 && running == 1 {
                             if let Some(entry) = choose_hedge(inner, route, plan, &tried) {
                                 if let Ok(request) = plan.request_for(entry) {
-                                    tracing::info!(provider = %entry.name, "attempt ended unknown before any token; hedging at once");
-                                    if hedge!(entry, request).is_some() {
-                                        inner.hedging.admit(
-                                            &job.route,
-                                            inner.clock.now_ms(),
-                                            false,
-                                        );
-                                    }
+                                    hedge_streamed(
+                                        inner,
+                                        job,
+                                        route,
+                                        entry,
+                                        request,
+                                        false,
+                                        "attempt ended unknown before any token",
+                                        limits,
+                                        &tx,
+                                        &mut live,
+                                        &mut tried,
+                                        &mut hedges_left,
+                                    )
+                                    .await;
                                 }
                             }
                         }
@@ -898,35 +865,50 @@ pub(super) async fn run_streamed_round(
                         let mut restarted = false;
                         if hedges_left > 0 && !gave_up {
                             if let Some(next) =
-                                continuation_target(inner, route, plan, &tried, true)
+                                choose_continuation(inner, route, plan, &tried, true)
                             {
                                 if let Ok(mut request) = plan.request_for(next) {
                                     request
                                         .messages
                                         .push(Message::new(Role::Assistant, client_has.clone()));
-                                    continued = hedge!(next, request);
-                                    if continued.is_some() {
-                                        inner.hedging.admit(
-                                            &job.route,
-                                            inner.clock.now_ms(),
-                                            false,
-                                        );
-                                        tracing::info!(provider = %next.name, "stream broke mid-answer; continuing it");
-                                    }
+                                    continued = hedge_streamed(
+                                        inner,
+                                        job,
+                                        route,
+                                        next,
+                                        request,
+                                        false,
+                                        "stream broke mid-answer; continuing it",
+                                        limits,
+                                        &tx,
+                                        &mut live,
+                                        &mut tried,
+                                        &mut hedges_left,
+                                    )
+                                    .await;
                                 }
                             } else if !tools_sent {
                                 if let Some(next) =
-                                    continuation_target(inner, route, plan, &tried, false)
+                                    choose_continuation(inner, route, plan, &tried, false)
                                 {
                                     if let Ok(request) = plan.request_for(next) {
-                                        continued = hedge!(next, request);
+                                        continued = hedge_streamed(
+                                            inner,
+                                            job,
+                                            route,
+                                            next,
+                                            request,
+                                            false,
+                                            "stream broke mid-answer; restarting it",
+                                            limits,
+                                            &tx,
+                                            &mut live,
+                                            &mut tried,
+                                            &mut hedges_left,
+                                        )
+                                        .await;
                                         if continued.is_some() {
                                             restarted = true;
-                                            inner.hedging.admit(
-                                                &job.route,
-                                                inner.clock.now_ms(),
-                                                false,
-                                            );
                                             Metrics::inc(&inner.metrics.stream_restarts);
                                             tracing::info!(
                                                 provider = %next.name,

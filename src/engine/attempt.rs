@@ -1,9 +1,11 @@
 //! One attempt, from its guarded start to its recorded end: the steps every
 //! round (streamed or not) and the reconciler share. An attempt starts
 //! through the store's guard (invariant 4): a round's first by [`open`], a
-//! hedge by [`start_hedge`]; it ends through [`settle`]: the contract
-//! check, then the CAS for an answer (invariant 5) or the attempt's
-//! recorded state.
+//! hedge by [`start_hedge`]; it runs in a task of its own ([`launch`]) that
+//! tells its round what it hears ([`Event`]: the pieces of a streamed
+//! answer, then its end, within its [`Limits`]); it ends through
+//! [`settle`]: the contract check, then the CAS for an answer (invariant 5)
+//! or the attempt's recorded state.
 
 use super::durable;
 use super::hedging::Measure;
@@ -14,8 +16,12 @@ use crate::domain::attempt::NewAttempt;
 use crate::domain::{new_id, Attempt, AttemptKind, GuardRefusal, Job};
 use crate::metrics::Metrics;
 use crate::providers::catalog::ProviderEntry;
-use crate::providers::{AttemptOutcome, ChatRequest, Failure, Success};
+use crate::providers::stream::Delta;
+use crate::providers::{AttemptOutcome, ChatRequest, Failure, Provider, Streamed, Success};
 use crate::store::{FinishAttempt, FinishOutcome};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
 /// A failure that ended a round, as the retry policy needs it.
 pub(super) struct RoundFailure {
@@ -199,29 +205,18 @@ pub(super) enum Settled {
     Unknown,
 }
 
-/// An answer not streamed arrives whole: its first token is its end. (A
-/// streamed attempt's first token is observed when its first piece arrives.)
-/// Its time to answer is a sample of the route's learned silence.
-pub(super) fn observe_whole_answer(
-    inner: &Inner,
-    route: &str,
-    attempt: &Attempt,
-    outcome: &AttemptOutcome,
-) {
-    if let AttemptOutcome::Succeeded(_) = outcome {
-        let now = inner.clock.now_ms();
-        let elapsed = now - attempt.started_at;
-        inner
-            .metrics
-            .observe_time_to_first_token(&attempt.provider, elapsed);
-        inner.hedging.observe(
-            route,
-            &attempt.provider,
-            Measure::TimeToAnswer,
-            elapsed,
-            now,
-        );
-    }
+/// The attempt's first sign of an answer (a streamed attempt's first
+/// piece, or a whole answer: its first token is its end) arrived now: the
+/// time to it is a sample of the route's learned silence.
+pub(super) fn observe_answer(inner: &Inner, route: &str, attempt: &Attempt, measure: Measure) {
+    let now = inner.clock.now_ms();
+    let elapsed = now - attempt.started_at;
+    inner
+        .metrics
+        .observe_time_to_first_token(&attempt.provider, elapsed);
+    inner
+        .hedging
+        .observe(route, &attempt.provider, measure, elapsed, now);
 }
 
 /// Who reports an attempt's end to [`settle`].
@@ -370,4 +365,127 @@ pub(super) fn tokens_of(outcome: &AttemptOutcome) -> u64 {
         }
         _ => 0,
     }
+}
+
+/// How an attempt's answer arrives: whole (one call) or streamed (pieces to
+/// the client as they come). The round is the same; these are its data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Arrival {
+    Whole,
+    Streamed,
+}
+
+/// An attempt's time limits: its first sign of an answer within
+/// `attempt_timeout_ms` (the hedge waits inside it) — the whole answer, or
+/// a stream's first piece — and a stream as a whole within
+/// `stream_timeout_ms`; between pieces the round's `stall_ms`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Limits {
+    arrival: Arrival,
+    first_token: Duration,
+    whole: Duration,
+}
+
+impl Limits {
+    pub(super) fn of(route: &RouteConfig, arrival: Arrival) -> Self {
+        let first_token = Duration::from_millis(route.attempt_timeout_ms);
+        let whole = match arrival {
+            Arrival::Whole => first_token,
+            Arrival::Streamed => {
+                Duration::from_millis(route.stream_timeout_ms.max(route.attempt_timeout_ms))
+            }
+        };
+        Limits {
+            arrival,
+            first_token,
+            whole,
+        }
+    }
+}
+
+/// What an attempt in flight tells its round.
+pub(super) enum Event {
+    /// A piece of a streamed answer.
+    Piece(Delta),
+    /// How it ended (for a stream, with why the provider stopped).
+    End(Streamed),
+}
+
+/// Run `attempt` in a task of its own inside the attempt's span (a child
+/// of the job's), so its log lines carry the job's and the attempt's ids;
+/// what it hears goes to `events` under `index`.
+pub(super) fn launch(
+    inner: &Inner,
+    entry: &ProviderEntry,
+    attempt: &Attempt,
+    request: ChatRequest,
+    limits: Limits,
+    index: usize,
+    events: mpsc::UnboundedSender<(usize, Event)>,
+) -> JoinHandle<()> {
+    let client = entry.client.clone();
+    let span = tracing::info_span!(
+        "attempt",
+        job_id = %attempt.job_id,
+        attempt_id = %attempt.id,
+        provider = %attempt.provider,
+        kind = attempt.kind.as_str(),
+    );
+    let run = async move {
+        let ended = match limits.arrival {
+            Arrival::Whole => {
+                match tokio::time::timeout(limits.first_token, client.call(&request)).await {
+                    Ok(outcome) => Ok((outcome, None)),
+                    Err(_) => Err(no_answer(limits)),
+                }
+            }
+            Arrival::Streamed => stream(&*client, &request, limits, index, &events).await,
+        };
+        let ended = ended
+            .unwrap_or_else(|message| (AttemptOutcome::unknown("attempt_timeout", message), None));
+        let _ = events.send((index, Event::End(ended)));
+    };
+    inner.spawn(tracing::Instrument::instrument(run, span))
+}
+
+fn no_answer(limits: Limits) -> String {
+    format!(
+        "no answer within attempt_timeout_ms ({} ms)",
+        limits.first_token.as_millis()
+    )
+}
+
+/// A streamed call, its pieces passed on as they come; `Err` when a time
+/// limit ended it.
+async fn stream(
+    client: &dyn Provider,
+    request: &ChatRequest,
+    limits: Limits,
+    index: usize,
+    events: &mpsc::UnboundedSender<(usize, Event)>,
+) -> Result<Streamed, String> {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let call = tokio::time::timeout(limits.whole, client.stream(request, &tx));
+    tokio::pin!(call);
+    let first_token = tokio::time::sleep(limits.first_token);
+    tokio::pin!(first_token);
+    let mut answering = false;
+    let ended = loop {
+        tokio::select! {
+            biased;
+            Some(delta) = rx.recv() => {
+                answering = true;
+                let _ = events.send((index, Event::Piece(delta)));
+            }
+            ended = &mut call => break ended.map_err(|_| format!(
+                "the stream did not end within stream_timeout_ms ({} ms)",
+                limits.whole.as_millis()
+            )),
+            _ = &mut first_token, if !answering => break Err(no_answer(limits)),
+        }
+    };
+    while let Ok(delta) = rx.try_recv() {
+        let _ = events.send((index, Event::Piece(delta)));
+    }
+    ended
 }

@@ -2,25 +2,18 @@
 //! the silence threshold) until one wins, the job must wait on an unknown
 //! outcome, fails for good, or goes to review.
 
-use super::attempt::{
-    observe_whole_answer, open, settle, start_hedge, tokens_of, RoundEnd, RoundFailure, Settled,
-    Source,
-};
+use super::attempt::{RoundEnd, RoundFailure};
 use super::durable::{self, retrying, Fence};
-use super::hedging::Measure;
 use super::plan::JobPlan;
+use super::round;
 use super::routing::{choose_hedge, choose_provider, Choice, Steer};
+use super::stream::StreamHub;
 use super::Inner;
-use crate::config::RouteConfig;
-use crate::domain::attempt::NewAttempt;
 use crate::domain::retry::backoff;
 use crate::domain::{Attempt, AttemptKind, AttemptState, Job, Millis};
 use crate::metrics::Metrics;
-use crate::providers::catalog::ProviderEntry;
-use crate::providers::{AttemptOutcome, Provider};
+use crate::providers::AttemptOutcome;
 use crate::store::{FinishAttempt, JobTransition};
-use futures::stream::FuturesUnordered;
-use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -113,7 +106,7 @@ const CONTEXT_LENGTH_EXCEEDED: &str = "context_length_exceeded";
 async fn drive(
     inner: &Arc<Inner>,
     mut job: Job,
-    hub: Option<Arc<super::stream::StreamHub>>,
+    hub: Option<Arc<StreamHub>>,
     prestart: Option<super::Prestart>,
 ) {
     let owner = inner.instance.clone();
@@ -228,18 +221,21 @@ async fn drive(
             kind
         };
         let end = match choice {
-            Choice::Provider(entry) => match &hub {
-                Some(hub) if hub.is_open() => {
-                    super::stream::run_streamed_round(
-                        inner, &job, &route, &plan, entry, kind, tried, hub,
-                    )
-                    .await
-                }
-                _ => {
-                    let started = prestarted.take();
-                    run_round(inner, &job, &route, &plan, entry, kind, tried, started).await
-                }
-            },
+            Choice::Provider(entry) => {
+                let scope = round::Scope {
+                    inner,
+                    job: &job,
+                    route: &route,
+                    plan: &plan,
+                };
+                let first = round::First {
+                    entry,
+                    kind,
+                    started: prestarted.take(),
+                };
+                let hub = hub.clone().filter(|hub| hub.is_open());
+                round::run(scope, first, tried, hub).await
+            }
             Choice::NoneFits(reason) => {
                 let reason = match steer.window_above {
                     Some(_) => format!("{CONTEXT_LENGTH_EXCEEDED}: no provider on the route has a larger context window: {reason}"),
@@ -488,230 +484,4 @@ async fn recover_orphans(inner: &Arc<Inner>, job: &Job) -> Option<Vec<Attempt>> 
         attempt.state = AttemptState::Unknown;
     }
     Some(attempts)
-}
-
-type Flight = futures::future::BoxFuture<'static, (Attempt, AttemptOutcome)>;
-
-fn launch(
-    entry: &ProviderEntry,
-    attempt: Attempt,
-    request: crate::providers::ChatRequest,
-    timeout: Duration,
-) -> Flight {
-    let client: Arc<dyn Provider> = entry.client.clone();
-    let span = tracing::info_span!(
-        "attempt",
-        job_id = %attempt.job_id,
-        attempt_id = %attempt.id,
-        provider = %attempt.provider,
-        kind = attempt.kind.as_str(),
-    );
-    let flight = async move {
-        let outcome = match tokio::time::timeout(timeout, client.call(&request)).await {
-            Ok(outcome) => outcome,
-            Err(_) => AttemptOutcome::unknown(
-                "attempt_timeout",
-                format!(
-                    "no answer within attempt_timeout_ms ({} ms)",
-                    timeout.as_millis()
-                ),
-            ),
-        };
-        (attempt, outcome)
-    };
-    Box::pin(tracing::Instrument::instrument(flight, span))
-}
-
-/// Start a hedge to a provider the job has not tried, if one may take it;
-/// `why` is logged. `budgeted`: a hedge after a silence, which the route's
-/// hedge budget may refuse (the rescue of an unknown attempt is not
-/// refused). The flight, or `None` when no hedge may start.
-async fn hedge(
-    inner: &Arc<Inner>,
-    job: &Job,
-    route: &RouteConfig,
-    plan: &JobPlan,
-    tried: &mut Vec<String>,
-    why: &str,
-    budgeted: bool,
-) -> Option<Flight> {
-    let entry = choose_hedge(inner, route, plan, tried)?;
-    let request = plan.request_for(entry).ok()?;
-    let attempt = start_hedge(inner, job, route, entry, budgeted, why).await?;
-    tried.push(entry.name.clone());
-    let timeout = Duration::from_millis(route.attempt_timeout_ms);
-    Some(launch(entry, attempt, request, timeout))
-}
-
-/// One round: the first attempt, hedges after the silence threshold or at
-/// once when an attempt ends unknown (the rescue, within `max_hedges`), until
-/// one wins or all have ended. `tried`: providers the job has attempted;
-/// `started`: the first attempt, when the job's create started it.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the round's inputs, each used; bundling them would only rename them"
-)]
-async fn run_round(
-    inner: &Arc<Inner>,
-    job: &Job,
-    route: &RouteConfig,
-    plan: &JobPlan,
-    first: &ProviderEntry,
-    kind: AttemptKind,
-    mut tried: Vec<String>,
-    started: Option<NewAttempt>,
-) -> RoundEnd {
-    let timeout = Duration::from_millis(route.attempt_timeout_ms);
-    let mut flights: FuturesUnordered<Flight> = FuturesUnordered::new();
-    let (attempt, request) = match open(inner, job, route, plan, first, kind, started).await {
-        Ok(opened) => opened,
-        Err(end) => return end,
-    };
-    tried.push(first.name.clone());
-    flights.push(launch(first, attempt, request, timeout));
-    let mut hedges_left = route.max_hedges;
-    let silent_for = super::hedging::silence(inner, job, route, &first.name, Measure::TimeToAnswer);
-    let silence = tokio::time::sleep(silent_for);
-    tokio::pin!(silence);
-    let mut silence_armed = true;
-    let (mut unknown, mut failure) = (None::<String>, None::<RoundFailure>);
-    while !flights.is_empty() {
-        tokio::select! {
-            biased;
-            Some((attempt, outcome)) = flights.next() => {
-                observe_whole_answer(inner, &job.route, &attempt, &outcome);
-                let settled = settle(inner, plan, &attempt, outcome, Source::Live).await;
-                let won_by_hedge = matches!(settled, Settled::Won) && attempt.kind == AttemptKind::Hedge;
-                if matches!(settled, Settled::Won) {
-                    inner.metrics.observe_job_latency(inner.clock.now_ms() - job.created_at);
-                    if won_by_hedge {
-                        inner.hedging.hedge_won(&job.route, inner.clock.now_ms());
-                    }
-                }
-                match settled {
-                    Settled::Won | Settled::Lost => {
-                        let losers = std::mem::take(&mut flights);
-                        if !losers.is_empty() {
-                            let plan = Arc::new(plan.clone());
-                            let round = LostRound {
-                                job_id: job.id.clone(),
-                                route: job.route.clone(),
-                                won_at: won_by_hedge.then(|| inner.clock.now_ms()),
-                            };
-                            inner.spawn(finish_losers(inner.clone(), losers, plan, round));
-                        }
-                        return RoundEnd::Done;
-                    }
-                    Settled::Unknown => {
-                        unknown = Some(attempt.provider.clone());
-                        // Rescue: an unknown outcome blocks re-sending to this
-                        // provider, not the planned fan-out to another.
-                        if hedges_left > 0 && flights.len() <= 1 {
-                            let why = format!("attempt on {} ended unknown", attempt.provider);
-                            if let Some(flight) = hedge(inner, job, route, plan, &mut tried, &why, false).await {
-                                flights.push(flight);
-                                hedges_left -= 1;
-                            }
-                        }
-                    }
-                    Settled::Failed(f) => {
-                        // A non-retryable failure dominates a retryable one.
-                        if failure.as_ref().is_none_or(RoundFailure::retryable) {
-                            failure = Some(f);
-                        }
-                    }
-                }
-            }
-            _ = &mut silence, if silence_armed && hedges_left > 0 && flights.len() == 1 => {
-                silence_armed = false;
-                // Denied by the budget (or no target): the job waits for
-                // the attempt in flight or its time limits.
-                if let Some(flight) = hedge(inner, job, route, plan, &mut tried, "attempt silent", true).await {
-                    flights.push(flight);
-                    hedges_left -= 1;
-                    if hedges_left > 0 {
-                        silence.as_mut().reset(tokio::time::Instant::now() + silent_for);
-                        silence_armed = true;
-                    }
-                }
-            }
-        }
-    }
-    RoundEnd::Ended { unknown, failure }
-}
-
-/// A round that ended with attempts still in flight, as its losers'
-/// cost is counted.
-struct LostRound {
-    job_id: String,
-    route: String,
-    /// When a hedge won the round (`None`: another attempt won).
-    won_at: Option<Millis>,
-}
-
-/// After a winner committed: attempts still in flight get `loser_grace_ms`
-/// to answer (their result then loses the CAS and their usage is counted);
-/// after that their requests are dropped and they are recorded as abandoned.
-/// A primary that answers after its hedge won tells how much the hedge
-/// saved; one dropped unanswered is a lower bound of its latency.
-async fn finish_losers(
-    inner: Arc<Inner>,
-    mut losers: FuturesUnordered<Flight>,
-    plan: Arc<JobPlan>,
-    round: LostRound,
-) {
-    let grace = tokio::time::sleep(Duration::from_millis(inner.config.engine.loser_grace_ms));
-    tokio::pin!(grace);
-    loop {
-        tokio::select! {
-            biased;
-            next = losers.next() => match next {
-                Some((attempt, outcome)) => {
-                    observe_whole_answer(&inner, &round.route, &attempt, &outcome);
-                    let tokens = tokens_of(&outcome);
-                    let answered = matches!(outcome, AttemptOutcome::Succeeded(_));
-                    let settled = settle(&inner, &plan, &attempt, outcome, Source::Live).await;
-                    let now = inner.clock.now_ms();
-                    if matches!(settled, Settled::Lost) && answered {
-                        inner.hedging.discarded(&round.route, tokens, now);
-                        if let (Some(won_at), true) = (round.won_at, attempt.kind != AttemptKind::Hedge) {
-                            inner.hedging.latency_saved(&round.route, now - won_at, now);
-                        }
-                    }
-                }
-                None => return,
-            },
-            _ = &mut grace => break,
-        }
-    }
-    let job_id = round.job_id.clone();
-    // Dropping the futures drops their HTTP requests. Which attempts they were
-    // is only known inside them, so ask the store for the job's live ones.
-    drop(losers);
-    let listed = retrying(&inner, &job_id, Fence::Store, "listing attempts", |_| {
-        inner.store.list_attempts(&job_id)
-    })
-    .await;
-    let Ok(attempts) = listed else {
-        return;
-    };
-    let now = inner.clock.now_ms();
-    for attempt in attempts
-        .into_iter()
-        .filter(|a| a.state == AttemptState::Started)
-    {
-        if attempt.kind != AttemptKind::Hedge {
-            inner.hedging.censored(
-                &round.route,
-                &attempt.provider,
-                Measure::TimeToAnswer,
-                now - attempt.started_at,
-                now,
-            );
-        }
-        let outcome = AttemptOutcome::Abandoned {
-            reason: "another attempt won; request dropped".to_string(),
-        };
-        settle(&inner, &plan, &attempt, outcome, Source::Live).await;
-    }
 }

@@ -1,22 +1,25 @@
-//! Driving one job: rounds of attempts (a primary or retry, plus hedges after
-//! the silence threshold) until one wins, the job must wait on an unknown
-//! outcome, fails for good, or goes to review.
+//! Driving one job, in named steps: [`Driver::plan`] (its route and request;
+//! the attempts of a job taken over become unknown), [`Driver::round`] (one
+//! round of attempts, `round.rs`), [`Driver::settle`] (what the round's end
+//! means: done, blocked, failed, or the next round and how it is steered)
+//! and [`Driver::back_off`] before the next round, until one attempt wins,
+//! the job must wait on an unknown outcome, fails for good, or goes to
+//! review (invariant 7).
 
+use super::attempt::{RoundEnd, RoundFailure};
 use super::durable::{self, retrying, Fence};
-use super::hedging::Measure;
 use super::plan::JobPlan;
+use super::round;
 use super::routing::{choose_hedge, choose_provider, Choice, Steer};
+use super::stream::StreamHub;
 use super::Inner;
 use crate::config::RouteConfig;
 use crate::domain::attempt::NewAttempt;
 use crate::domain::retry::backoff;
-use crate::domain::{new_id, Attempt, AttemptKind, AttemptState, GuardRefusal, Job, Millis};
+use crate::domain::{Attempt, AttemptKind, AttemptState, Job, Millis};
 use crate::metrics::Metrics;
-use crate::providers::catalog::ProviderEntry;
-use crate::providers::{AttemptOutcome, Failure, Provider, Success};
-use crate::store::{FinishAttempt, FinishOutcome, JobTransition};
-use futures::stream::FuturesUnordered;
-use futures::StreamExt;
+use crate::providers::AttemptOutcome;
+use crate::store::{FinishAttempt, JobTransition};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -103,335 +106,374 @@ async fn still_ours(inner: &Inner, job: &Job) -> bool {
     }
 }
 
-/// A failure that ended a round, as the retry policy needs it.
-pub(super) struct RoundFailure {
-    /// Kind, retryable and retry-after, as classified where the failure
-    /// arose: the adapter, the contract check, or the round itself.
-    pub failure: Failure,
-    /// The job's `last_error` should the failure end it.
-    pub reason: String,
-    /// Empty when no provider was tried (none admitted).
-    pub provider: String,
-    /// The provider itself refused retryably (429, 5xx, …): worth asking it
-    /// again before moving along the route.
-    pub refusal: bool,
-}
-
-impl RoundFailure {
-    /// A round that ended without a provider's answer: none admitted, the
-    /// request could not be rendered, the attempt to back up was settled.
-    pub(super) fn of_round(retryable: bool, kind: &str, reason: String, provider: &str) -> Self {
-        let failure = Failure {
-            retryable,
-            retry_after: None,
-            kind: kind.to_string(),
-            message: reason.clone(),
-            status: None,
-        };
-        RoundFailure {
-            failure,
-            reason,
-            provider: provider.to_string(),
-            refusal: false,
-        }
-    }
-
-    /// An attempt's recorded failure on `provider`.
-    fn of_attempt(provider: &str, failure: Failure, refusal: bool) -> Self {
-        RoundFailure {
-            reason: format!("{provider}: {}: {}", failure.kind, failure.message),
-            failure,
-            provider: provider.to_string(),
-            refusal,
-        }
-    }
-
-    pub(super) fn retryable(&self) -> bool {
-        self.failure.retryable
-    }
-}
-
-/// How a round of attempts ended.
-pub(super) enum RoundEnd {
-    /// An attempt won, or the job was finished or cancelled by someone else.
-    Done,
-    /// The guard refused the round's first attempt: an attempt is live.
-    Refused,
-    /// Nothing won. `unknown`: the provider of an attempt that ended unknown;
-    /// `failure`: the failure that counts (a non-retryable one dominates).
-    Ended {
-        unknown: Option<String>,
-        failure: Option<RoundFailure>,
-    },
-}
-
 /// The error kind with which a provider says the prompt does not fit.
 const CONTEXT_LENGTH_EXCEEDED: &str = "context_length_exceeded";
 
+/// Drive a job to its end: plan it, then rounds of attempts, each settled
+/// into the job's next step, with backoff between them.
 async fn drive(
     inner: &Arc<Inner>,
-    mut job: Job,
-    hub: Option<Arc<super::stream::StreamHub>>,
+    job: Job,
+    hub: Option<Arc<StreamHub>>,
     prestart: Option<super::Prestart>,
 ) {
-    let owner = inner.instance.clone();
-    let transition = |job_id: String, t: JobTransition| {
-        let inner = inner.clone();
-        let owner = owner.clone();
-        async move {
-            let now = inner.clock.now_ms();
-            // Applied twice (its first commit's answer lost) is harmless:
-            // the second finds the lease released or the same step taken.
-            let applied = retrying(&inner, &job_id, Fence::Store, "a job transition", |_| {
-                inner
-                    .store
-                    .transition_job(&job_id, Some(&owner), t.clone(), now)
-            })
-            .await;
-            match applied {
-                Ok(applied) => applied,
-                Err(e) => {
-                    tracing::error!(error = %e, "job transition failed");
-                    false
-                }
-            }
-        }
-    };
-    let Some(route) = inner.config.routes.get(&job.route).cloned() else {
-        let reason = format!("route {:?} is not configured on this server", job.route);
-        transition(job.id.clone(), JobTransition::Review { reason }).await;
-        Metrics::inc(&inner.metrics.jobs_to_review);
+    let Some(mut driver) = Driver::plan(inner, job, hub, prestart).await else {
         return;
     };
-    // The primary attempt the job's create started: the first round sends
-    // it as chosen, without starting another.
-    let (plan, mut prestarted) = match prestart {
-        Some(p) => (p.plan, Some(p.attempt)),
-        None => match JobPlan::new(&job.id, &job.request, &inner.contracts) {
-            Ok(plan) => (plan, None),
-            Err(e) => {
-                transition(job.id.clone(), JobTransition::Fail { reason: e.0 }).await;
-                Metrics::inc(&inner.metrics.jobs_failed);
-                return;
-            }
-        },
-    };
-    // The job's attempts so far: who was tried, who is unknown. Read again
-    // after every round that did not finish the job (retries are rare).
-    let mut history: Vec<Attempt> = Vec::new();
-    if job.attempt_count > 0 && prestarted.is_none() {
-        match recover_orphans(inner, &job).await {
-            Some(attempts) => history = attempts,
-            None => {
-                transition(job.id.clone(), JobTransition::BlockOnUnknown).await;
-                return;
-            }
-        }
-    }
-    // A retry continues along the route after the provider tried last.
-    let mut steer = Steer {
-        after: history.last().map(|a| a.provider.clone()),
-        blocked: Steer::blocked_by(inner, &history),
-        ..Steer::default()
-    };
-    // A job's first round (not a job taken over) counts once in its
-    // route's hedge window: the budget is a share of these.
-    if prestarted.is_some() || job.attempt_count == 0 {
-        inner.hedging.job_started(&job.route, inner.clock.now_ms());
-    }
-    let mut same_provider_streak = 0u32;
-    let mut idle_rounds = 0u32;
     loop {
-        if prestarted.is_none() && job.attempts_in_budget() >= i64::from(route.max_attempts) {
-            let reason = format!(
-                "retries exhausted after {} attempts; last error: {}",
-                job.attempts_in_budget(),
-                job.last_error.as_deref().unwrap_or("none")
-            );
-            if transition(job.id.clone(), JobTransition::Review { reason }).await {
-                Metrics::inc(&inner.metrics.jobs_to_review);
-            }
+        if driver.out_of_attempts().await {
             return;
         }
-        let kind = if job.attempt_count == 0 || prestarted.is_some() {
+        let Some(end) = driver.round().await else {
+            return;
+        };
+        let Some(next) = driver.settle(end).await else {
+            return;
+        };
+        if !driver.back_off(next).await {
+            return;
+        }
+    }
+}
+
+/// One job as its driver holds it between rounds.
+struct Driver<'a> {
+    inner: &'a Arc<Inner>,
+    job: Job,
+    route: RouteConfig,
+    plan: JobPlan,
+    /// The client's stream, when one waits for the job.
+    hub: Option<Arc<StreamHub>>,
+    /// The primary attempt the job's create started: the first round sends
+    /// it as chosen, without starting another.
+    prestarted: Option<NewAttempt>,
+    /// The job's attempts so far: who was tried, who is unknown. Read again
+    /// after every round that did not finish the job (retries are rare).
+    history: Vec<Attempt>,
+    /// How the next round is steered.
+    steer: Steer,
+    /// Retries of the same provider in a row (`same_provider_retries`).
+    same_provider_streak: u32,
+    /// Rounds in a row that no provider could take.
+    idle_rounds: u32,
+}
+
+/// The round after one that did not finish the job: how it is steered,
+/// how long it waits first, and why.
+struct NextRound {
+    steer: Steer,
+    retry_after: Option<Duration>,
+    /// False: the next round goes at once (a move to a larger window).
+    wait: bool,
+    reason: String,
+}
+
+impl<'a> Driver<'a> {
+    /// The job's route and plan, and its attempts so far when it was taken
+    /// over; `None` when the job ended here (no route, no plan, or its
+    /// attempts cannot be read).
+    async fn plan(
+        inner: &'a Arc<Inner>,
+        job: Job,
+        hub: Option<Arc<StreamHub>>,
+        prestart: Option<super::Prestart>,
+    ) -> Option<Driver<'a>> {
+        let Some(route) = inner.config.routes.get(&job.route).cloned() else {
+            let reason = format!("route {:?} is not configured on this server", job.route);
+            to_review(inner, &job.id, reason).await;
+            return None;
+        };
+        let (plan, prestarted) = match prestart {
+            Some(p) => (p.plan, Some(p.attempt)),
+            None => match JobPlan::new(&job.id, &job.request, &inner.contracts) {
+                Ok(plan) => (plan, None),
+                Err(e) => {
+                    to_failed(inner, &job.id, e.0).await;
+                    return None;
+                }
+            },
+        };
+        let mut history = Vec::new();
+        if job.attempt_count > 0 && prestarted.is_none() {
+            history = match recover_orphans(inner, &job).await {
+                Some(attempts) => attempts,
+                None => {
+                    transition(inner, &job.id, JobTransition::BlockOnUnknown).await;
+                    return None;
+                }
+            };
+        }
+        // A retry continues along the route after the provider tried last.
+        let steer = Steer {
+            after: history.last().map(|a| a.provider.clone()),
+            blocked: Steer::blocked_by(inner, &history),
+            ..Steer::default()
+        };
+        // A job's first round (not a job taken over) counts once in its
+        // route's hedge window: the budget is a share of these.
+        if prestarted.is_some() || job.attempt_count == 0 {
+            inner.hedging.job_started(&job.route, inner.clock.now_ms());
+        }
+        Some(Driver {
+            inner,
+            job,
+            route,
+            plan,
+            hub,
+            prestarted,
+            history,
+            steer,
+            same_provider_streak: 0,
+            idle_rounds: 0,
+        })
+    }
+
+    async fn transition(&self, t: JobTransition) -> bool {
+        transition(self.inner, &self.job.id, t).await
+    }
+
+    /// The route's `max_attempts` are spent: the job goes to review.
+    async fn out_of_attempts(&self) -> bool {
+        let made = self.job.attempts_in_budget();
+        if self.prestarted.is_some() || made < i64::from(self.route.max_attempts) {
+            return false;
+        }
+        let reason = format!(
+            "retries exhausted after {made} attempts; last error: {}",
+            self.job.last_error.as_deref().unwrap_or("none")
+        );
+        to_review(self.inner, &self.job.id, reason).await;
+        true
+    }
+
+    /// Where the round's first attempt goes, and its kind: the attempt the
+    /// create started; the rescue of an unknown attempt (e.g. an orphan of
+    /// a process that stopped: the fan-out to a provider the job has not
+    /// tried is a hedge, within max_hedges, and may start now, invariant
+    /// 4); else the route's next provider.
+    fn first_attempt(&self) -> (Choice<'a>, AttemptKind) {
+        let (inner, route) = (self.inner, &self.route);
+        let kind = if self.job.attempt_count == 0 || self.prestarted.is_some() {
             AttemptKind::Primary
         } else {
             AttemptKind::Retry
         };
-        let tried: Vec<String> = history.iter().map(|a| a.provider.clone()).collect();
-        // An attempt is unknown (e.g. an orphan of a process that stopped):
-        // the fan-out to a provider the job has not tried is a hedge, within
-        // max_hedges, and may start now (invariant 4).
+        if let Some(started) = &self.prestarted {
+            // The catalog is the engine's for its life: the provider the
+            // attempt was started for is in it.
+            let choice = inner.catalog.get(&started.provider).map_or_else(
+                || Choice::NoneAdmitted(format!("{}: not configured", started.provider)),
+                Choice::Provider,
+            );
+            return (choice, kind);
+        }
+        let history = &self.history;
         let unknown_left = history.iter().any(|a| a.state == AttemptState::Unknown);
         let hedges_made = history
             .iter()
             .filter(|a| a.kind == AttemptKind::Hedge)
             .count();
-        let rescue = (unknown_left && hedges_made < route.max_hedges as usize)
-            .then(|| choose_hedge(inner, &route, &plan, &tried))
-            .flatten();
-        let choice = match (&prestarted, rescue) {
-            // The catalog is the engine's for its life: the provider the
-            // attempt was started for is in it.
-            (Some(started), _) => inner.catalog.get(&started.provider).map_or_else(
-                || Choice::NoneAdmitted(format!("{}: not configured", started.provider)),
-                Choice::Provider,
-            ),
-            (None, Some(entry)) => Choice::Provider(entry),
-            (None, None) => choose_provider(inner, &route, &plan, kind, &steer),
-        };
-        let kind = if rescue.is_some() {
-            AttemptKind::Hedge
-        } else {
-            kind
-        };
-        let end = match choice {
-            Choice::Provider(entry) => match &hub {
-                Some(hub) if hub.is_open() => {
-                    super::stream::run_streamed_round(
-                        inner, &job, &route, &plan, entry, kind, tried, hub,
-                    )
-                    .await
-                }
-                _ => {
-                    let started = prestarted.take();
-                    run_round(inner, &job, &route, &plan, entry, kind, tried, started).await
-                }
-            },
+        if unknown_left && hedges_made < route.max_hedges as usize {
+            if let Some(entry) = choose_hedge(inner, route, &self.plan, &self.tried()) {
+                return (Choice::Provider(entry), AttemptKind::Hedge);
+            }
+        }
+        (
+            choose_provider(inner, route, &self.plan, kind, &self.steer),
+            kind,
+        )
+    }
+
+    fn tried(&self) -> Vec<String> {
+        self.history.iter().map(|a| a.provider.clone()).collect()
+    }
+
+    /// One round of attempts (streamed when a client's stream is open);
+    /// `None` when the job ended without one (no provider fits, every one
+    /// is blocked, or none could take it for `max_attempts` rounds).
+    async fn round(&mut self) -> Option<RoundEnd> {
+        let (choice, kind) = self.first_attempt();
+        let reason = match choice {
+            Choice::Provider(entry) => {
+                let scope = round::Scope {
+                    inner: self.inner,
+                    job: &self.job,
+                    route: &self.route,
+                    plan: &self.plan,
+                };
+                let first = round::First {
+                    entry,
+                    kind,
+                    started: self.prestarted.take(),
+                };
+                let hub = self.hub.clone().filter(|hub| hub.is_open());
+                return Some(round::run(scope, first, self.tried(), hub).await);
+            }
             Choice::NoneFits(reason) => {
-                let reason = match steer.window_above {
+                let reason = match self.steer.window_above {
                     Some(_) => format!("{CONTEXT_LENGTH_EXCEEDED}: no provider on the route has a larger context window: {reason}"),
                     None => reason,
                 };
-                transition(job.id.clone(), JobTransition::Fail { reason }).await;
-                Metrics::inc(&inner.metrics.jobs_failed);
-                return;
+                to_failed(self.inner, &self.job.id, reason).await;
+                return None;
             }
             Choice::Blocked(why) => {
                 tracing::info!(%why, "every provider left has an unknown attempt; waiting for reconciliation");
-                transition(job.id.clone(), JobTransition::BlockOnUnknown).await;
-                return;
+                self.transition(JobTransition::BlockOnUnknown).await;
+                return None;
             }
-            Choice::NoneAdmitted(reason) => {
-                idle_rounds += 1;
-                if idle_rounds >= route.max_attempts {
-                    let reason = format!("no provider could take the job: {reason}");
-                    if transition(job.id.clone(), JobTransition::Review { reason }).await {
-                        Metrics::inc(&inner.metrics.jobs_to_review);
-                    }
-                    return;
-                }
-                RoundEnd::Ended {
-                    unknown: None,
-                    failure: Some(RoundFailure::of_round(true, "no_provider", reason, "")),
-                }
-            }
+            Choice::NoneAdmitted(reason) => reason,
         };
+        self.idle_rounds += 1;
+        if self.idle_rounds >= self.route.max_attempts {
+            let reason = format!("no provider could take the job: {reason}");
+            to_review(self.inner, &self.job.id, reason).await;
+            return None;
+        }
+        let failure = RoundFailure::of_round(true, "no_provider", reason, "");
+        Some(RoundEnd::ended(None, Some(failure)))
+    }
+
+    /// What a round that did not finish the job means for it: it stops
+    /// (blocked, failed, the client told of an error), or the next round is
+    /// steered by how this one ended.
+    async fn settle(&mut self, end: RoundEnd) -> Option<NextRound> {
         // The client's stream ended with an error: unless the route says
         // otherwise, the job is not run again behind its back.
-        if let (Some(hub), RoundEnd::Ended { unknown, .. }) = (&hub, &end) {
-            if let Some((code, told)) = hub.error().filter(|_| !route.complete_after_stream_error) {
-                stop_after_stream_error(inner, unknown.as_deref(), &code, &told, |t| {
-                    transition(job.id.clone(), t)
-                })
-                .await;
-                return;
+        if let (Some(hub), RoundEnd::Ended { unknown, .. }) = (&self.hub, &end) {
+            if let Some((code, told)) = hub
+                .error()
+                .filter(|_| !self.route.complete_after_stream_error)
+            {
+                self.stop_after_stream_error(unknown.as_deref(), &code, &told)
+                    .await;
+                return None;
             }
         }
         let (unknown, failure) = match end {
-            RoundEnd::Done => return,
+            RoundEnd::Done => return None,
             RoundEnd::Refused
             | RoundEnd::Ended {
                 unknown: None,
                 failure: None,
             } => {
-                transition(job.id.clone(), JobTransition::BlockOnUnknown).await;
-                return;
+                self.transition(JobTransition::BlockOnUnknown).await;
+                return None;
             }
             RoundEnd::Ended { unknown, failure } => (unknown, failure),
         };
-        // How the next round is steered, and how long it waits.
-        let mut next = Steer {
-            after: steer.after.clone(),
-            ..Steer::default()
+        let mut next = self.steer_next(unknown.as_deref(), failure).await?;
+        let listed = retrying(
+            self.inner,
+            &self.job.id,
+            Fence::Store,
+            "listing attempts",
+            |_| self.inner.store.list_attempts(&self.job.id),
+        )
+        .await;
+        self.history = match listed {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot list a job's attempts; its lease will expire");
+                return None;
+            }
         };
-        let mut retry_after = None;
-        let mut wait_at_all = true;
-        let reason = match failure {
+        next.steer.blocked = Steer::blocked_by(self.inner, &self.history);
+        if unknown.is_some() {
+            // Blocked only when no provider is left that the job may try.
+            let choice = choose_provider(
+                self.inner,
+                &self.route,
+                &self.plan,
+                AttemptKind::Retry,
+                &next.steer,
+            );
+            if let Choice::Blocked(why) = choice {
+                tracing::info!(%why, "an attempt ended unknown and no provider is left; waiting for reconciliation");
+                self.transition(JobTransition::BlockOnUnknown).await;
+                return None;
+            }
+        }
+        Some(next)
+    }
+
+    /// How the next round is steered by the failure that counts (or the
+    /// unknown attempt): a larger window after `context_length_exceeded`,
+    /// the same provider again after its retryable refusal (up to
+    /// `same_provider_retries`), else along the route. `None` when the
+    /// failure ends the job.
+    async fn steer_next(
+        &mut self,
+        unknown: Option<&str>,
+        failure: Option<RoundFailure>,
+    ) -> Option<NextRound> {
+        let mut next = NextRound {
+            steer: Steer {
+                after: self.steer.after.clone(),
+                ..Steer::default()
+            },
+            retry_after: None,
+            wait: true,
+            reason: String::new(),
+        };
+        next.reason = match failure {
             // The provider said the prompt does not fit: only a larger window
             // may take it, never the one that refused.
             Some(f) if !f.retryable() && f.failure.kind == CONTEXT_LENGTH_EXCEEDED => {
-                next.window_above = inner
+                next.steer.window_above = self
+                    .inner
                     .catalog
                     .get(&f.provider)
                     .map(|e| e.config.context_window);
-                next.after = Some(f.provider);
-                same_provider_streak = 0;
-                wait_at_all = false;
+                next.steer.after = Some(f.provider);
+                self.same_provider_streak = 0;
+                next.wait = false;
                 f.reason
             }
             Some(f) if !f.retryable() => {
                 // Failing now would discard what the unknown attempt may yet
                 // deliver: the reconciler decides first.
                 if unknown.is_some() {
-                    transition(job.id.clone(), JobTransition::BlockOnUnknown).await;
-                } else if transition(job.id.clone(), JobTransition::Fail { reason: f.reason }).await
-                {
-                    Metrics::inc(&inner.metrics.jobs_failed);
+                    self.transition(JobTransition::BlockOnUnknown).await;
+                } else {
+                    to_failed(self.inner, &self.job.id, f.reason).await;
                 }
-                return;
+                return None;
             }
             Some(f) => {
                 if f.refusal
                     && !f.provider.is_empty()
-                    && same_provider_streak < route.same_provider_retries
+                    && self.same_provider_streak < self.route.same_provider_retries
                 {
                     // Ask the same provider again first, never sooner than
                     // it asked (Retry-After).
-                    same_provider_streak += 1;
-                    next.prefer = Some(f.provider.clone());
-                    retry_after = f.failure.retry_after;
+                    self.same_provider_streak += 1;
+                    next.steer.prefer = Some(f.provider.clone());
+                    next.retry_after = f.failure.retry_after;
                 } else {
-                    same_provider_streak = 0;
+                    self.same_provider_streak = 0;
                 }
                 if !f.provider.is_empty() {
-                    next.after = Some(f.provider);
+                    next.steer.after = Some(f.provider);
                 }
                 f.reason
             }
             None => {
-                same_provider_streak = 0;
-                next.after = unknown.clone();
-                format!(
-                    "an attempt on {} ended unknown",
-                    unknown.as_deref().unwrap_or("?")
-                )
+                self.same_provider_streak = 0;
+                next.steer.after = unknown.map(str::to_string);
+                format!("an attempt on {} ended unknown", unknown.unwrap_or("?"))
             }
         };
-        let listed = retrying(inner, &job.id, Fence::Store, "listing attempts", |_| {
-            inner.store.list_attempts(&job.id)
-        })
-        .await;
-        history = match listed {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot list a job's attempts; its lease will expire");
-                return;
-            }
-        };
-        next.blocked = Steer::blocked_by(inner, &history);
-        if unknown.is_some() {
-            // Blocked only when no provider is left that the job may try.
-            if let Choice::Blocked(why) =
-                choose_provider(inner, &route, &plan, AttemptKind::Retry, &next)
-            {
-                tracing::info!(%why, "an attempt ended unknown and no provider is left; waiting for reconciliation");
-                transition(job.id.clone(), JobTransition::BlockOnUnknown).await;
-                return;
-            }
-        }
-        let wait = if wait_at_all {
-            let retry_number = (job.attempts_in_budget().max(1)) as u32;
+        Some(next)
+    }
+
+    /// Schedule the next round (backoff with full jitter, never sooner than
+    /// a `Retry-After`), wait for it, and read the job back; false when the
+    /// job is no longer this driver's to run.
+    async fn back_off(&mut self, next: NextRound) -> bool {
+        let (inner, route) = (self.inner, &self.route);
+        let wait = if next.wait {
+            let retry_number = (self.job.attempts_in_budget().max(1)) as u32;
             let mut rng = match inner.rng.lock() {
                 Ok(r) => r,
                 Err(p) => p.into_inner(),
@@ -440,7 +482,7 @@ async fn drive(
                 Duration::from_millis(route.backoff_base_ms),
                 Duration::from_millis(route.backoff_cap_ms),
                 retry_number,
-                retry_after,
+                next.retry_after,
                 &mut *rng,
             )
         } else {
@@ -449,65 +491,89 @@ async fn drive(
         let next_run_at = inner.clock.now_ms() + wait.as_millis() as Millis;
         let scheduled = JobTransition::Backoff {
             next_run_at,
-            lease_until: next_run_at + inner.lease_ms(&route),
-            reason,
+            lease_until: next_run_at + inner.lease_ms(route),
+            reason: next.reason,
         };
-        if !transition(job.id.clone(), scheduled).await {
-            return;
+        if !self.transition(scheduled).await {
+            return false;
         }
         tokio::time::sleep(wait).await;
-        let reloaded = retrying(inner, &job.id, Fence::Store, "reloading a job", |_| {
-            inner.store.get_job(&job.id)
+        let job_id = &self.job.id;
+        let reloaded = retrying(inner, job_id, Fence::Store, "reloading a job", |_| {
+            inner.store.get_job(job_id)
         })
         .await;
-        job = match reloaded {
+        self.job = match reloaded {
             Ok(Some(j))
                 if j.state.takes_attempts()
                     && j.lease_owner.as_deref() == Some(&inner.instance) =>
             {
                 j
             }
-            Ok(_) => return,
+            Ok(_) => return false,
             Err(e) => {
                 tracing::error!(error = %e, "cannot reload job after backoff; its lease will expire");
-                return;
+                return false;
             }
         };
-        steer = next;
+        self.steer = next.steer;
+        true
+    }
+
+    /// `complete_after_stream_error = false`: the client was told `code`:
+    /// `told`, so no other attempt is made. Without an unknown attempt the
+    /// job fails with that error. An unknown one may have executed
+    /// (invariant 3): the job waits in review, where reconciliation may
+    /// still find its answer and complete the job, and nothing runs it
+    /// again.
+    async fn stop_after_stream_error(&self, unknown: Option<&str>, code: &str, told: &str) {
+        let reason = format!(
+            "{code}: {told} (the client's stream ended with this error; complete_after_stream_error is off, so the job is not run again)"
+        );
+        match unknown {
+            Some(provider) => {
+                tracing::info!(%provider, %code, "the client was told of an error; the job waits for its unknown attempt in review, not run again");
+                to_review(self.inner, &self.job.id, reason).await;
+            }
+            None => {
+                tracing::info!(%code, "the client was told of an error; the job fails with it, not run again");
+                to_failed(self.inner, &self.job.id, reason).await;
+            }
+        }
     }
 }
 
-/// `complete_after_stream_error = false`: the client was told `code`:
-/// `told`, so no other attempt is made. Without an unknown attempt the job
-/// fails with that error. An unknown one may have executed (invariant 3):
-/// the job waits in review, where reconciliation may still find its answer
-/// and complete the job, and nothing runs it again.
-async fn stop_after_stream_error<F, Fut>(
-    inner: &Inner,
-    unknown: Option<&str>,
-    code: &str,
-    told: &str,
-    transition: F,
-) where
-    F: Fn(JobTransition) -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let reason = format!(
-        "{code}: {told} (the client's stream ended with this error; complete_after_stream_error is off, so the job is not run again)"
-    );
-    match unknown {
-        Some(provider) => {
-            tracing::info!(%provider, %code, "the client was told of an error; the job waits for its unknown attempt in review, not run again");
-            if transition(JobTransition::Review { reason }).await {
-                Metrics::inc(&inner.metrics.jobs_to_review);
-            }
+/// Apply a job transition as this process's lease holder. Applied twice
+/// (its first commit's answer lost) is harmless: the second finds the lease
+/// released or the same step taken.
+async fn transition(inner: &Inner, job_id: &str, t: JobTransition) -> bool {
+    let now = inner.clock.now_ms();
+    let applied = retrying(inner, job_id, Fence::Store, "a job transition", |_| {
+        inner
+            .store
+            .transition_job(job_id, Some(&inner.instance), t.clone(), now)
+    })
+    .await;
+    match applied {
+        Ok(applied) => applied,
+        Err(e) => {
+            tracing::error!(error = %e, "job transition failed");
+            false
         }
-        None => {
-            tracing::info!(%code, "the client was told of an error; the job fails with it, not run again");
-            if transition(JobTransition::Fail { reason }).await {
-                Metrics::inc(&inner.metrics.jobs_failed);
-            }
-        }
+    }
+}
+
+/// The job goes to the review queue (invariant 7).
+async fn to_review(inner: &Inner, job_id: &str, reason: String) {
+    if transition(inner, job_id, JobTransition::Review { reason }).await {
+        Metrics::inc(&inner.metrics.jobs_to_review);
+    }
+}
+
+/// The job fails for good.
+async fn to_failed(inner: &Inner, job_id: &str, reason: String) {
+    if transition(inner, job_id, JobTransition::Fail { reason }).await {
+        Metrics::inc(&inner.metrics.jobs_failed);
     }
 }
 
@@ -546,484 +612,4 @@ async fn recover_orphans(inner: &Arc<Inner>, job: &Job) -> Option<Vec<Attempt>> 
         attempt.state = AttemptState::Unknown;
     }
     Some(attempts)
-}
-
-type Flight = futures::future::BoxFuture<'static, (Attempt, AttemptOutcome)>;
-
-fn launch(
-    entry: &ProviderEntry,
-    attempt: Attempt,
-    request: crate::providers::ChatRequest,
-    timeout: Duration,
-) -> Flight {
-    let client: Arc<dyn Provider> = entry.client.clone();
-    let span = tracing::info_span!(
-        "attempt",
-        job_id = %attempt.job_id,
-        attempt_id = %attempt.id,
-        provider = %attempt.provider,
-        kind = attempt.kind.as_str(),
-    );
-    let flight = async move {
-        let outcome = match tokio::time::timeout(timeout, client.call(&request)).await {
-            Ok(outcome) => outcome,
-            Err(_) => AttemptOutcome::unknown(
-                "attempt_timeout",
-                format!(
-                    "no answer within attempt_timeout_ms ({} ms)",
-                    timeout.as_millis()
-                ),
-            ),
-        };
-        (attempt, outcome)
-    };
-    Box::pin(tracing::Instrument::instrument(flight, span))
-}
-
-pub(super) async fn start(
-    inner: &Inner,
-    job: &Job,
-    route: &RouteConfig,
-    entry: &ProviderEntry,
-    kind: AttemptKind,
-) -> Result<Attempt, GuardRefusal> {
-    let new = NewAttempt {
-        id: new_id(),
-        job_id: job.id.clone(),
-        provider: entry.name.clone(),
-        kind,
-        max_hedges: i64::from(route.max_hedges),
-        reuses_key: entry.config.honours_idempotency_key,
-        started_at: inner.clock.now_ms(),
-    };
-    match durable::start_attempt(inner, new).await {
-        Ok(result) => result,
-        // Not transient, the lease lost meanwhile, or the store down for a
-        // whole lease: this process lets go of the job; the lease's next
-        // holder drives it.
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start an attempt");
-            Err(GuardRefusal::NoSuchJob)
-        }
-    }
-}
-
-/// What finishing one attempt meant for the round.
-pub(super) enum Settled {
-    Won,
-    /// Someone else won, or the job was cancelled.
-    Lost,
-    Failed(RoundFailure),
-    Unknown,
-}
-
-/// An answer not streamed arrives whole: its first token is its end. (A
-/// streamed attempt's first token is observed when its first piece arrives.)
-/// Its time to answer is a sample of the route's learned silence.
-fn observe_whole_answer(inner: &Inner, route: &str, attempt: &Attempt, outcome: &AttemptOutcome) {
-    if let AttemptOutcome::Succeeded(_) = outcome {
-        let now = inner.clock.now_ms();
-        let elapsed = now - attempt.started_at;
-        inner
-            .metrics
-            .observe_time_to_first_token(&attempt.provider, elapsed);
-        inner.hedging.observe(
-            route,
-            &attempt.provider,
-            Measure::TimeToAnswer,
-            elapsed,
-            now,
-        );
-    }
-}
-
-/// Who reports an attempt's end to [`settle`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Source {
-    /// The driver, with the provider's own answer.
-    Live,
-    /// The reconciler, with what the provider recorded under the job's key:
-    /// it says nothing about the provider's latency or health now.
-    Reconciled,
-}
-
-/// An attempt's end, settled: an answer is checked against the job's
-/// contract and then, like every other ending, [`record`]ed. Used by the
-/// driver, the streamed rounds (for answers and for the attempts they
-/// abandon) and the reconciler.
-pub(super) async fn settle(
-    inner: &Inner,
-    plan: &JobPlan,
-    attempt: &Attempt,
-    outcome: AttemptOutcome,
-    source: Source,
-) -> Settled {
-    // The provider itself refused, retryably, as its adapter classified it
-    // (a contract violation, found below, is not the provider's refusal).
-    let refusal = matches!(&outcome, AttemptOutcome::Failed(f) if f.retryable);
-    // An answer is recorded as the job's result it makes. Output that
-    // breaks the contract is never a result; another provider may keep
-    // it, so the job may fail over.
-    let outcome = match outcome {
-        AttemptOutcome::Succeeded(success) => match plan.result_from(&success) {
-            Ok(result) => AttemptOutcome::Succeeded(Success {
-                output: result,
-                tool_calls: Vec::new(),
-                ..success
-            }),
-            Err((kind, message)) => AttemptOutcome::Failed(Failure {
-                retryable: true,
-                retry_after: None,
-                kind,
-                message,
-                status: None,
-            }),
-        },
-        other => other,
-    };
-    record(inner, attempt, outcome, refusal, source).await
-}
-
-/// The one place where how an attempt ended becomes the attempt's state
-/// (through the CAS for an answer), its metrics and the provider's
-/// breaker. `refusal`: the provider refused retryably, so it may be asked
-/// again first. Only an answer already checked against the job's contract
-/// (by [`settle`]) comes here directly, or no answer at all.
-pub(super) async fn record(
-    inner: &Inner,
-    attempt: &Attempt,
-    outcome: AttemptOutcome,
-    refusal: bool,
-    source: Source,
-) -> Settled {
-    let provider = attempt.provider.as_str();
-    let abandoned = matches!(outcome, AttemptOutcome::Abandoned { .. });
-    // A dropped request said nothing about the provider.
-    let live = source == Source::Live && !abandoned;
-    if live {
-        let elapsed_ms = inner.clock.now_ms() - attempt.started_at;
-        inner.metrics.observe_provider_latency(provider, elapsed_ms);
-    }
-    if refusal && live {
-        let now = inner.clock.now_ms();
-        inner.with_breaker(provider, |b| b.on_retryable_failure(now));
-    }
-    let tokens = match &outcome {
-        AttemptOutcome::Succeeded(Success { usage: Some(u), .. }) => {
-            u64::from(u.prompt_tokens) + u64::from(u.completion_tokens)
-        }
-        _ => 0,
-    };
-    let failure = match &outcome {
-        AttemptOutcome::Failed(f) => Some(f.clone()),
-        _ => None,
-    };
-    let actor = match source {
-        Source::Live => format!("engine:{}", inner.instance),
-        Source::Reconciled => "reconciler".to_string(),
-    };
-    let finish = FinishAttempt {
-        attempt_id: attempt.id.clone(),
-        outcome,
-        at: inner.clock.now_ms(),
-        actor,
-    };
-    match durable::finish_attempt(inner, &attempt.job_id, finish).await {
-        Ok(FinishOutcome::Won { job, .. }) => {
-            // Whoever waits for the job (`Prefer: wait`) gets it as the
-            // commit left it, instead of reading it back.
-            if let Some(job) = job {
-                inner.hand_over(*job);
-            }
-            if live {
-                inner.with_breaker(provider, |b| b.on_success());
-            }
-            inner.metrics.attempt_finished(provider, "succeeded");
-            Metrics::inc(&inner.metrics.jobs_succeeded);
-            if attempt.kind == AttemptKind::Hedge {
-                Metrics::inc(&inner.metrics.hedges_won);
-            }
-            Settled::Won
-        }
-        Ok(FinishOutcome::Lost) if abandoned => {
-            Metrics::inc(&inner.metrics.attempts_abandoned);
-            inner.metrics.attempt_finished(provider, "abandoned");
-            Settled::Lost
-        }
-        Ok(FinishOutcome::Lost) => {
-            inner.metrics.attempt_finished(provider, "discarded");
-            Metrics::inc(&inner.metrics.cas_lost);
-            inner.metrics.discarded(provider, tokens);
-            tracing::info!(attempt_id = %attempt.id, "late result lost the compare-and-swap; discarded");
-            Settled::Lost
-        }
-        Ok(FinishOutcome::Recorded) => match failure {
-            Some(failure) => {
-                inner.metrics.attempt_finished(provider, "failed");
-                Settled::Failed(RoundFailure::of_attempt(provider, failure, refusal))
-            }
-            None => {
-                inner.metrics.attempt_finished(provider, "unknown");
-                Settled::Unknown
-            }
-        },
-        // The attempt's row did not move as asked: settled meanwhile (by an
-        // admin, another reconciler, or the new holder of a lost lease), or
-        // the store stayed down: do not guess; nothing may retry on this basis.
-        Err(e @ crate::store::StoreError::InvalidTransition { .. }) => {
-            tracing::info!(error = %e, attempt_id = %attempt.id, "the attempt was settled meanwhile");
-            Settled::Unknown
-        }
-        Err(e) => {
-            tracing::error!(error = %e, attempt_id = %attempt.id, "cannot record an attempt's end");
-            Settled::Unknown
-        }
-    }
-}
-
-/// Start a hedge to a provider the job has not tried, if one may take it;
-/// `why` is logged. `budgeted`: a hedge after a silence, which the route's
-/// hedge budget may refuse (the rescue of an unknown attempt is not
-/// refused). The flight, or `None` when no hedge may start.
-async fn hedge(
-    inner: &Arc<Inner>,
-    job: &Job,
-    route: &RouteConfig,
-    plan: &JobPlan,
-    tried: &mut Vec<String>,
-    why: &str,
-    budgeted: bool,
-) -> Option<Flight> {
-    let entry = choose_hedge(inner, route, plan, tried)?;
-    let request = plan.request_for(entry).ok()?;
-    let admitted = if budgeted {
-        super::hedging::admit(inner, job)
-    } else {
-        inner.hedging.admit(&job.route, inner.clock.now_ms(), false)
-    };
-    if !admitted {
-        return None;
-    }
-    let Ok(attempt) = start(inner, job, route, entry, AttemptKind::Hedge).await else {
-        inner.hedging.not_started(&job.route, inner.clock.now_ms());
-        return None;
-    };
-    Metrics::inc(&inner.metrics.hedges_started);
-    tracing::info!(provider = %entry.name, "{why}; hedging");
-    tried.push(entry.name.clone());
-    let timeout = Duration::from_millis(route.attempt_timeout_ms);
-    Some(launch(entry, attempt, request, timeout))
-}
-
-/// One round: the first attempt, hedges after the silence threshold or at
-/// once when an attempt ends unknown (the rescue, within `max_hedges`), until
-/// one wins or all have ended. `tried`: providers the job has attempted;
-/// `started`: the first attempt, when the job's create started it.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the round's inputs, each used; bundling them would only rename them"
-)]
-async fn run_round(
-    inner: &Arc<Inner>,
-    job: &Job,
-    route: &RouteConfig,
-    plan: &JobPlan,
-    first: &ProviderEntry,
-    kind: AttemptKind,
-    mut tried: Vec<String>,
-    started: Option<NewAttempt>,
-) -> RoundEnd {
-    let timeout = Duration::from_millis(route.attempt_timeout_ms);
-    let mut flights: FuturesUnordered<Flight> = FuturesUnordered::new();
-    let request = match plan.request_for(first) {
-        Ok(r) => r,
-        Err(e) => {
-            return RoundEnd::Ended {
-                unknown: None,
-                failure: Some(RoundFailure::of_round(
-                    false,
-                    "invalid_request",
-                    e.0,
-                    &first.name,
-                )),
-            }
-        }
-    };
-    let attempt = match started {
-        // Committed with the job: the first attempt of a job, seq 1, read
-        // at version 0.
-        Some(new) => Ok(new.started(1, 0)),
-        None => start(inner, job, route, first, kind).await,
-    };
-    match attempt {
-        Ok(attempt) => {
-            tried.push(first.name.clone());
-            flights.push(launch(first, attempt, request, timeout));
-        }
-        Err(GuardRefusal::OutcomeUnknown) => return RoundEnd::Refused,
-        // The unknown attempt a rescue was to back up was settled meanwhile:
-        // go on as a retry.
-        Err(GuardRefusal::HedgeNotAllowed) => {
-            return RoundEnd::Ended {
-                unknown: None,
-                failure: Some(RoundFailure::of_round(
-                    true,
-                    "hedge_not_needed",
-                    "the attempt to back up was settled meanwhile".to_string(),
-                    "",
-                )),
-            }
-        }
-        Err(_) => return RoundEnd::Done,
-    }
-    let mut hedges_left = route.max_hedges;
-    let silent_for = super::hedging::silence(inner, job, route, &first.name, Measure::TimeToAnswer);
-    let silence = tokio::time::sleep(silent_for);
-    tokio::pin!(silence);
-    let mut silence_armed = true;
-    let (mut unknown, mut failure) = (None::<String>, None::<RoundFailure>);
-    while !flights.is_empty() {
-        tokio::select! {
-            biased;
-            Some((attempt, outcome)) = flights.next() => {
-                observe_whole_answer(inner, &job.route, &attempt, &outcome);
-                let settled = settle(inner, plan, &attempt, outcome, Source::Live).await;
-                let won_by_hedge = matches!(settled, Settled::Won) && attempt.kind == AttemptKind::Hedge;
-                if matches!(settled, Settled::Won) {
-                    inner.metrics.observe_job_latency(inner.clock.now_ms() - job.created_at);
-                    if won_by_hedge {
-                        inner.hedging.hedge_won(&job.route, inner.clock.now_ms());
-                    }
-                }
-                match settled {
-                    Settled::Won | Settled::Lost => {
-                        let losers = std::mem::take(&mut flights);
-                        if !losers.is_empty() {
-                            let plan = Arc::new(plan.clone());
-                            let round = LostRound {
-                                job_id: job.id.clone(),
-                                route: job.route.clone(),
-                                won_at: won_by_hedge.then(|| inner.clock.now_ms()),
-                            };
-                            inner.spawn(finish_losers(inner.clone(), losers, plan, round));
-                        }
-                        return RoundEnd::Done;
-                    }
-                    Settled::Unknown => {
-                        unknown = Some(attempt.provider.clone());
-                        // Rescue: an unknown outcome blocks re-sending to this
-                        // provider, not the planned fan-out to another.
-                        if hedges_left > 0 && flights.len() <= 1 {
-                            let why = format!("attempt on {} ended unknown", attempt.provider);
-                            if let Some(flight) = hedge(inner, job, route, plan, &mut tried, &why, false).await {
-                                flights.push(flight);
-                                hedges_left -= 1;
-                            }
-                        }
-                    }
-                    Settled::Failed(f) => {
-                        // A non-retryable failure dominates a retryable one.
-                        if failure.as_ref().is_none_or(RoundFailure::retryable) {
-                            failure = Some(f);
-                        }
-                    }
-                }
-            }
-            _ = &mut silence, if silence_armed && hedges_left > 0 && flights.len() == 1 => {
-                silence_armed = false;
-                // Denied by the budget (or no target): the job waits for
-                // the attempt in flight or its time limits.
-                if let Some(flight) = hedge(inner, job, route, plan, &mut tried, "attempt silent", true).await {
-                    flights.push(flight);
-                    hedges_left -= 1;
-                    if hedges_left > 0 {
-                        silence.as_mut().reset(tokio::time::Instant::now() + silent_for);
-                        silence_armed = true;
-                    }
-                }
-            }
-        }
-    }
-    RoundEnd::Ended { unknown, failure }
-}
-
-/// A round that ended with attempts still in flight, as its losers'
-/// cost is counted.
-struct LostRound {
-    job_id: String,
-    route: String,
-    /// When a hedge won the round (`None`: another attempt won).
-    won_at: Option<Millis>,
-}
-
-/// After a winner committed: attempts still in flight get `loser_grace_ms`
-/// to answer (their result then loses the CAS and their usage is counted);
-/// after that their requests are dropped and they are recorded as abandoned.
-/// A primary that answers after its hedge won tells how much the hedge
-/// saved; one dropped unanswered is a lower bound of its latency.
-async fn finish_losers(
-    inner: Arc<Inner>,
-    mut losers: FuturesUnordered<Flight>,
-    plan: Arc<JobPlan>,
-    round: LostRound,
-) {
-    let grace = tokio::time::sleep(Duration::from_millis(inner.config.engine.loser_grace_ms));
-    tokio::pin!(grace);
-    loop {
-        tokio::select! {
-            biased;
-            next = losers.next() => match next {
-                Some((attempt, outcome)) => {
-                    observe_whole_answer(&inner, &round.route, &attempt, &outcome);
-                    let tokens = match &outcome {
-                        AttemptOutcome::Succeeded(Success { usage: Some(u), .. }) => {
-                            u64::from(u.prompt_tokens) + u64::from(u.completion_tokens)
-                        }
-                        _ => 0,
-                    };
-                    let answered = matches!(outcome, AttemptOutcome::Succeeded(_));
-                    let settled = settle(&inner, &plan, &attempt, outcome, Source::Live).await;
-                    let now = inner.clock.now_ms();
-                    if matches!(settled, Settled::Lost) && answered {
-                        inner.hedging.discarded(&round.route, tokens, now);
-                        if let (Some(won_at), true) = (round.won_at, attempt.kind != AttemptKind::Hedge) {
-                            inner.hedging.latency_saved(&round.route, now - won_at, now);
-                        }
-                    }
-                }
-                None => return,
-            },
-            _ = &mut grace => break,
-        }
-    }
-    let job_id = round.job_id.clone();
-    // Dropping the futures drops their HTTP requests. Which attempts they were
-    // is only known inside them, so ask the store for the job's live ones.
-    drop(losers);
-    let listed = retrying(&inner, &job_id, Fence::Store, "listing attempts", |_| {
-        inner.store.list_attempts(&job_id)
-    })
-    .await;
-    let Ok(attempts) = listed else {
-        return;
-    };
-    let now = inner.clock.now_ms();
-    for attempt in attempts
-        .into_iter()
-        .filter(|a| a.state == AttemptState::Started)
-    {
-        if attempt.kind != AttemptKind::Hedge {
-            inner.hedging.censored(
-                &round.route,
-                &attempt.provider,
-                Measure::TimeToAnswer,
-                now - attempt.started_at,
-                now,
-            );
-        }
-        let outcome = AttemptOutcome::Abandoned {
-            reason: "another attempt won; request dropped".to_string(),
-        };
-        settle(&inner, &plan, &attempt, outcome, Source::Live).await;
-    }
 }

@@ -1,7 +1,7 @@
 //! Hedging that tunes itself, as the engine runs it: per route and
 //! provider, the learned estimate of time to first token (streamed rounds)
 //! or to answer (rounds not streamed); per route, the hedge budget and the
-//! cost of hedging over a sliding window. Both rounds ask [`silence`] for
+//! cost of hedging over a sliding window. The round asks [`silence`] for
 //! the threshold in force and [`admit`] whether a hedge may start.
 //!
 //! Instances share what they learned through the database: every
@@ -518,8 +518,8 @@ impl Cost {
 }
 
 /// The silence a round waits on `provider` before it hedges: the
-/// threshold in force for the job's route. The one place both rounds (and
-/// a second hedge) take it from.
+/// threshold in force for the job's route. The one place the round (and
+/// its second hedge) takes it from.
 pub(super) fn silence(
     inner: &Inner,
     job: &Job,

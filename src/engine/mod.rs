@@ -7,13 +7,30 @@
 //!
 //! Time (`Clock` for timestamps, tokio time for timers), randomness (a seeded
 //! RNG) and providers (the `Provider` trait) are injected.
+//!
+//! Its files, each using only those listed after it (and this one):
+//! - `driver.rs`: one job from its claim to its end, in named steps (plan,
+//!   round, settle, back off);
+//! - `round.rs`: one round of attempts, the same for every job, streamed or
+//!   not; `relay.rs`: what a streamed round tells its client;
+//! - `reconciler.rs`: unknown attempts, asked about by key;
+//! - `stream.rs`: a streamed job's hub, which clients read;
+//! - `attempt.rs`: one attempt's guarded start, its task, its settled end
+//!   (the CAS);
+//! - `routing.rs` (which provider), `plan.rs` (a job's request per
+//!   provider), `hedging.rs` (learned silence, hedge budget), `durable.rs`
+//!   (store steps through database blips), `gate.rs` (contract
+//!   eligibility).
 
+mod attempt;
 mod driver;
 mod durable;
 pub mod gate;
 pub mod hedging;
 pub mod plan;
 mod reconciler;
+mod relay;
+mod round;
 mod routing;
 pub mod stream;
 
@@ -153,7 +170,7 @@ impl Engine {
     /// The primary attempt of a job about to be created here, to be
     /// started in the create's own commit ([`NewJob::primary`]); `None`
     /// when the job must start as before: a streaming client waits for it
-    /// (the streamed round starts its own attempt), its request cannot be
+    /// (its first round starts its own attempt), its request cannot be
     /// planned, or no provider may take it now.
     ///
     /// [`NewJob::primary`]: crate::domain::job::NewJob::primary

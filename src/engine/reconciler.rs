@@ -4,7 +4,7 @@
 //! may retry. Cannot tell: it stays unknown; past the route's
 //! `unknown_deadline_ms` the job goes to review.
 
-use super::driver::{record, settle, Settled, Source};
+use super::attempt::{record, settle, Settled, Source};
 use super::plan::JobPlan;
 use super::Inner;
 use crate::domain::Attempt;

@@ -153,11 +153,27 @@ pub(super) fn choose_hedge<'a>(
     plan: &JobPlan,
     tried: &[String],
 ) -> Option<&'a ProviderEntry> {
+    choose_continuation(inner, route, plan, tried, false)
+}
+
+/// A provider that may finish a stream broken mid-answer: a hedge target
+/// that, with `prefill`, continues an assistant prefill; without, it is
+/// asked for the whole answer again (a restart).
+pub(super) fn choose_continuation<'a>(
+    inner: &'a Inner,
+    route: &RouteConfig,
+    plan: &JobPlan,
+    tried: &[String],
+    prefill: bool,
+) -> Option<&'a ProviderEntry> {
     std::iter::once(&route.primary)
         .chain(route.fallbacks.iter())
         .filter(|name| !tried.contains(name))
         .find_map(|name| {
             let entry = inner.catalog.get(name)?;
+            if prefill && !entry.config.continues_prefill() {
+                return None;
+            }
             plan.request_for(entry).ok()?;
             let as_fallback = *name != route.primary;
             inner

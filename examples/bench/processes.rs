@@ -573,16 +573,7 @@ async fn door_round(
         .add(&samples, started, server.cpu().saturating_sub(cpu));
 
     let (started, cpu) = (Instant::now(), server.cpu());
-    let mut lone = Vec::with_capacity(args.lone);
-    for j in 0..args.lone {
-        let t = Instant::now();
-        let ok = bench.submit(&format!("{prefix}-lone-{j}"), true).await;
-        lone.push(Sample {
-            done: Instant::now(),
-            latency: t.elapsed(),
-            ok,
-        });
-    }
+    let lone = lone_phase(bench, prefix, args.lone).await;
     tally
         .lone
         .add(&lone, started, server.cpu().saturating_sub(cpu));
@@ -696,16 +687,7 @@ async fn peer_round(peer: &Peer, tally: &mut DoorTallies, prefix: &str, args: &A
         .jobs
         .add(&samples, started, proc_cpu(&peer.pid).saturating_sub(cpu));
     let (started, cpu) = (Instant::now(), proc_cpu(&peer.pid));
-    let mut lone = Vec::with_capacity(args.lone);
-    for j in 0..args.lone {
-        let t = Instant::now();
-        let ok = peer.bench.submit(&format!("{prefix}-lone-{j}"), true).await;
-        lone.push(Sample {
-            done: Instant::now(),
-            latency: t.elapsed(),
-            ok,
-        });
-    }
+    let lone = lone_phase(&peer.bench, prefix, args.lone).await;
     tally
         .lone
         .add(&lone, started, proc_cpu(&peer.pid).saturating_sub(cpu));
@@ -731,6 +713,21 @@ fn fsync_probe(dir: &std::path::Path, n: usize) -> anyhow::Result<(Duration, Dur
     times.sort_unstable();
     let at = |q: f64| times[((q * times.len() as f64).ceil() as usize).clamp(1, times.len()) - 1];
     Ok((at(0.5), at(0.99)))
+}
+
+/// `n` new jobs one after another (one client), keys `{prefix}-lone-{j}`.
+async fn lone_phase(bench: &Bench, prefix: &str, n: usize) -> Vec<Sample> {
+    let mut lone = Vec::with_capacity(n);
+    for j in 0..n {
+        let t = Instant::now();
+        let ok = bench.submit(&format!("{prefix}-lone-{j}"), true).await;
+        lone.push(Sample {
+            done: Instant::now(),
+            latency: t.elapsed(),
+            ok,
+        });
+    }
+    lone
 }
 
 /// `n` new jobs to completion at `concurrency`, keys `{prefix}-{i}`.

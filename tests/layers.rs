@@ -55,12 +55,7 @@ const LAYERS: &[(&str, &[&str])] = &[
 /// File cycles still to be removed, each a set of files under `src/`
 /// (the whole strongly connected set) and what removes it. Delete an entry
 /// when its cycle is gone: the test fails until you do.
-const ALLOWED_CYCLES: &[(&[&str], &str)] = &[(
-    &["sim/gemini.rs", "sim/wire.rs"],
-    "issue 20: the simulator's wire dispatch calls Gemini's encoder and Gemini's \
-         handler reuses the shared wire; removed when each simulated wire is its own \
-         module behind one trait, as the provider adapters are",
-)];
+const ALLOWED_CYCLES: &[(&[&str], &str)] = &[];
 
 #[test]
 fn every_top_level_module_has_a_layer() {

@@ -260,5 +260,4 @@ fn tokenizer_verdict(
 }
 
 #[cfg(test)]
-#[path = "run_tests.rs"]
 mod tests;

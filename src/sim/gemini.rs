@@ -7,44 +7,25 @@
 //! under the same ledger; only the answer, the stream and the errors are
 //! Gemini's. `countTokens` executes nothing: it counts as the executor's
 //! usage does (`wrong_usage` miscounts here too).
+//!
+//! What a Gemini answer looks like on the wire is in [`encode`], which the
+//! shared wire calls: this file translates and dispatches, `encode` only
+//! writes bodies, so the two never import each other.
+
+pub(crate) mod encode;
+
+use encode::error_body;
 
 use super::behaviour::{Behaviour, Fault};
-use super::ledger::Answer;
 use super::wire::{self, Wire};
 use super::SimState;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
-
-/// The `google.rpc.Code` name Gemini gives an HTTP status.
-pub(crate) fn rpc_status(status: u16) -> &'static str {
-    match status {
-        400 => "INVALID_ARGUMENT",
-        401 => "UNAUTHENTICATED",
-        403 => "PERMISSION_DENIED",
-        404 => "NOT_FOUND",
-        429 => "RESOURCE_EXHAUSTED",
-        503 | 529 => "UNAVAILABLE",
-        504 => "DEADLINE_EXCEEDED",
-        _ => "INTERNAL",
-    }
-}
-
-/// An error in Gemini's shape; 529 (Anthropic's overload) is Google's 503.
-pub(crate) fn error_body(status: u16, message: &str, retry_delay_s: Option<u64>) -> Response {
-    let status = if status == 529 { 503 } else { status };
-    let mut error = json!({"code": status, "message": message, "status": rpc_status(status)});
-    if let Some(delay) = retry_delay_s {
-        error["details"] = json!([{"@type": "type.googleapis.com/google.rpc.RetryInfo",
-                                   "retryDelay": format!("{delay}s")}]);
-    }
-    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (status, Json(json!({ "error": error }))).into_response()
-}
 
 /// Gemini's `Schema` back in JSON Schema's terms: lower-case types,
 /// `nullable` as a `null` type.
@@ -180,68 +161,6 @@ fn translate(model: &str, stream: bool, body: &Value) -> Result<Value, String> {
         _ => {}
     }
     Ok(out)
-}
-
-/// An answer as a `GenerateContentResponse`.
-pub(crate) fn response(a: &Answer) -> Value {
-    let mut parts = Vec::new();
-    if !a.output.is_empty() || a.tool_calls.is_empty() {
-        parts.push(json!({"text": a.output}));
-    }
-    for call in &a.tool_calls {
-        let arguments = call["function"]["arguments"].as_str().unwrap_or("{}");
-        let args: Value = serde_json::from_str(arguments).unwrap_or(json!({}));
-        parts.push(
-            json!({"functionCall": {"id": call["id"], "name": call["function"]["name"],
-                                           "args": args}}),
-        );
-    }
-    json!({
-        "candidates": [{"content": {"role": "model", "parts": parts},
-                        "finishReason": "STOP", "index": 0}],
-        "usageMetadata": usage(a),
-        "modelVersion": a.model,
-        "responseId": a.id,
-    })
-}
-
-fn usage(a: &Answer) -> Value {
-    json!({"promptTokenCount": a.usage.prompt_tokens,
-           "candidatesTokenCount": a.usage.completion_tokens,
-           "totalTokenCount": a.usage.prompt_tokens + a.usage.completion_tokens})
-}
-
-/// The stream's events: a piece of text each, the last with the finish
-/// reason and the usage. Gemini sends no end marker.
-pub(crate) fn frames(a: &Answer) -> Vec<String> {
-    let chars: Vec<char> = a.output.chars().collect();
-    let mut frames: Vec<String> = chars
-        .chunks(16)
-        .map(|c| {
-            let text: String = c.iter().collect();
-            let chunk = json!({"candidates": [{"content": {"role": "model",
-                "parts": [{"text": text}]}, "index": 0}], "modelVersion": a.model,
-                "responseId": a.id});
-            format!("data: {chunk}\r\n\r\n")
-        })
-        .collect();
-    // The last event carries the calls whole (or an empty text), the
-    // finish reason and the usage.
-    let mut last = response(a);
-    let calls: Vec<Value> = last["candidates"][0]["content"]["parts"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|part| part.get("functionCall").is_some())
-        .cloned()
-        .collect();
-    last["candidates"][0]["content"]["parts"] = if calls.is_empty() {
-        json!([{"text": ""}])
-    } else {
-        json!(calls)
-    };
-    frames.push(format!("data: {last}\r\n\r\n"));
-    frames
 }
 
 /// `POST /v1beta/models/{model}:{method}`.

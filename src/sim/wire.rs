@@ -341,7 +341,7 @@ fn error(wire: Wire, status: u16, kind: &str, code: &str, message: &str) -> Resp
             json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
         }
         Wire::Anthropic => json!({"type": "error", "error": {"type": kind, "message": message}}),
-        Wire::Gemini => return super::gemini::error_body(status.as_u16(), message, None),
+        Wire::Gemini => return super::gemini::encode::error_body(status.as_u16(), message, None),
     };
     (status, Json(body)).into_response()
 }
@@ -475,7 +475,7 @@ fn sse_frames(wire: Wire, a: &Answer, include_usage: bool) -> Vec<String> {
                 "delta": {"stop_reason": stop}, "usage": {"output_tokens": a.usage.completion_tokens}})));
             frames.push(frame(Some("message_stop"), json!({"type": "message_stop"})));
         }
-        Wire::Gemini => frames = super::gemini::frames(a),
+        Wire::Gemini => frames = super::gemini::encode::frames(a),
     }
     frames
 }
@@ -498,7 +498,7 @@ fn answer_response(
         let body = match wire {
             Wire::OpenAi => openai_completion(a),
             Wire::Anthropic => anthropic_message(a),
-            Wire::Gemini => super::gemini::response(a),
+            Wire::Gemini => super::gemini::encode::response(a),
         };
         let mut response = Json(body).into_response();
         // The behaviour the answer was made under (a replay's is healthy),
@@ -746,7 +746,7 @@ async fn chat(
                 "The input token count ({tokens}) exceeds the maximum number of tokens \
                  allowed (simulated)."
             );
-            return super::gemini::error_body(400, &message, None);
+            return super::gemini::encode::error_body(400, &message, None);
         }
         Fault::ContentFilter if wire == Wire::Gemini => {
             let tokens = honest_prompt_tokens(&request.turns);
@@ -756,7 +756,7 @@ async fn chat(
         }
         Fault::RateLimit { retry_after_s } if wire == Wire::Gemini => {
             let message = "Resource has been exhausted (e.g. check quota) (simulated).";
-            return super::gemini::error_body(429, message, Some(retry_after_s));
+            return super::gemini::encode::error_body(429, message, Some(retry_after_s));
         }
         Fault::ContextLength => {
             let tokens = honest_prompt_tokens(&request.turns);

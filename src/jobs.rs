@@ -7,7 +7,7 @@ use crate::domain::fingerprint::{canonical_json, fingerprint};
 use crate::domain::job::NewJob;
 use crate::domain::request::IdempotencyKey;
 use crate::domain::{new_id, Attempt, Job, JobRequest, RequestError};
-use crate::engine::Engine;
+use crate::engine::{Engine, Watch};
 use crate::keys::Caller;
 use crate::replays::{body_digest, Replays};
 use crate::store::{event, CreateOutcome, NewEvent, Store, StoreError};
@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// A job as the submitter sees it after `submit`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct Submission {
     pub job: Job,
     /// True when the job existed already (a replay of the same intent).
@@ -27,8 +27,14 @@ pub struct Submission {
     pub body_digest: [u8; 32],
     /// True when a replay was answered without reading the database.
     pub from_memory: bool,
-    /// The attempt that won the job, when the replay memory holds it.
+    /// The attempt that won the job, when the replay memory holds it (or,
+    /// after [`Engine::wait_settled`], when the commit that settled it
+    /// handed it over).
     pub winner: Option<Arc<Attempt>>,
+    /// For a job created here: the engine's waiter for it, registered
+    /// before the job was handed to the engine, so that however soon it
+    /// settles, its commit hands it (and its winner) over.
+    pub watch: Option<Watch>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -103,6 +109,7 @@ pub async fn submit(
                 body_digest: digest,
                 from_memory: true,
                 winner: hit.winner.clone(),
+                watch: None,
             });
         }
     }
@@ -170,6 +177,7 @@ pub async fn submit(
         key_id: Some(caller.key_family.clone()),
         primary: prestart.as_ref().map(|p| p.attempt().clone()),
     };
+    let watch = engine.map(|e| e.watch(&new.id));
     // The job is committed with this process's lease: whoever commits it
     // must hand it to the engine, even if the client goes away meanwhile.
     let created = run_to_completion({
@@ -205,6 +213,7 @@ pub async fn submit(
             body_digest: digest,
             from_memory: false,
             winner: None,
+            watch,
         }),
         CreateOutcome::Existing(job) => {
             replay.from_memory = false;
@@ -290,6 +299,7 @@ impl Replay<'_> {
                 body_digest: self.digest,
                 from_memory: self.from_memory,
                 winner: None,
+                watch: None,
             });
         }
         let detail = serde_json::json!({ "fingerprint": self.fingerprint }).to_string();

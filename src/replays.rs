@@ -148,14 +148,19 @@ impl FinishedJobs {
     /// Keep a succeeded `job` with the attempt that won it (`completed_by`),
     /// as a door read it; anything else is kept as [`Self::remember`] would.
     pub fn remember_winner(&self, job: &Job, winner: &Attempt) {
+        self.remember_with_winner(job, None, winner);
+    }
+
+    /// [`Self::remember`] and [`Self::remember_winner`] in one.
+    pub fn remember_with_winner(&self, job: &Job, body_digest: Option<[u8; 32]>, winner: &Attempt) {
         if job.completed_by.as_ref() != Some(&winner.id) {
-            return self.remember(job, None);
+            return self.remember(job, body_digest);
         }
         let winner = Attempt {
             output: None,
             ..winner.clone()
         };
-        self.keep(job, None, Some(Arc::new(winner)));
+        self.keep(job, body_digest, Some(Arc::new(winner)));
     }
 
     fn keep(&self, job: &Job, body_digest: Option<[u8; 32]>, winner: Option<Arc<Attempt>>) {

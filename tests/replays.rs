@@ -179,8 +179,10 @@ async fn a_late_losers_error_leaves_a_succeeded_job_unchanged(backend: Backend) 
 }
 
 /// A Chat Completions replay answers with the winning attempt's provider,
-/// id and usage: the first answer read the job's attempts once, and the
-/// replay memory keeps the winner, so replays of the same bytes read none.
+/// id and usage. The first answer reads none of the job's attempts either:
+/// the commit that settled the job handed its winner to the waiting door
+/// (registered before the job reached the engine), and the replay memory
+/// keeps it, so replays of the same bytes read none.
 async fn a_chat_replay_names_its_winner_without_reading_the_attempts_again(backend: Backend) {
     let providers = [ProviderSpec {
         name: "primary",
@@ -214,20 +216,24 @@ async fn a_chat_replay_names_its_winner_without_reading_the_attempts_again(backe
             header("x-onejob-provider"),
             header("x-onejob-attempt"),
             header("idempotent-replayed"),
+            header("x-onejob-job-id"),
         );
         let status = response.status().as_u16();
         (status, heads, response.json::<Value>().await.unwrap())
     };
-    let (status, (provider, attempt, replayed), first) = send().await;
+    let (status, (provider, attempt, replayed, job_id), first) = send().await;
     assert_eq!(status, 200, "{first}");
     assert_eq!(provider.as_deref(), Some("primary"));
     assert_eq!(replayed, None);
     let attempt = attempt.expect("the answering attempt is named");
-    let reads = faulty.calls("list_attempts");
-    assert!(reads >= 1, "the first answer read the attempts");
+    assert_eq!(
+        faulty.calls("list_attempts"),
+        0,
+        "the first answer had its winner handed over, not read"
+    );
 
     for _ in 0..5 {
-        let (status, (p, a, replayed), again) = send().await;
+        let (status, (p, a, replayed, _), again) = send().await;
         assert_eq!(status, 200, "{again}");
         assert_eq!(replayed.as_deref(), Some("true"));
         assert_eq!(
@@ -240,8 +246,22 @@ async fn a_chat_replay_names_its_winner_without_reading_the_attempts_again(backe
     }
     assert_eq!(
         faulty.calls("list_attempts"),
-        reads,
+        0,
         "no replay read the job's attempts"
+    );
+    // The attempt the answers named is the row the store holds.
+    let job_id = job_id.expect("the job is named");
+    let stored = world.store.list_attempts(&job_id).await.unwrap();
+    let won = stored
+        .iter()
+        .find(|a| a.id == attempt)
+        .expect("the named attempt is stored");
+    assert_eq!(won.state, onejob::domain::AttemptState::Succeeded);
+    let usage: Value = serde_json::from_str(won.usage.as_deref().unwrap()).unwrap();
+    assert_eq!(first["usage"]["prompt_tokens"], usage["prompt_tokens"]);
+    assert_eq!(
+        first["usage"]["completion_tokens"],
+        usage["completion_tokens"]
     );
     assert_eq!(world.counter("onejob_replays_from_memory_total").await, 5.0);
     world.stop().await;

@@ -154,6 +154,11 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// The usage as an attempt's row stores it (JSON text).
+    pub fn stored(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
     /// Token counts from a provider's usage object, given the names its wire
     /// format uses (`prompt_tokens`/`completion_tokens` for OpenAI,
     /// `input_tokens`/`output_tokens` for Anthropic); `None` when absent.
@@ -317,6 +322,28 @@ pub struct NewAttempt {
     /// earlier attempt there is unknown, since it carries the same key.
     pub reuses_key: bool,
     pub started_at: Millis,
+}
+
+impl Attempt {
+    /// This attempt as its winning finish at `at` leaves its row: `succeeded`,
+    /// with the answer's usage and request id, and without its output (the
+    /// output is the job's result). The engine hands it to whoever waits for
+    /// the job, so the first answer needs no read of the job's attempts.
+    pub fn won(
+        &self,
+        usage: Option<Usage>,
+        provider_request_id: Option<String>,
+        at: Millis,
+    ) -> Attempt {
+        Attempt {
+            state: AttemptState::Succeeded,
+            finished_at: Some(at),
+            output: None,
+            usage: usage.map(|u| u.stored()),
+            provider_request_id,
+            ..self.clone()
+        }
+    }
 }
 
 impl NewAttempt {

@@ -298,18 +298,26 @@ pub(super) async fn record(
         Source::Live => format!("engine:{}", inner.instance),
         Source::Reconciled => "reconciler".to_string(),
     };
+    let at = inner.clock.now_ms();
+    let answer = match &outcome {
+        AttemptOutcome::Succeeded(s) => Some((s.usage, s.provider_request_id.clone())),
+        _ => None,
+    };
     let finish = FinishAttempt {
         attempt_id: attempt.id.clone(),
         outcome,
-        at: inner.clock.now_ms(),
+        at,
         actor,
     };
     match durable::finish_attempt(inner, &attempt.job_id, finish).await {
         Ok(FinishOutcome::Won { job, .. }) => {
             // Whoever waits for the job (`Prefer: wait`) gets it as the
-            // commit left it, instead of reading it back.
+            // commit left it, and the winner as its row now is, instead of
+            // reading either back.
             if let Some(job) = job {
-                inner.hand_over(*job);
+                inner.hand_over(*job, || {
+                    answer.map(|(usage, request_id)| attempt.won(usage, request_id, at))
+                });
             }
             if live {
                 inner.with_breaker(provider, |b| b.on_success());

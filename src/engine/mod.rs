@@ -39,7 +39,7 @@ use crate::config::{Config, RouteConfig};
 use crate::contracts::Contract;
 use crate::domain::attempt::NewAttempt;
 use crate::domain::breaker::{Breaker, BreakerPolicy, BreakerState};
-use crate::domain::{new_id, AttemptKind, Job, Millis};
+use crate::domain::{new_id, Attempt, AttemptKind, Job, Millis};
 use crate::metrics::Metrics;
 use crate::providers::catalog::Catalog;
 use crate::store::Store;
@@ -65,7 +65,49 @@ pub trait Gate: Send + Sync {
 
 /// One `Prefer: wait` client: told with the settled job when a commit
 /// handed it over, with `None` when it must read the job itself.
-type Waiter = oneshot::Sender<Option<Arc<Job>>>;
+type Waiter = oneshot::Sender<Option<Arc<Handed>>>;
+
+/// A job as the commit that settled it left it, handed to whoever waits.
+#[derive(Debug, Clone)]
+pub struct Handed {
+    pub job: Job,
+    /// The attempt that won it, as its finish left its row (without its
+    /// output, which is the job's result): a door answers with it instead
+    /// of reading the job's attempts.
+    pub winner: Option<Arc<Attempt>>,
+}
+
+/// A waiter registered before its job is handed to the engine, so that no
+/// hand-over can pass it by: [`Engine::watch`], then [`Engine::wait_settled`].
+/// Dropped unused, it takes its registration back.
+pub struct Watch {
+    inner: Arc<Inner>,
+    job_id: String,
+    rx: Option<oneshot::Receiver<Option<Arc<Handed>>>>,
+}
+
+impl Watch {
+    fn take(mut self) -> Option<oneshot::Receiver<Option<Arc<Handed>>>> {
+        self.rx.take()
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if let Some(rx) = self.rx.take() {
+            drop(rx);
+            self.inner.forget_waiter(&self.job_id);
+        }
+    }
+}
+
+impl std::fmt::Debug for Watch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watch")
+            .field("job_id", &self.job_id)
+            .finish()
+    }
+}
 
 /// Everything the engine's tasks share.
 pub(crate) struct Inner {
@@ -244,12 +286,37 @@ impl Engine {
     /// review, or blocked on an unknown attempt), at most `limit`. Works for
     /// jobs driven by other processes too (it re-reads the job periodically).
     pub async fn wait_for(&self, job_id: &str, limit: Duration) -> Option<Job> {
+        self.wait_settled(job_id, limit, None)
+            .await
+            .map(|handed| handed.job)
+    }
+
+    /// Register a waiter for `job_id` now, before the job is handed to the
+    /// engine: a job that settles at once is still handed over to it.
+    pub fn watch(&self, job_id: &str) -> Watch {
+        Watch {
+            inner: self.inner.clone(),
+            job_id: job_id.to_string(),
+            rx: Some(self.inner.register_waiter(job_id)),
+        }
+    }
+
+    /// [`Self::wait_for`], with the winning attempt when the commit that
+    /// settled the job handed it over; `watch`: a waiter registered earlier
+    /// by [`Self::watch`].
+    pub async fn wait_settled(
+        &self,
+        job_id: &str,
+        limit: Duration,
+        watch: Option<Watch>,
+    ) -> Option<Handed> {
         let deadline = tokio::time::Instant::now() + limit;
+        let mut watched = watch.and_then(Watch::take);
         loop {
-            let (tx, rx) = oneshot::channel();
-            if let Ok(mut waiters) = self.inner.waiters.lock() {
-                waiters.entry(job_id.to_string()).or_default().push(tx);
-            }
+            let rx = match watched.take() {
+                Some(rx) => rx,
+                None => self.inner.register_waiter(job_id),
+            };
             // Driven here and not done: the driver notifies when it stops
             // (after this registration), so reading the job now is wasted.
             let driving = tokio::time::Instant::now() < deadline
@@ -267,22 +334,25 @@ impl Engine {
                 if settled(job) {
                     drop(rx);
                     self.inner.forget_waiter(job_id);
-                    return Some(job.clone());
+                    return Some(Handed {
+                        job: job.clone(),
+                        winner: None,
+                    });
                 }
             }
             let now = tokio::time::Instant::now();
             if now >= deadline && !driving {
                 drop(rx);
                 self.inner.forget_waiter(job_id);
-                return job;
+                return job.map(|job| Handed { job, winner: None });
             }
             let recheck = deadline
                 .saturating_duration_since(now)
                 .min(Duration::from_millis(250));
-            if let Ok(Ok(Some(job))) = tokio::time::timeout(recheck, rx).await {
+            if let Ok(Ok(Some(handed))) = tokio::time::timeout(recheck, rx).await {
                 // Handed over by the commit that settled it: no read.
-                if settled(&job) {
-                    return Some(Job::clone(&job));
+                if settled(&handed.job) {
+                    return Some(Handed::clone(&handed));
                 }
             }
         }
@@ -440,15 +510,27 @@ impl Inner {
         }
     }
 
-    /// Hand a job as a commit left it to whoever waits for it.
-    pub(crate) fn hand_over(&self, job: Job) {
+    fn register_waiter(&self, job_id: &str) -> oneshot::Receiver<Option<Arc<Handed>>> {
+        let (tx, rx) = oneshot::channel();
+        if let Ok(mut waiters) = self.waiters.lock() {
+            waiters.entry(job_id.to_string()).or_default().push(tx);
+        }
+        rx
+    }
+
+    /// Hand a job as a commit left it to whoever waits for it, with the
+    /// attempt that won it (`winner` is asked only when someone waits).
+    pub(crate) fn hand_over(&self, job: Job, winner: impl FnOnce() -> Option<Attempt>) {
         let waiting = self.waiters.lock().ok().and_then(|mut w| w.remove(&job.id));
         let Some(waiting) = waiting else {
             return;
         };
-        let job = Arc::new(job);
+        let handed = Arc::new(Handed {
+            job,
+            winner: winner().map(Arc::new),
+        });
         for tx in waiting {
-            let _ = tx.send(Some(job.clone()));
+            let _ = tx.send(Some(handed.clone()));
         }
     }
 

@@ -17,6 +17,7 @@ use crate::config::IdempotencyMode;
 use crate::domain::request::IdempotencyKey;
 use crate::domain::{Attempt, AttemptState, Job, JobState};
 use crate::engine::stream::{StreamEvent, StreamHub};
+use crate::engine::Handed;
 use crate::jobs::{self, Intake, Submission};
 use crate::keys::Caller;
 use crate::metrics::Metrics;
@@ -261,17 +262,28 @@ pub async fn submit(
 
 /// Hold a submitted job until it is final (or `wait` passes); a job that
 /// settles here is remembered so its next replay is answered from memory.
-pub async fn wait_final(state: &AppState, submission: &Submission, wait: Duration) -> Job {
+/// When the commit that settled it handed its winner over, that is
+/// `submission.winner` afterwards, and remembered with the job.
+pub async fn wait_final(state: &AppState, submission: &mut Submission, wait: Duration) -> Job {
     let job = submission.job.clone();
+    let watch = submission.watch.take();
     let (Some(engine), false) = (&state.engine, job.state.is_final()) else {
         return job;
     };
-    match engine.wait_for(&job.id, wait).await {
-        Some(settled) => {
-            state
-                .replays
-                .finished
-                .remember(&settled, Some(submission.body_digest));
+    match engine.wait_settled(&job.id, wait, watch).await {
+        Some(Handed {
+            job: settled,
+            winner,
+        }) => {
+            let finished = &state.replays.finished;
+            let digest = Some(submission.body_digest);
+            match &winner {
+                Some(won) => finished.remember_with_winner(&settled, digest, won),
+                None => finished.remember(&settled, digest),
+            }
+            if winner.is_some() {
+                submission.winner = winner;
+            }
             settled
         }
         None => job,
@@ -302,11 +314,11 @@ pub async fn run(
     headers: &HeaderMap,
 ) -> Result<Settled, ApiError> {
     arrival.key_body(state, job_body).await?;
-    let submission = submit(state, arrival, job_body).await?;
+    let mut submission = submit(state, arrival, job_body).await?;
     let wait = preferred_wait(headers)
         .unwrap_or(DEFAULT_WAIT_SECS)
         .min(MAX_WAIT_SECS);
-    let job = wait_final(state, &submission, Duration::from_secs(wait)).await;
+    let job = wait_final(state, &mut submission, Duration::from_secs(wait)).await;
     let attempts = attempts_to_answer(state, &job, submission.winner.as_deref()).await?;
     Ok(Settled {
         job,
@@ -589,7 +601,7 @@ pub async fn open_stream(
         (Some(hub), _) if hub.ended_in_error() => None,
         (hub, _) => hub,
     };
-    let submission = submitted?;
+    let mut submission = submitted?;
     if let Some(hub) = hub {
         hub.changed_past(0).await;
         let first = hub.events_from(0).0.into_iter().next();
@@ -603,15 +615,21 @@ pub async fn open_stream(
     let wait = preferred_wait(headers)
         .unwrap_or(DEFAULT_WAIT_SECS)
         .min(MAX_WAIT_SECS);
-    let job = match &state.engine {
-        Some(engine) => engine
-            .wait_for(&submission.job.id, Duration::from_secs(wait))
-            .await
-            .unwrap_or(submission.job),
-        None => submission.job,
+    let watch = submission.watch.take();
+    let (job, winner) = match &state.engine {
+        Some(engine) => {
+            let waited = engine
+                .wait_settled(&submission.job.id, Duration::from_secs(wait), watch)
+                .await;
+            match waited {
+                Some(Handed { job, winner }) => (job, winner.or(submission.winner)),
+                None => (submission.job, submission.winner),
+            }
+        }
+        None => (submission.job, submission.winner),
     };
     let attempts = if job.state == JobState::Succeeded {
-        attempts_to_answer(state, &job, submission.winner.as_deref()).await?
+        attempts_to_answer(state, &job, winner.as_deref()).await?
     } else {
         Vec::new()
     };

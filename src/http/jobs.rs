@@ -24,7 +24,7 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let mut arrival = door::arrive(&state, caller, &headers)?;
     arrival.key_body(&state, &body).await?;
-    let submission = door::submit(&state, &arrival, &body).await?;
+    let mut submission = door::submit(&state, &arrival, &body).await?;
     let status = if submission.replayed {
         StatusCode::OK
     } else {
@@ -33,7 +33,7 @@ pub async fn create(
     let wait = door::preferred_wait(&headers);
     // A finished job (most replays) is answered as read: nothing to wait for.
     let job = match wait {
-        Some(secs) => door::wait_final(&state, &submission, Duration::from_secs(secs)).await,
+        Some(secs) => door::wait_final(&state, &mut submission, Duration::from_secs(secs)).await,
         None => submission.job,
     };
     let mut response = (status, Json(JobView::new(job))).into_response();

@@ -1,7 +1,7 @@
 //! What the API shows of jobs and attempts.
 
 use crate::clock::rfc3339;
-use crate::domain::{Attempt, AttemptState, Job, JobState};
+use crate::domain::{Attempt, AttemptState, ErrorKind, Job, JobState};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
@@ -53,7 +53,7 @@ pub struct AttemptView {
     pub read_version: i64,
     pub started_at: String,
     pub finished_at: Option<String>,
-    pub error_kind: Option<String>,
+    pub error_kind: Option<ErrorKind>,
     pub error_message: Option<String>,
     pub output: Option<Box<RawValue>>,
     pub usage: Option<Box<RawValue>>,

@@ -138,7 +138,7 @@ async fn the_overview_over_a_week_counts_every_attempt_once_and_its_latency(back
                 }
             }
             1 => {
-                let end = AttemptOutcome::failed("server_error", "boom");
+                let end = AttemptOutcome::failed("server_error".into(), "boom");
                 finish(store.as_ref(), &primary, end, created + 300).await;
                 if inside {
                     count("sim", "failed");
@@ -168,7 +168,7 @@ async fn the_overview_over_a_week_counts_every_attempt_once_and_its_latency(back
                 }
             }
             3 => {
-                let end = AttemptOutcome::unknown("timeout", "no answer");
+                let end = AttemptOutcome::unknown("timeout".into(), "no answer");
                 finish(store.as_ref(), &primary, end, created + 30_000).await;
                 if inside {
                     count("sim", "unknown");

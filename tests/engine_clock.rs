@@ -308,7 +308,10 @@ async fn a_timeout_is_unknown_and_blocks_retries_until_reconciled(backend: Backe
     );
     assert_eq!(attempts.len(), 1);
     assert_eq!(
-        (attempts[0].state, attempts[0].error_kind.as_deref()),
+        (
+            attempts[0].state,
+            attempts[0].error_kind.as_ref().map(|k| k.as_str())
+        ),
         (AttemptState::Unknown, Some("attempt_timeout")),
         "a timeout does not fail the job"
     );
@@ -326,7 +329,10 @@ async fn a_timeout_is_unknown_and_blocks_retries_until_reconciled(backend: Backe
         .await;
     assert_eq!(attempts.len(), 2, "{attempts:?}");
     assert_eq!(
-        (attempts[0].state, attempts[0].error_kind.as_deref()),
+        (
+            attempts[0].state,
+            attempts[0].error_kind.as_ref().map(|k| k.as_str())
+        ),
         (AttemptState::Failed, Some("not_executed"))
     );
     assert!(
@@ -590,7 +596,10 @@ async fn attempts_no_process_drives_are_recovered(backend: Backend) {
         .await;
     assert_eq!(attempts[0].id, parked_attempt);
     assert_eq!(
-        (attempts[0].state, attempts[0].error_kind.as_deref()),
+        (
+            attempts[0].state,
+            attempts[0].error_kind.as_ref().map(|k| k.as_str())
+        ),
         (AttemptState::Failed, Some("not_executed"))
     );
     assert_eq!(job.completed_by.as_deref(), Some(attempts[1].id.as_str()));
@@ -615,7 +624,10 @@ async fn attempts_no_process_drives_are_recovered(backend: Backend) {
         })
         .await;
     assert_eq!(attempts[0].id, finished_attempt);
-    assert_eq!(attempts[0].error_kind.as_deref(), Some("abandoned"));
+    assert_eq!(
+        attempts[0].error_kind.as_ref().map(|k| k.as_str()),
+        Some("abandoned")
+    );
     assert_eq!((job.result.as_deref(), job.version), (Some("\"done\""), 1));
     bench.stop();
 }
@@ -653,7 +665,7 @@ async fn unknowns_nobody_can_settle_do_not_starve_the_rest(backend: Backend) {
                 started_at: now - age,
             };
             let (job_id, attempt) = left.write(&store, None).await;
-            let end = AttemptOutcome::unknown("timeout", "no answer");
+            let end = AttemptOutcome::unknown("timeout".into(), "no answer");
             let finish = FinishAttempt {
                 attempt_id: attempt.clone(),
                 outcome: end,
@@ -691,7 +703,10 @@ async fn unknowns_nobody_can_settle_do_not_starve_the_rest(backend: Backend) {
         .await;
     assert_eq!(attempts[0].id, attempt);
     assert_eq!(
-        (attempts[0].state, attempts[0].error_kind.as_deref()),
+        (
+            attempts[0].state,
+            attempts[0].error_kind.as_ref().map(|k| k.as_str())
+        ),
         (AttemptState::Failed, Some("not_executed"))
     );
     assert_eq!(job.completed_by.as_deref(), Some(attempts[1].id.as_str()));

@@ -186,7 +186,7 @@ async fn a_server_killed_mid_flight_loses_nothing_and_runs_nothing_twice(backend
         let lost = |kind: &str| {
             attempts
                 .iter()
-                .filter(|a| a.error_kind.as_deref() == Some(kind))
+                .filter(|a| a.error_kind.as_ref().map(|k| k.as_str()) == Some(kind))
                 .count()
         };
         let (found, not_found) = (lost("driver_lost"), lost("not_executed"));

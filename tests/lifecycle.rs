@@ -258,9 +258,12 @@ async fn every_attempt_state_is_accepted_exactly_where_the_predicates_say(backen
     let ends = || {
         [
             (AttemptOutcome::succeeded("{}"), AttemptState::Succeeded),
-            (AttemptOutcome::failed("walk", "walk"), AttemptState::Failed),
             (
-                AttemptOutcome::unknown("walk", "walk"),
+                AttemptOutcome::failed("walk".into(), "walk"),
+                AttemptState::Failed,
+            ),
+            (
+                AttemptOutcome::unknown("walk".into(), "walk"),
                 AttemptState::Unknown,
             ),
             (
@@ -355,7 +358,7 @@ async fn a_job_is_blocked_exactly_while_parked_on_a_live_attempt(backend: Backen
             store
                 .finish_attempt(FinishAttempt {
                     attempt_id: attempt,
-                    outcome: AttemptOutcome::failed("not_executed", "walk"),
+                    outcome: AttemptOutcome::failed("not_executed".into(), "walk"),
                     at: 4,
                     actor: "reconciler".into(),
                 })

@@ -923,7 +923,7 @@ fn request() -> ChatRequest {
 
 fn failed(outcome: &AttemptOutcome) -> (bool, String, String) {
     match outcome {
-        AttemptOutcome::Failed(f) => (f.retryable, f.kind.clone(), f.message.clone()),
+        AttemptOutcome::Failed(f) => (f.retryable, f.kind.to_string(), f.message.clone()),
         other => panic!("{other:?}"),
     }
 }

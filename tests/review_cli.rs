@@ -51,7 +51,7 @@ async fn job_in_review(store: &dyn Store) -> (String, String) {
         started_at: 2,
     };
     let attempt = store.start_attempt(attempt).await.unwrap().unwrap();
-    let unknown = AttemptOutcome::unknown("attempt_timeout", "no answer");
+    let unknown = AttemptOutcome::unknown("attempt_timeout".into(), "no answer");
     store
         .finish_attempt(FinishAttempt {
             attempt_id: attempt.id.clone(),

@@ -110,7 +110,7 @@ async fn no_retry_starts_while_an_attempt_is_started_or_unknown(backend: Backend
         "primary is started"
     );
 
-    let unknown = AttemptOutcome::unknown("timeout", "no answer in 60s");
+    let unknown = AttemptOutcome::unknown("timeout".into(), "no answer in 60s");
     assert_eq!(
         store
             .finish_attempt(finish(&primary.id, unknown))
@@ -142,7 +142,7 @@ async fn exactly_one_of_twenty_retries_starts_once_all_attempts_finished(backend
         .await
         .unwrap()
         .unwrap();
-    let failed = AttemptOutcome::failed("server_error", "503");
+    let failed = AttemptOutcome::failed("server_error".into(), "503");
     store
         .finish_attempt(finish(&primary.id, failed))
         .await
@@ -334,13 +334,13 @@ async fn an_unknown_settled_before_its_driver_blocks_leaves_the_job_runnable(bac
         .await
         .unwrap()
         .unwrap();
-    let unknown = AttemptOutcome::unknown("attempt_timeout", "no answer");
+    let unknown = AttemptOutcome::unknown("attempt_timeout".into(), "no answer");
     store
         .finish_attempt(finish(&first.id, unknown))
         .await
         .unwrap();
     // The reconciler: not executed, wake the job.
-    let not_executed = AttemptOutcome::failed("not_executed", "no record of the key");
+    let not_executed = AttemptOutcome::failed("not_executed".into(), "no record of the key");
     store
         .finish_attempt(finish(&first.id, not_executed))
         .await

@@ -427,7 +427,7 @@ async fn jobs_ending_in_failure_review_cancel_or_unknown_are_delivered_with_thei
     h.store
         .finish_attempt(FinishAttempt {
             attempt_id: attempt.id.clone(),
-            outcome: AttemptOutcome::unknown("timeout", "no answer in time"),
+            outcome: AttemptOutcome::unknown("timeout".into(), "no answer in time"),
             at: at + 1,
             actor: "engine".into(),
         })

@@ -33,7 +33,7 @@ pub use definition::{load_all, Case, Contract, ContractError, Expectation};
 pub use eligibility::{
     eligibility, Eligibility, EligibilityCache, EligibilitySnapshot, EligibilityStatus,
 };
-pub use output::{Problem, RoundTripMismatch, Violation, CONTRACT_VIOLATION_KIND};
+pub use output::{Problem, RoundTripMismatch, Violation};
 pub use render::{RenderError, RenderedPrompt, WireFormat};
 pub use report::{render_table, reports_to_junit_xml, CheckKind, CheckResult, ContractReport};
 pub use run::{contract_run_key, run_contract, ProviderProfile};

@@ -2,15 +2,12 @@
 //!
 //! [`Contract::validate_output`] is what the engine calls on every successful
 //! answer of a contract job; a [`Violation`] becomes a failed attempt of kind
-//! `contract_violation`. [`Contract::check_round_trip`] is the contract run's
+//! `contract_violation` (`ErrorKind::ContractViolation`). [`Contract::check_round_trip`] is the contract run's
 //! extra check that a case's expected fields came back.
 
 use super::definition::{Case, Contract};
 use serde::Serialize;
 use serde_json::Value;
-
-/// The attempt failure kind the engine records for a [`Violation`].
-pub const CONTRACT_VIOLATION_KIND: &str = "contract_violation";
 
 /// One thing wrong with an answer, located by JSON pointer ("" is the root).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -1,7 +1,7 @@
 //! Attempts: one try of a job on one provider, and the guard that decides
 //! whether another may start (invariant 4).
 
-use super::Millis;
+use super::{ErrorKind, Millis};
 use serde::Serialize;
 use std::time::Duration;
 
@@ -124,19 +124,19 @@ impl AttemptOutcome {
     }
 
     /// A definitive failure: never retryable, no `Retry-After`, no status.
-    pub fn failed(kind: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn failed(kind: ErrorKind, message: impl Into<String>) -> Self {
         AttemptOutcome::Failed(Failure {
             retryable: false,
             retry_after: None,
-            kind: kind.into(),
+            kind,
             message: message.into(),
             status: None,
         })
     }
 
-    pub fn unknown(kind: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn unknown(kind: ErrorKind, message: impl Into<String>) -> Self {
         AttemptOutcome::Unknown(Ambiguous {
-            kind: kind.into(),
+            kind,
             message: message.into(),
         })
     }
@@ -210,7 +210,7 @@ pub struct Failure {
     /// Stable machine-readable kind, e.g. `context_length_exceeded`,
     /// `content_policy`, `rate_limited`, `server_error`, `overloaded`,
     /// `connect_failed`, `bad_request`, `unauthorized`.
-    pub kind: String,
+    pub kind: ErrorKind,
     pub message: String,
     pub status: Option<u16>,
 }
@@ -220,7 +220,7 @@ pub struct Failure {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ambiguous {
     /// e.g. `timeout`, `connection_reset`, `gateway_error`, `truncated_body`, `invalid_body`.
-    pub kind: String,
+    pub kind: ErrorKind,
     pub message: String,
 }
 
@@ -302,7 +302,7 @@ pub struct Attempt {
     pub read_version: i64,
     pub started_at: Millis,
     pub finished_at: Option<Millis>,
-    pub error_kind: Option<String>,
+    pub error_kind: Option<ErrorKind>,
     pub error_message: Option<String>,
     pub output: Option<String>,
     pub usage: Option<String>,

@@ -1,9 +1,10 @@
-//! Pure types and transitions: jobs, attempts, job requests, fingerprints,
-//! owners' and keys' limits, and the guard that decides whether an attempt
-//! may start. No I/O here.
+//! Pure types and transitions: jobs, attempts and the kinds of their
+//! errors, job requests, fingerprints, owners' and keys' limits, and the
+//! guard that decides whether an attempt may start. No I/O here.
 
 pub mod attempt;
 pub mod breaker;
+pub mod error_kind;
 pub mod fingerprint;
 pub mod hedging;
 pub mod job;
@@ -13,6 +14,7 @@ pub mod request;
 pub mod retry;
 
 pub use attempt::{Attempt, AttemptKind, AttemptState, GuardRefusal, LiveAttempts};
+pub use error_kind::ErrorKind;
 pub use job::{Job, JobState};
 pub use request::{JobRequest, RequestError};
 

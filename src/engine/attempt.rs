@@ -13,6 +13,7 @@ use super::plan::JobPlan;
 use super::Inner;
 use crate::config::RouteConfig;
 use crate::domain::attempt::NewAttempt;
+use crate::domain::ErrorKind;
 use crate::domain::{new_id, Attempt, AttemptKind, GuardRefusal, Job};
 use crate::metrics::Metrics;
 use crate::providers::catalog::ProviderEntry;
@@ -40,11 +41,16 @@ pub(super) struct RoundFailure {
 impl RoundFailure {
     /// A round that ended without a provider's answer: none admitted, the
     /// request could not be rendered, the attempt to back up was settled.
-    pub(super) fn of_round(retryable: bool, kind: &str, reason: String, provider: &str) -> Self {
+    pub(super) fn of_round(
+        retryable: bool,
+        kind: ErrorKind,
+        reason: String,
+        provider: &str,
+    ) -> Self {
         let failure = Failure {
             retryable,
             retry_after: None,
-            kind: kind.to_string(),
+            kind,
             message: reason.clone(),
             status: None,
         };
@@ -136,7 +142,7 @@ pub(super) async fn open(
             None,
             Some(RoundFailure::of_round(
                 false,
-                "invalid_request",
+                ErrorKind::InvalidRequest,
                 e.0,
                 &first.name,
             )),
@@ -157,7 +163,7 @@ pub(super) async fn open(
             None,
             Some(RoundFailure::of_round(
                 true,
-                "hedge_not_needed",
+                ErrorKind::HedgeNotNeeded,
                 "the attempt to back up was settled meanwhile".to_string(),
                 "",
             )),
@@ -449,8 +455,12 @@ pub(super) fn launch(
             }
             Arrival::Streamed => stream(&*client, &request, limits, index, &events).await,
         };
-        let ended = ended
-            .unwrap_or_else(|message| (AttemptOutcome::unknown("attempt_timeout", message), None));
+        let ended = ended.unwrap_or_else(|message| {
+            (
+                AttemptOutcome::unknown(ErrorKind::AttemptTimeout, message),
+                None,
+            )
+        });
         let _ = events.send((index, Event::End(ended)));
     };
     inner.spawn(tracing::Instrument::instrument(run, span))

@@ -16,6 +16,7 @@ use super::Inner;
 use crate::config::RouteConfig;
 use crate::domain::attempt::NewAttempt;
 use crate::domain::retry::backoff;
+use crate::domain::ErrorKind;
 use crate::domain::{Attempt, AttemptKind, AttemptState, Job, Millis};
 use crate::metrics::Metrics;
 use crate::providers::AttemptOutcome;
@@ -105,9 +106,6 @@ async fn still_ours(inner: &Inner, job: &Job) -> bool {
         }
     }
 }
-
-/// The error kind with which a provider says the prompt does not fit.
-const CONTEXT_LENGTH_EXCEEDED: &str = "context_length_exceeded";
 
 /// Drive a job to its end: plan it, then rounds of attempts, each settled
 /// into the job's next step, with backoff between them.
@@ -311,7 +309,10 @@ impl<'a> Driver<'a> {
             }
             Choice::NoneFits(reason) => {
                 let reason = match self.steer.window_above {
-                    Some(_) => format!("{CONTEXT_LENGTH_EXCEEDED}: no provider on the route has a larger context window: {reason}"),
+                    Some(_) => format!(
+                        "{}: no provider on the route has a larger context window: {reason}",
+                        ErrorKind::ContextLengthExceeded
+                    ),
                     None => reason,
                 };
                 to_failed(self.inner, &self.job.id, reason).await;
@@ -330,7 +331,7 @@ impl<'a> Driver<'a> {
             to_review(self.inner, &self.job.id, reason).await;
             return None;
         }
-        let failure = RoundFailure::of_round(true, "no_provider", reason, "");
+        let failure = RoundFailure::of_round(true, ErrorKind::NoProvider, reason, "");
         Some(RoundEnd::ended(None, Some(failure)))
     }
 
@@ -419,7 +420,7 @@ impl<'a> Driver<'a> {
         next.reason = match failure {
             // The provider said the prompt does not fit: only a larger window
             // may take it, never the one that refused.
-            Some(f) if !f.retryable() && f.failure.kind == CONTEXT_LENGTH_EXCEEDED => {
+            Some(f) if !f.retryable() && f.failure.kind == ErrorKind::ContextLengthExceeded => {
                 next.steer.window_above = self
                     .inner
                     .catalog
@@ -599,7 +600,7 @@ async fn recover_orphans(inner: &Arc<Inner>, job: &Job) -> Option<Vec<Attempt>> 
         let finish = FinishAttempt {
             attempt_id: attempt.id.clone(),
             outcome: AttemptOutcome::unknown(
-                "driver_lost",
+                ErrorKind::DriverLost,
                 "the process driving this attempt stopped; it may have reached the provider",
             ),
             at: inner.clock.now_ms(),

@@ -2,11 +2,9 @@
 //! wire format, whether it fits the provider's context window, and how a
 //! provider's answer becomes the job's result.
 
-use crate::contracts::{
-    count_prompt_tokens, Contract, RenderedPrompt, WireFormat, CONTRACT_VIOLATION_KIND,
-};
+use crate::contracts::{count_prompt_tokens, Contract, RenderedPrompt, WireFormat};
 use crate::domain::request::{Message, Role, OPENAI_ANSWER_CHANGING};
-use crate::domain::JobRequest;
+use crate::domain::{ErrorKind, JobRequest};
 use crate::providers::catalog::ProviderEntry;
 use crate::providers::config::ProviderKind;
 use crate::providers::{stable_key, ChatOptions, ChatRequest, Success};
@@ -302,9 +300,9 @@ impl JobPlan {
     /// calls tools `{"content", "tool_calls"}`; else the text as a JSON
     /// string, checked against the request's `response_format` when it asks
     /// for JSON. A violation is a failed attempt of kind `contract_violation`.
-    pub fn result_from(&self, success: &Success) -> Result<String, (String, String)> {
+    pub fn result_from(&self, success: &Success) -> Result<String, (ErrorKind, String)> {
         let output = success.output.as_str();
-        let violation = |message: String| (CONTRACT_VIOLATION_KIND.to_string(), message);
+        let violation = |message: String| (ErrorKind::ContractViolation, message);
         if let Some(contract) = self.contract() {
             return match contract.validate_output(output) {
                 Ok(value) => Ok(crate::domain::fingerprint::canonical_json(&value)),

@@ -8,6 +8,7 @@ use super::attempt::{record, settle, Settled, Source};
 use super::plan::JobPlan;
 use super::Inner;
 use crate::domain::Attempt;
+use crate::domain::ErrorKind;
 use crate::metrics::Metrics;
 use crate::providers::{stable_key, AttemptOutcome, Lookup};
 use crate::store::{FinishAttempt, JobTransition};
@@ -94,7 +95,7 @@ async fn sweep_stale_started(inner: &Arc<Inner>) -> Result<(), crate::store::Sto
             }
         } else {
             AttemptOutcome::unknown(
-                "driver_lost",
+                ErrorKind::DriverLost,
                 "no process drives this attempt any more; it may have reached the provider",
             )
         };
@@ -154,7 +155,7 @@ async fn reconcile(inner: &Arc<Inner>, attempt: &Attempt) -> Result<(), crate::s
                     settle(inner, &plan, attempt, outcome, Source::Reconciled).await
                 }
                 Err(e) => {
-                    let outcome = AttemptOutcome::failed("invalid_request", e.0);
+                    let outcome = AttemptOutcome::failed(ErrorKind::InvalidRequest, e.0);
                     record(inner, attempt, outcome, false, Source::Reconciled).await
                 }
             }
@@ -162,7 +163,7 @@ async fn reconcile(inner: &Arc<Inner>, attempt: &Attempt) -> Result<(), crate::s
         Lookup::NotFound => {
             Metrics::inc(&inner.metrics.reconciled_not_found);
             let outcome = AttemptOutcome::failed(
-                "not_executed",
+                ErrorKind::NotExecuted,
                 "reconciled: the provider has no record of the key",
             );
             record(inner, attempt, outcome, false, Source::Reconciled).await

@@ -20,7 +20,7 @@ use super::stream::{StreamEvent, StreamHub};
 use super::Inner;
 use crate::config::RouteConfig;
 use crate::domain::request::{Message, Role};
-use crate::domain::{Attempt, Job, JobState};
+use crate::domain::{Attempt, ErrorKind, Job, JobState};
 use crate::metrics::Metrics;
 use crate::providers::catalog::ProviderEntry;
 use crate::providers::stream::{Delta, StreamFinish};
@@ -327,7 +327,7 @@ impl Relay {
             f.kind,
             f.message
         );
-        self.hub.fail(&f.kind, &message);
+        self.hub.fail(f.kind.as_str(), &message);
         true
     }
 
@@ -387,7 +387,7 @@ impl Relay {
     ) {
         let original = self.broken.clone().unwrap_or_else(|| {
             (
-                a.kind.clone(),
+                a.kind.to_string(),
                 format!(
                     "the stream from {} broke after {} characters: {}: {}",
                     entry.name,
@@ -452,7 +452,7 @@ fn diverged(
     tracing::info!(%provider, at, "restart diverged at char {at}; the stream ends with the cut");
     let (code, message) = broken.cloned().unwrap_or_else(|| {
         (
-            "stream_cut".to_string(),
+            ErrorKind::StreamCut.to_string(),
             "the stream was cut mid-answer".to_string(),
         )
     });

@@ -25,6 +25,7 @@ use super::stream::StreamHub;
 use super::Inner;
 use crate::config::RouteConfig;
 use crate::domain::attempt::NewAttempt;
+use crate::domain::ErrorKind;
 use crate::domain::{Attempt, AttemptKind, AttemptState, Job, Millis};
 use crate::providers::catalog::ProviderEntry;
 use crate::providers::stream::{Delta, StreamFinish};
@@ -196,7 +197,7 @@ impl<'a> Round<'a> {
                     self.live[o].task.abort();
                     let chars = self.relay.as_ref().map_or(0, Relay::own_chars);
                     let stalled = AttemptOutcome::unknown(
-                        "stream_stall",
+                        ErrorKind::StreamStall,
                         format!("no chunk for stall_ms ({} ms) after {chars} characters", route.stall_ms),
                     );
                     (o, Event::End((stalled, None)))
@@ -442,7 +443,7 @@ impl<'a> Round<'a> {
                 match &settled {
                     Settled::Won => {}
                     Settled::Lost => relay.lost(inner, self.job, index, entry).await,
-                    Settled::Failed(f) => relay.fail(&f.failure.kind, &f.reason),
+                    Settled::Failed(f) => relay.fail(f.failure.kind.as_str(), &f.reason),
                     Settled::Unknown => relay.fail(
                         "attempt_outcome_unknown",
                         "the answer could not be recorded; replay for the job's final state",

@@ -209,7 +209,7 @@ pub(super) async fn close_after_drive(
                                 .into_iter()
                                 .rev()
                                 .find(|a| a.state == crate::domain::AttemptState::Failed)
-                                .and_then(|a| a.error_kind)
+                                .and_then(|a| a.error_kind.map(|k| k.to_string()))
                         }),
                     _ => None,
                 };

@@ -15,7 +15,7 @@ use super::error::ApiError;
 use super::AppState;
 use crate::config::IdempotencyMode;
 use crate::domain::request::IdempotencyKey;
-use crate::domain::{Attempt, AttemptState, Job, JobState};
+use crate::domain::{Attempt, AttemptState, ErrorKind, Job, JobState};
 use crate::engine::stream::{StreamEvent, StreamHub};
 use crate::engine::Handed;
 use crate::jobs::{self, Intake, Submission};
@@ -390,10 +390,35 @@ pub enum Refusal {
     /// Output broke the request's `response_format`.
     ContractViolation,
     /// The provider refused the request as malformed (its kind kept).
-    BadRequest(String),
+    BadRequest(ErrorKind),
     NeedsReview,
     /// Failed otherwise (the provider's kind, when one is known).
-    Failed(Option<String>),
+    Failed(Option<ErrorKind>),
+}
+
+impl Refusal {
+    /// How the kind of an attempt's failure is told to a client, by every
+    /// door and in every stream: the provider's refusals by class, any
+    /// other kind kept as it is.
+    pub fn of_kind(kind: &ErrorKind) -> Refusal {
+        match kind {
+            ErrorKind::ContextLengthExceeded => Refusal::ContextLengthExceeded,
+            ErrorKind::ContentPolicy => Refusal::ContentPolicy,
+            ErrorKind::RateLimited | ErrorKind::QuotaExceeded => Refusal::RateLimited,
+            ErrorKind::ContractViolation => Refusal::ContractViolation,
+            ErrorKind::BadRequest | ErrorKind::Unprocessable | ErrorKind::InvalidPrompt => {
+                Refusal::BadRequest(kind.clone())
+            }
+            other => Refusal::Failed(Some(other.clone())),
+        }
+    }
+
+    /// The refusal of a stream's error `code`: a provider's kind by
+    /// [`Refusal::of_kind`]; any other code (`stream_cut`, `job_failed`, …)
+    /// is a failure that keeps it.
+    pub fn of_stream_code(code: &str) -> Refusal {
+        Refusal::of_kind(&ErrorKind::parse(code))
+    }
 }
 
 /// A refusal and the message that explains it.
@@ -482,9 +507,7 @@ fn refusal(job: &Job, attempts: &[Attempt], key_made_here: bool) -> Refused {
         .iter()
         .rev()
         .find(|a| a.state == AttemptState::Failed && a.error_kind.is_some());
-    let provider_kind = last_failed
-        .and_then(|a| a.error_kind.as_deref())
-        .unwrap_or("");
+    let provider_kind = last_failed.and_then(|a| a.error_kind.as_ref());
     let detail = job.last_error.as_deref().unwrap_or("no result");
     let message = format!("job {} is {}: {detail}", job.id, job.state.as_str());
     let why = match job.state {
@@ -502,18 +525,15 @@ fn refusal(job: &Job, attempts: &[Attempt], key_made_here: bool) -> Refused {
             }
         }
         JobState::Cancelled => Refusal::Cancelled,
-        JobState::Failed | JobState::NeedsReview | JobState::Succeeded => match provider_kind {
-            "context_length_exceeded" => Refusal::ContextLengthExceeded,
-            "content_policy" => Refusal::ContentPolicy,
-            "rate_limited" | "quota_exceeded" => Refusal::RateLimited,
-            "contract_violation" => Refusal::ContractViolation,
-            "bad_request" | "unprocessable" | "invalid_prompt" => {
-                Refusal::BadRequest(provider_kind.to_string())
+        JobState::Failed | JobState::NeedsReview | JobState::Succeeded => {
+            match provider_kind.map(Refusal::of_kind) {
+                Some(Refusal::Failed(_)) | None if job.state == JobState::NeedsReview => {
+                    Refusal::NeedsReview
+                }
+                Some(why) => why,
+                None => Refusal::Failed(None),
             }
-            _ if job.state == JobState::NeedsReview => Refusal::NeedsReview,
-            "" => Refusal::Failed(None),
-            other => Refusal::Failed(Some(other.to_string())),
-        },
+        }
     };
     Refused { why, message }
 }

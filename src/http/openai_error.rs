@@ -3,6 +3,7 @@
 //! their typed exceptions from. Shared by the two doors that answer in it
 //! (Chat Completions and Responses), each adding its own constructors.
 
+use crate::http::door::{Refusal, Refused};
 use crate::http::error::{ApiError, STORE_RETRY_AFTER_SECS};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -74,6 +75,58 @@ impl OpenAiError {
             return OpenAiError::model_not_found(error.message);
         }
         error
+    }
+}
+
+/// The status and OpenAI `code` a job without an answer is told with, by
+/// both doors in OpenAI's shape and in their streams: the provider's
+/// refusals as OpenAI names them, any other provider kind kept.
+pub(crate) fn refusal_code(why: &Refusal) -> (StatusCode, &str) {
+    let (status, code) = match why {
+        Refusal::Pending { .. } => (504, "job_pending"),
+        Refusal::Cancelled => (409, "job_cancelled"),
+        Refusal::ContextLengthExceeded => (400, "context_length_exceeded"),
+        Refusal::ContentPolicy => (400, "content_policy_violation"),
+        Refusal::RateLimited => (429, "rate_limit_exceeded"),
+        Refusal::ContractViolation => (502, "contract_violation"),
+        Refusal::BadRequest(kind) => (400, kind.as_str()),
+        Refusal::NeedsReview => (502, "job_needs_review"),
+        Refusal::Failed(None) => (502, "job_failed"),
+        Refusal::Failed(Some(kind)) => (502, kind.as_str()),
+    };
+    (
+        StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
+        code,
+    )
+}
+
+/// A job that did not succeed, as the error a door in OpenAI's shape
+/// answers: [`refusal_code`]'s status and code, `param` naming the
+/// request's prompt field (`prompt_param`) for a context length and its
+/// format field (`format_param`) for a broken contract. A finished job
+/// answers the same to every replay, so only a pending one says the SDK
+/// may retry (and not when the key was made here).
+pub(crate) fn refusal(refused: Refused, prompt_param: &str, format_param: &str) -> OpenAiError {
+    let Refused { why, message } = refused;
+    let (status, code) = refusal_code(&why);
+    let param = match why {
+        Refusal::ContextLengthExceeded => Some(prompt_param.to_string()),
+        Refusal::ContractViolation => Some(format_param.to_string()),
+        _ => None,
+    };
+    OpenAiError {
+        status,
+        kind: error_type(status),
+        code: code.to_string(),
+        param,
+        message,
+        retry: matches!(
+            why,
+            Refusal::Pending {
+                client_may_retry: true
+            }
+        ),
+        retry_after_ms: None,
     }
 }
 

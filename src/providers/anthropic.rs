@@ -12,6 +12,7 @@ use super::stream::{self, AnthropicReader, DeltaSender};
 use super::transport::exchange;
 use super::{AttemptOutcome, ChatRequest, Failure, Lookup, Provider, Streamed, Success, Usage};
 use crate::domain::request::{Message, Role};
+use crate::domain::ErrorKind;
 use async_trait::async_trait;
 use serde_json::{json, Map, Value};
 use std::time::Duration;
@@ -284,7 +285,7 @@ pub fn message_to_success(
         return Ok(Err(Failure {
             retryable: false,
             retry_after: None,
-            kind: "content_policy".into(),
+            kind: ErrorKind::ContentPolicy,
             message: "stop_reason refusal".into(),
             status: None,
         }));
@@ -329,7 +330,7 @@ impl Provider for AnthropicProvider {
                 return AttemptOutcome::Failed(Failure {
                     retryable: false,
                     retry_after: None,
-                    kind: "invalid_prompt".into(),
+                    kind: ErrorKind::InvalidPrompt,
                     message,
                     status: None,
                 })
@@ -369,7 +370,7 @@ impl Provider for AnthropicProvider {
                 let failure = Failure {
                     retryable: false,
                     retry_after: None,
-                    kind: "invalid_prompt".into(),
+                    kind: ErrorKind::InvalidPrompt,
                     message,
                     status: None,
                 };

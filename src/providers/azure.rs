@@ -17,6 +17,7 @@ use super::openai::{completion_to_success, request_body};
 use super::stream::{self, DeltaSender, OpenAiReader, SseEvent, Step, WireReader};
 use super::transport::exchange;
 use super::{AttemptOutcome, ChatRequest, Failure, Lookup, Provider, Streamed, Success, Usage};
+use crate::domain::ErrorKind;
 use async_trait::async_trait;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -88,7 +89,7 @@ fn filtered(choice: &Value) -> Option<Failure> {
     Some(Failure {
         retryable: false,
         retry_after: None,
-        kind: "content_policy".into(),
+        kind: ErrorKind::ContentPolicy,
         message,
         status: None,
     })

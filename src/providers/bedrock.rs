@@ -25,6 +25,7 @@ use super::stream::{self, DeltaSender, SseEvent, Step, WireReader};
 use super::transport::exchange;
 use super::{AttemptOutcome, ChatRequest, Failure, Lookup, Provider, Streamed, Success, Usage};
 use crate::domain::request::{Message, Role};
+use crate::domain::ErrorKind;
 use async_trait::async_trait;
 use serde_json::{json, Map, Value};
 use std::time::Duration;
@@ -132,7 +133,7 @@ fn invalid_prompt(message: String) -> Failure {
     Failure {
         retryable: false,
         retry_after: None,
-        kind: "invalid_prompt".into(),
+        kind: ErrorKind::InvalidPrompt,
         message,
         status: None,
     }
@@ -351,7 +352,7 @@ fn refusal(message: String) -> Failure {
     Failure {
         retryable: false,
         retry_after: None,
-        kind: "content_policy".into(),
+        kind: ErrorKind::ContentPolicy,
         message,
         status: None,
     }
@@ -439,7 +440,7 @@ impl WireReader for BedrockReader {
             Err(e) => {
                 let shown: String = event.data.chars().take(80).collect();
                 return Step::Broken(
-                    "malformed_chunk".into(),
+                    ErrorKind::MalformedChunk,
                     format!("unreadable {kind} event {shown:?}: {e}"),
                 );
             }
@@ -451,7 +452,7 @@ impl WireReader for BedrockReader {
             {
                 return Step::Refused(failure);
             }
-            return Step::Broken("stream_cut".into(), format!("{exception}: {message}"));
+            return Step::Broken(ErrorKind::StreamCut, format!("{exception}: {message}"));
         }
         self.started = true;
         let index = value["contentBlockIndex"].as_u64().unwrap_or(0);

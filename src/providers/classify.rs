@@ -9,6 +9,7 @@
 //! success body — is `unknown`.
 
 use super::{Ambiguous, AttemptOutcome, Failure, Success};
+use crate::domain::ErrorKind;
 use reqwest::header::HeaderMap;
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -86,19 +87,24 @@ const CONTENT_POLICY: &[&str] = &[
     "usage policies",
 ];
 
-fn failure(retryable: bool, kind: &str, message: String, status: Option<u16>) -> AttemptOutcome {
+fn failure(
+    retryable: bool,
+    kind: ErrorKind,
+    message: String,
+    status: Option<u16>,
+) -> AttemptOutcome {
     AttemptOutcome::Failed(Failure {
         retryable,
         retry_after: None,
-        kind: kind.to_string(),
+        kind,
         message,
         status,
     })
 }
 
-pub fn unknown(kind: &str, message: impl Into<String>) -> AttemptOutcome {
+pub fn unknown(kind: ErrorKind, message: impl Into<String>) -> AttemptOutcome {
     AttemptOutcome::Unknown(Ambiguous {
-        kind: kind.to_string(),
+        kind,
         message: message.into(),
     })
 }
@@ -118,7 +124,10 @@ pub fn classify_response(
         return match parse_success(body) {
             Ok(Ok(success)) => AttemptOutcome::Succeeded(success),
             Ok(Err(failure)) => AttemptOutcome::Failed(failure),
-            Err(e) => unknown("invalid_body", format!("{code} with unreadable body: {e}")),
+            Err(e) => unknown(
+                ErrorKind::InvalidBody,
+                format!("{code} with unreadable body: {e}"),
+            ),
         };
     }
     let error = ErrorBody::parse(body);
@@ -127,36 +136,38 @@ pub fn classify_response(
         .clone()
         .unwrap_or_else(|| format!("HTTP {code}"));
     let outcome = match code {
-        502 | 504 => return unknown("gateway_error", format!("HTTP {code}: {message}")),
+        502 | 504 => return unknown(ErrorKind::GatewayError, format!("HTTP {code}: {message}")),
         _ if code == 529 || error.kind.as_deref() == Some("overloaded_error") => {
-            failure(true, "overloaded", message, Some(code))
+            failure(true, ErrorKind::Overloaded, message, Some(code))
         }
         400 | 403 | 413 | 422 if error.mentions(CONTEXT_LENGTH) => {
-            failure(false, "context_length_exceeded", message, Some(code))
+            failure(false, ErrorKind::ContextLengthExceeded, message, Some(code))
         }
         400 | 403 | 422 if error.mentions(CONTENT_POLICY) => {
-            failure(false, "content_policy", message, Some(code))
+            failure(false, ErrorKind::ContentPolicy, message, Some(code))
         }
         429 if error.mentions(&["insufficient_quota"]) => {
-            failure(false, "quota_exceeded", message, Some(code))
+            failure(false, ErrorKind::QuotaExceeded, message, Some(code))
         }
-        429 => failure(true, "rate_limited", message, Some(code)),
+        429 => failure(true, ErrorKind::RateLimited, message, Some(code)),
         // 408: the server gave up waiting for our request, so it did not run it.
-        408 => failure(true, "request_timeout", message, Some(code)),
+        408 => failure(true, ErrorKind::RequestTimeout, message, Some(code)),
         // 409: the same key is in flight; retrying with the same key is safe.
-        409 => failure(true, "conflict", message, Some(code)),
-        400 => failure(false, "bad_request", message, Some(code)),
-        401 => failure(false, "unauthorized", message, Some(code)),
-        403 => failure(false, "forbidden", message, Some(code)),
-        404 => failure(false, "not_found", message, Some(code)),
-        413 => failure(false, "request_too_large", message, Some(code)),
-        422 => failure(false, "unprocessable", message, Some(code)),
-        503 => failure(true, "unavailable", message, Some(code)),
-        c if (500..=599).contains(&c) => failure(true, "server_error", message, Some(code)),
-        c if (400..=499).contains(&c) => failure(false, "client_error", message, Some(code)),
+        409 => failure(true, ErrorKind::Conflict, message, Some(code)),
+        400 => failure(false, ErrorKind::BadRequest, message, Some(code)),
+        401 => failure(false, ErrorKind::Unauthorized, message, Some(code)),
+        403 => failure(false, ErrorKind::Forbidden, message, Some(code)),
+        404 => failure(false, ErrorKind::NotFound, message, Some(code)),
+        413 => failure(false, ErrorKind::RequestTooLarge, message, Some(code)),
+        422 => failure(false, ErrorKind::Unprocessable, message, Some(code)),
+        503 => failure(true, ErrorKind::Unavailable, message, Some(code)),
+        c if (500..=599).contains(&c) => failure(true, ErrorKind::ServerError, message, Some(code)),
+        c if (400..=499).contains(&c) => {
+            failure(false, ErrorKind::ClientError, message, Some(code))
+        }
         // Redirects are not followed, and 1xx never reaches us: the provider
         // did not run a request it redirected.
-        _ => failure(false, "unexpected_status", message, Some(code)),
+        _ => failure(false, ErrorKind::UnexpectedStatus, message, Some(code)),
     };
     match outcome {
         AttemptOutcome::Failed(mut f) if f.retryable => {
@@ -169,12 +180,12 @@ pub fn classify_response(
 
 /// How one row of a provider's error table sorts an answer: definitive
 /// (never retried), retryable (a definitive no for now), or ambiguous (the
-/// work may have been done; invariant 3). The `&str` is the stable kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// work may have been done; invariant 3), and as which kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
-    Definitive(&'static str),
-    Retryable(&'static str),
-    Ambiguous(&'static str),
+    Definitive(ErrorKind),
+    Retryable(ErrorKind),
+    Ambiguous(ErrorKind),
 }
 
 impl Verdict {
@@ -192,7 +203,7 @@ impl Verdict {
         AttemptOutcome::Failed(Failure {
             retryable,
             retry_after: retry_after.filter(|_| retryable),
-            kind: kind.to_string(),
+            kind,
             message,
             status: Some(status),
         })
@@ -203,18 +214,33 @@ impl Verdict {
 /// `google.rpc.Code` name in `error.status`. An input too long is an
 /// `INVALID_ARGUMENT` whose message says so ([`GEMINI_CONTEXT_LENGTH`]).
 pub const GEMINI_TABLE: &[(&str, Verdict)] = &[
-    ("INVALID_ARGUMENT", Verdict::Definitive("bad_request")),
-    ("FAILED_PRECONDITION", Verdict::Definitive("bad_request")),
-    ("OUT_OF_RANGE", Verdict::Definitive("bad_request")),
-    ("UNAUTHENTICATED", Verdict::Definitive("unauthorized")),
-    ("PERMISSION_DENIED", Verdict::Definitive("forbidden")),
-    ("NOT_FOUND", Verdict::Definitive("not_found")),
-    ("RESOURCE_EXHAUSTED", Verdict::Retryable("rate_limited")),
-    ("INTERNAL", Verdict::Retryable("server_error")),
-    ("UNAVAILABLE", Verdict::Retryable("unavailable")),
+    (
+        "INVALID_ARGUMENT",
+        Verdict::Definitive(ErrorKind::BadRequest),
+    ),
+    (
+        "FAILED_PRECONDITION",
+        Verdict::Definitive(ErrorKind::BadRequest),
+    ),
+    ("OUT_OF_RANGE", Verdict::Definitive(ErrorKind::BadRequest)),
+    (
+        "UNAUTHENTICATED",
+        Verdict::Definitive(ErrorKind::Unauthorized),
+    ),
+    (
+        "PERMISSION_DENIED",
+        Verdict::Definitive(ErrorKind::Forbidden),
+    ),
+    ("NOT_FOUND", Verdict::Definitive(ErrorKind::NotFound)),
+    (
+        "RESOURCE_EXHAUSTED",
+        Verdict::Retryable(ErrorKind::RateLimited),
+    ),
+    ("INTERNAL", Verdict::Retryable(ErrorKind::ServerError)),
+    ("UNAVAILABLE", Verdict::Retryable(ErrorKind::Unavailable)),
     // Google's own deadline ran out while the model worked: it may have
     // finished, as a gateway timeout may.
-    ("DEADLINE_EXCEEDED", Verdict::Ambiguous("timeout")),
+    ("DEADLINE_EXCEEDED", Verdict::Ambiguous(ErrorKind::Timeout)),
 ];
 
 /// How Gemini says the prompt does not fit: "The input token count (N)
@@ -241,16 +267,16 @@ pub fn classify_gemini(
     let value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let error = &value["error"];
     let rpc = error["status"].as_str().unwrap_or_default();
-    let Some(&(_, verdict)) = GEMINI_TABLE.iter().find(|(name, _)| *name == rpc) else {
+    let Some((_, verdict)) = GEMINI_TABLE.iter().find(|(name, _)| *name == rpc) else {
         return classify_response(status, headers, body, parse_success);
     };
     let text = error["message"].as_str().unwrap_or_default();
     let lower = text.to_ascii_lowercase();
-    let verdict = match verdict {
-        Verdict::Definitive("bad_request")
+    let verdict = match verdict.clone() {
+        Verdict::Definitive(ErrorKind::BadRequest)
             if GEMINI_CONTEXT_LENGTH.iter().any(|n| lower.contains(n)) =>
         {
-            Verdict::Definitive("context_length_exceeded")
+            Verdict::Definitive(ErrorKind::ContextLengthExceeded)
         }
         other => other,
     };
@@ -279,20 +305,35 @@ pub fn gemini_retry_delay(error: &Value) -> Option<Duration> {
 /// Azure OpenAI's table: the `error.code` it adds to OpenAI's shape. What
 /// it does not list is classified as OpenAI's answers are.
 pub const AZURE_TABLE: &[(&str, Verdict)] = &[
-    ("content_filter", Verdict::Definitive("content_policy")),
+    (
+        "content_filter",
+        Verdict::Definitive(ErrorKind::ContentPolicy),
+    ),
     (
         "ResponsibleAIPolicyViolation",
-        Verdict::Definitive("content_policy"),
+        Verdict::Definitive(ErrorKind::ContentPolicy),
     ),
     (
         "context_length_exceeded",
-        Verdict::Definitive("context_length_exceeded"),
+        Verdict::Definitive(ErrorKind::ContextLengthExceeded),
     ),
-    ("DeploymentNotFound", Verdict::Definitive("not_found")),
-    ("OperationNotSupported", Verdict::Definitive("bad_request")),
-    ("429", Verdict::Retryable("rate_limited")),
-    ("InternalServerError", Verdict::Retryable("server_error")),
-    ("ServiceUnavailable", Verdict::Retryable("unavailable")),
+    (
+        "DeploymentNotFound",
+        Verdict::Definitive(ErrorKind::NotFound),
+    ),
+    (
+        "OperationNotSupported",
+        Verdict::Definitive(ErrorKind::BadRequest),
+    ),
+    ("429", Verdict::Retryable(ErrorKind::RateLimited)),
+    (
+        "InternalServerError",
+        Verdict::Retryable(ErrorKind::ServerError),
+    ),
+    (
+        "ServiceUnavailable",
+        Verdict::Retryable(ErrorKind::Unavailable),
+    ),
 ];
 
 /// Classify an Azure OpenAI answer by [`AZURE_TABLE`]. A content-filter
@@ -319,7 +360,7 @@ pub fn classify_azure(
         .iter()
         .find(|(name, _)| *name == code)
         .or_else(|| AZURE_TABLE.iter().find(|(name, _)| *name == inner));
-    let Some(&(_, verdict)) = row else {
+    let Some((_, verdict)) = row else {
         return classify_response(status, headers, body, parse_success);
     };
     let mut message = format!("{code}: {}", error["message"].as_str().unwrap_or_default());
@@ -327,7 +368,7 @@ pub fn classify_azure(
     if !categories.is_empty() {
         message.push_str(&format!(" [filtered: {}]", categories.join(", ")));
     }
-    verdict.outcome(
+    verdict.clone().outcome(
         message,
         status.as_u16(),
         retry_after(headers, SystemTime::now()),
@@ -357,40 +398,58 @@ pub fn azure_filtered_categories(result: &Value) -> Vec<String> {
 /// header (or the body's `__type`). An input too long is a
 /// `ValidationException` whose message says so ([`BEDROCK_CONTEXT_LENGTH`]).
 pub const BEDROCK_TABLE: &[(&str, Verdict)] = &[
-    ("ValidationException", Verdict::Definitive("bad_request")),
-    ("AccessDeniedException", Verdict::Definitive("forbidden")),
+    (
+        "ValidationException",
+        Verdict::Definitive(ErrorKind::BadRequest),
+    ),
+    (
+        "AccessDeniedException",
+        Verdict::Definitive(ErrorKind::Forbidden),
+    ),
     (
         "UnrecognizedClientException",
-        Verdict::Definitive("unauthorized"),
+        Verdict::Definitive(ErrorKind::Unauthorized),
     ),
     (
         "InvalidSignatureException",
-        Verdict::Definitive("unauthorized"),
+        Verdict::Definitive(ErrorKind::Unauthorized),
     ),
-    ("ExpiredTokenException", Verdict::Definitive("unauthorized")),
+    (
+        "ExpiredTokenException",
+        Verdict::Definitive(ErrorKind::Unauthorized),
+    ),
     (
         "ResourceNotFoundException",
-        Verdict::Definitive("not_found"),
+        Verdict::Definitive(ErrorKind::NotFound),
     ),
     (
         "ServiceQuotaExceededException",
-        Verdict::Definitive("quota_exceeded"),
+        Verdict::Definitive(ErrorKind::QuotaExceeded),
     ),
-    ("ThrottlingException", Verdict::Retryable("rate_limited")),
-    ("ModelNotReadyException", Verdict::Retryable("unavailable")),
+    (
+        "ThrottlingException",
+        Verdict::Retryable(ErrorKind::RateLimited),
+    ),
+    (
+        "ModelNotReadyException",
+        Verdict::Retryable(ErrorKind::Unavailable),
+    ),
     // The model timed out before answering: AWS documents a retry.
     (
         "ModelTimeoutException",
-        Verdict::Retryable("request_timeout"),
+        Verdict::Retryable(ErrorKind::RequestTimeout),
     ),
-    ("ModelErrorException", Verdict::Retryable("server_error")),
+    (
+        "ModelErrorException",
+        Verdict::Retryable(ErrorKind::ServerError),
+    ),
     (
         "ServiceUnavailableException",
-        Verdict::Retryable("unavailable"),
+        Verdict::Retryable(ErrorKind::Unavailable),
     ),
     (
         "InternalServerException",
-        Verdict::Retryable("server_error"),
+        Verdict::Retryable(ErrorKind::ServerError),
     ),
 ];
 
@@ -434,7 +493,7 @@ pub fn classify_bedrock(
     let Some(error_type) = aws_error_type(headers, &value) else {
         return classify_response(status, headers, body, parse_success);
     };
-    let Some(&(_, verdict)) = BEDROCK_TABLE.iter().find(|(name, _)| *name == error_type) else {
+    let Some((_, verdict)) = BEDROCK_TABLE.iter().find(|(name, _)| *name == error_type) else {
         return classify_response(status, headers, body, parse_success);
     };
     let text = value["message"]
@@ -442,11 +501,11 @@ pub fn classify_bedrock(
         .or(value["Message"].as_str())
         .unwrap_or_default();
     let lower = text.to_ascii_lowercase();
-    let verdict = match verdict {
-        Verdict::Definitive("bad_request")
+    let verdict = match verdict.clone() {
+        Verdict::Definitive(ErrorKind::BadRequest)
             if BEDROCK_CONTEXT_LENGTH.iter().any(|n| lower.contains(n)) =>
         {
-            Verdict::Definitive("context_length_exceeded")
+            Verdict::Definitive(ErrorKind::ContextLengthExceeded)
         }
         other => other,
     };
@@ -465,13 +524,13 @@ pub fn bedrock_stream_exception(error_type: &str, message: &str) -> Option<Failu
     let mut chars = error_type.chars();
     let first = chars.next()?;
     let error_type = format!("{}{}", first.to_ascii_uppercase(), chars.as_str());
-    let &(_, verdict) = BEDROCK_TABLE.iter().find(|(name, _)| *name == error_type)?;
+    let (_, verdict) = BEDROCK_TABLE.iter().find(|(name, _)| *name == error_type)?;
     let lower = message.to_ascii_lowercase();
-    let (retryable, kind) = match verdict {
-        Verdict::Definitive("bad_request")
+    let (retryable, kind) = match verdict.clone() {
+        Verdict::Definitive(ErrorKind::BadRequest)
             if BEDROCK_CONTEXT_LENGTH.iter().any(|n| lower.contains(n)) =>
         {
-            (false, "context_length_exceeded")
+            (false, ErrorKind::ContextLengthExceeded)
         }
         Verdict::Definitive(kind) => (false, kind),
         Verdict::Retryable(kind) => (true, kind),
@@ -480,7 +539,7 @@ pub fn bedrock_stream_exception(error_type: &str, message: &str) -> Option<Failu
     Some(Failure {
         retryable,
         retry_after: None,
-        kind: kind.to_string(),
+        kind,
         message: format!("{error_type}: {message}"),
         status: None,
     })
@@ -513,22 +572,22 @@ pub fn classify_send_error(error: &reqwest::Error) -> AttemptOutcome {
     if error.is_connect() {
         // Connect refused, DNS failure, TLS handshake or connect timeout:
         // no byte of the request was written.
-        return failure(true, "connect_failed", detail, None);
+        return failure(true, ErrorKind::ConnectFailed, detail, None);
     }
     if error.is_builder() {
-        return failure(false, "bad_request", detail, None);
+        return failure(false, ErrorKind::BadRequest, detail, None);
     }
     if error.is_timeout() {
-        return unknown("timeout", detail);
+        return unknown(ErrorKind::Timeout, detail);
     }
     // The connection broke after (part of) the request may have been written.
-    unknown("connection_reset", detail)
+    unknown(ErrorKind::ConnectionReset, detail)
 }
 
 /// An error while reading the body of a response whose headers arrived.
 pub fn classify_body_error(status: StatusCode, error: &reqwest::Error) -> AttemptOutcome {
     unknown(
-        "truncated_body",
+        ErrorKind::TruncatedBody,
         format!(
             "HTTP {} body cut off: {}",
             status.as_u16(),
@@ -613,16 +672,12 @@ mod tests {
     fn sorted_as(outcome: &AttemptOutcome) -> (Verdict, String) {
         match outcome {
             AttemptOutcome::Failed(f) if f.retryable => {
-                (Verdict::Retryable(leak(&f.kind)), f.message.clone())
+                (Verdict::Retryable(f.kind.clone()), f.message.clone())
             }
-            AttemptOutcome::Failed(f) => (Verdict::Definitive(leak(&f.kind)), f.message.clone()),
-            AttemptOutcome::Unknown(a) => (Verdict::Ambiguous(leak(&a.kind)), a.message.clone()),
+            AttemptOutcome::Failed(f) => (Verdict::Definitive(f.kind.clone()), f.message.clone()),
+            AttemptOutcome::Unknown(a) => (Verdict::Ambiguous(a.kind.clone()), a.message.clone()),
             other => panic!("{other:?}"),
         }
-    }
-
-    fn leak(s: &str) -> &'static str {
-        Box::leak(s.to_string().into_boxed_str())
     }
 
     /// The HTTP status Google answers with each `google.rpc.Code`.
@@ -641,11 +696,11 @@ mod tests {
 
     #[test]
     fn every_gemini_row_sorts_its_status_and_carries_the_code() {
-        for &(rpc, verdict) in GEMINI_TABLE {
+        for (rpc, verdict) in GEMINI_TABLE {
             let code = http_status_of(rpc);
             let body = format!(r#"{{"error":{{"code":{code},"message":"m","status":"{rpc}"}}}}"#);
             let (sorted, message) = sorted_as(&gemini(code, &body));
-            assert_eq!(sorted, verdict, "{rpc}");
+            assert_eq!(&sorted, verdict, "{rpc}");
             assert_eq!(message, format!("{rpc}: m"), "{rpc}");
         }
     }
@@ -655,7 +710,7 @@ mod tests {
         let long = r#"{"error":{"code":400,"message":"The input token count (1200000) exceeds the maximum number of tokens allowed (1048576).","status":"INVALID_ARGUMENT"}}"#;
         assert_eq!(
             sorted_as(&gemini(400, long)).0,
-            Verdict::Definitive("context_length_exceeded")
+            Verdict::Definitive(ErrorKind::ContextLengthExceeded)
         );
         let exhausted = r#"{"error":{"code":429,"message":"quota","status":"RESOURCE_EXHAUSTED",
             "details":[{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"2.5s"}]}}"#;
@@ -667,7 +722,7 @@ mod tests {
         let odd = r#"{"error":{"code":409,"message":"m","status":"ABORTED"}}"#;
         assert_eq!(
             sorted_as(&gemini(409, odd)).0,
-            Verdict::Retryable("conflict")
+            Verdict::Retryable(ErrorKind::Conflict)
         );
     }
 
@@ -681,8 +736,8 @@ mod tests {
 
     #[test]
     fn every_bedrock_row_sorts_its_type_and_carries_it() {
-        for &(error_type, verdict) in BEDROCK_TABLE {
-            let status = match error_type {
+        for (error_type, verdict) in BEDROCK_TABLE {
+            let status = match *error_type {
                 "ThrottlingException" | "ModelNotReadyException" => 429,
                 "AccessDeniedException" | "UnrecognizedClientException" => 403,
                 "ResourceNotFoundException" => 404,
@@ -693,13 +748,13 @@ mod tests {
                 _ => 400,
             };
             let (sorted, message) = sorted_as(&bedrock(status, error_type, r#"{"message":"m"}"#));
-            assert_eq!(sorted, verdict, "{error_type}");
+            assert_eq!(&sorted, verdict, "{error_type}");
             assert_eq!(message, format!("{error_type}: m"), "{error_type}");
         }
         let long = r#"{"message":"Input is too long for requested model."}"#;
         assert_eq!(
             sorted_as(&bedrock(400, "ValidationException", long)).0,
-            Verdict::Definitive("context_length_exceeded")
+            Verdict::Definitive(ErrorKind::ContextLengthExceeded)
         );
         // The body's `__type` names the error when the header does not.
         let typed = r#"{"__type":"com.amazon.coral.service#ThrottlingException","message":"slow"}"#;
@@ -709,7 +764,10 @@ mod tests {
             typed.as_bytes(),
             never_parsed,
         );
-        assert_eq!(sorted_as(&outcome).0, Verdict::Retryable("rate_limited"));
+        assert_eq!(
+            sorted_as(&outcome).0,
+            Verdict::Retryable(ErrorKind::RateLimited)
+        );
     }
 
     fn azure(status: u16, body: &str) -> AttemptOutcome {
@@ -719,17 +777,17 @@ mod tests {
 
     #[test]
     fn every_azure_row_sorts_its_code_and_carries_it() {
-        for &(code, verdict) in AZURE_TABLE {
+        for (code, verdict) in AZURE_TABLE {
             let status = match verdict {
-                Verdict::Retryable("rate_limited") => 429,
-                Verdict::Retryable("unavailable") => 503,
+                Verdict::Retryable(ErrorKind::RateLimited) => 429,
+                Verdict::Retryable(ErrorKind::Unavailable) => 503,
                 Verdict::Retryable(_) => 500,
-                Verdict::Definitive("not_found") => 404,
+                Verdict::Definitive(ErrorKind::NotFound) => 404,
                 _ => 400,
             };
             let body = format!(r#"{{"error":{{"code":"{code}","message":"m"}}}}"#);
             let (sorted, message) = sorted_as(&azure(status, &body));
-            assert_eq!(sorted, verdict, "{code}");
+            assert_eq!(&sorted, verdict, "{code}");
             assert_eq!(message, format!("{code}: m"), "{code}");
         }
         // The inner code decides when the outer one is unlisted.
@@ -737,7 +795,7 @@ mod tests {
             "innererror":{"code":"ResponsibleAIPolicyViolation","content_filter_result":
             {"hate":{"filtered":true,"severity":"high"},"jailbreak":{"filtered":true,"detected":true}}}}}"#;
         let (sorted, message) = sorted_as(&azure(400, inner));
-        assert_eq!(sorted, Verdict::Definitive("content_policy"));
+        assert_eq!(sorted, Verdict::Definitive(ErrorKind::ContentPolicy));
         assert!(
             message.ends_with("[filtered: hate (high), jailbreak]"),
             "{message}"
@@ -745,7 +803,7 @@ mod tests {
         // 502 and 504 stay unknown whatever the body says.
         assert_eq!(
             sorted_as(&azure(504, "")).0,
-            Verdict::Ambiguous("gateway_error")
+            Verdict::Ambiguous(ErrorKind::GatewayError)
         );
     }
 }

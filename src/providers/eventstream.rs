@@ -215,7 +215,7 @@ impl Framing for EventStreamFraming {
             events: messages.iter().map(event_of).collect(),
             broken: broken.map(|e| {
                 (
-                    "stream_cut".to_string(),
+                    crate::domain::ErrorKind::StreamCut,
                     format!("stream cut after the last good event-stream message: {e}"),
                 )
             }),

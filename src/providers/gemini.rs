@@ -23,6 +23,7 @@ use super::transport::exchange;
 use super::vertex_auth::VertexAuth;
 use super::{AttemptOutcome, ChatRequest, Failure, Lookup, Provider, Streamed, Success, Usage};
 use crate::domain::request::{Message, Role};
+use crate::domain::ErrorKind;
 use async_trait::async_trait;
 use serde_json::{json, Map, Value};
 use std::time::Duration;
@@ -169,7 +170,7 @@ fn invalid_prompt(message: String) -> Failure {
     Failure {
         retryable: false,
         retry_after: None,
-        kind: "invalid_prompt".into(),
+        kind: ErrorKind::InvalidPrompt,
         message,
         status: None,
     }
@@ -438,7 +439,7 @@ fn refusal(message: String) -> Failure {
     Failure {
         retryable: false,
         retry_after: None,
-        kind: "content_policy".into(),
+        kind: ErrorKind::ContentPolicy,
         message,
         status: None,
     }
@@ -546,7 +547,7 @@ impl WireReader for GeminiReader {
             Err(e) => {
                 let shown: String = event.data.chars().take(80).collect();
                 return Step::Broken(
-                    "malformed_chunk".into(),
+                    ErrorKind::MalformedChunk,
                     format!("unreadable stream event {shown:?}: {e}"),
                 );
             }
@@ -557,7 +558,7 @@ impl WireReader for GeminiReader {
                 error["status"].as_str().unwrap_or("error"),
                 error["message"].as_str().unwrap_or("error event")
             );
-            return Step::Broken("stream_error".into(), message);
+            return Step::Broken(ErrorKind::StreamError, message);
         }
         if let Some(failure) = refused(&chunk) {
             return Step::Refused(failure);

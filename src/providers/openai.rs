@@ -10,6 +10,7 @@ use super::stream::{self, DeltaSender, OpenAiReader};
 use super::transport::{exchange, RawResponse};
 use super::{AttemptOutcome, ChatRequest, Failure, Lookup, Provider, Streamed, Success, Usage};
 use crate::domain::request::Role;
+use crate::domain::ErrorKind;
 use async_trait::async_trait;
 use serde_json::{json, Map, Value};
 use std::time::Duration;
@@ -248,7 +249,7 @@ pub fn completion_to_success(
         return Ok(Err(Failure {
             retryable: false,
             retry_after: None,
-            kind: "content_policy".into(),
+            kind: ErrorKind::ContentPolicy,
             message: refused
                 .unwrap_or("finish_reason content_filter")
                 .to_string(),

@@ -10,6 +10,7 @@
 use super::classify::{classify_body_error, classify_response, classify_send_error, unknown};
 use super::config::Timeouts;
 use super::{AttemptOutcome, Failure, Success, Usage};
+use crate::domain::ErrorKind;
 use reqwest::RequestBuilder;
 use serde_json::Value;
 use std::time::Instant;
@@ -110,7 +111,7 @@ pub(crate) enum Step {
     /// The provider refused mid-stream (a content filter): definitive.
     Refused(Failure),
     /// The event cannot be read, or reports an error: the outcome is unknown.
-    Broken(String, String),
+    Broken(ErrorKind, String),
 }
 
 /// The state a wire format's reader keeps while a stream runs.
@@ -150,7 +151,7 @@ pub(crate) async fn run(
 #[derive(Debug, Default)]
 pub(crate) struct Framed {
     pub events: Vec<SseEvent>,
-    pub broken: Option<(String, String)>,
+    pub broken: Option<(ErrorKind, String)>,
 }
 
 /// How a wire format cuts its byte stream into events: server-sent events
@@ -170,7 +171,7 @@ impl Framing for SseParser {
             },
             Err(message) => Framed {
                 events: Vec::new(),
-                broken: Some(("malformed_chunk".into(), message)),
+                broken: Some((ErrorKind::MalformedChunk, message)),
             },
         }
     }
@@ -203,7 +204,7 @@ pub(crate) async fn run_framed(
     let mut response = match tokio::time::timeout(first_byte, request.send()).await {
         Err(_) => {
             let message = format!("no response headers within {} ms", first_byte.as_millis());
-            return (unknown("timeout", message), None);
+            return (unknown(ErrorKind::Timeout, message), None);
         }
         Ok(Err(e)) => return (classify_send_error(&e), None),
         Ok(Ok(response)) => response,
@@ -233,7 +234,7 @@ pub(crate) async fn run_framed(
                     output.chars().count(),
                     super::classify::error_chain(&e)
                 );
-                return (unknown("stream_cut", message), None);
+                return (unknown(ErrorKind::StreamCut, message), None);
             }
         };
         let framed = framing.frame(&chunk);
@@ -250,7 +251,7 @@ pub(crate) async fn run_framed(
                     }
                     if deltas.send(delta).is_err() {
                         let message = "the stream's reader went away".to_string();
-                        return (unknown("stream_abandoned", message), None);
+                        return (unknown(ErrorKind::StreamAbandoned, message), None);
                     }
                 }
                 Step::End => {
@@ -258,11 +259,11 @@ pub(crate) async fn run_framed(
                     break;
                 }
                 Step::Refused(failure) => return (AttemptOutcome::Failed(failure), None),
-                Step::Broken(kind, message) => return (unknown(&kind, message), None),
+                Step::Broken(kind, message) => return (unknown(kind, message), None),
             }
         }
         if let Some((kind, message)) = framed.broken.filter(|_| !ended) {
-            return (unknown(&kind, message), None);
+            return (unknown(kind, message), None);
         }
     }
     let Some(finish_reason) = reader.finish_reason().filter(|_| ended) else {
@@ -275,7 +276,7 @@ pub(crate) async fn run_framed(
                 "its end marker"
             }
         );
-        return (unknown("stream_incomplete", message), None);
+        return (unknown(ErrorKind::StreamIncomplete, message), None);
     };
     let success = Success {
         output,
@@ -325,7 +326,7 @@ fn parse_json(event: &SseEvent) -> Result<Value, Step> {
             shown.push('…');
         }
         Step::Broken(
-            "malformed_chunk".into(),
+            ErrorKind::MalformedChunk,
             format!("unreadable stream event {shown:?}: {e}"),
         )
     })
@@ -335,7 +336,7 @@ fn refused(message: &str) -> Step {
     Step::Refused(Failure {
         retryable: false,
         retry_after: None,
-        kind: "content_policy".into(),
+        kind: ErrorKind::ContentPolicy,
         message: message.to_string(),
         status: None,
     })
@@ -363,7 +364,7 @@ impl WireReader for OpenAiReader {
                 .as_str()
                 .unwrap_or("error event")
                 .to_string();
-            return Step::Broken("stream_error".into(), message);
+            return Step::Broken(ErrorKind::StreamError, message);
         }
         if self.id.is_none() {
             self.id = chunk["id"].as_str().map(str::to_string);
@@ -505,7 +506,7 @@ impl WireReader for AnthropicReader {
                     .as_str()
                     .unwrap_or("error event")
                     .to_string();
-                Step::Broken("stream_error".into(), message)
+                Step::Broken(ErrorKind::StreamError, message)
             }
             _ => Step::Nothing,
         }

@@ -8,6 +8,7 @@
 use super::classify::{classify_body_error, classify_send_error, unknown};
 use super::config::Timeouts;
 use super::AttemptOutcome;
+use crate::domain::ErrorKind;
 use axum::body::Bytes;
 use reqwest::header::HeaderMap;
 use reqwest::{RequestBuilder, StatusCode};
@@ -43,7 +44,7 @@ pub async fn exchange(
         let response = match tokio::time::timeout(first_byte, request.send()).await {
             Err(_) => {
                 return Err(unknown(
-                    "timeout",
+                    ErrorKind::Timeout,
                     format!("no response headers within {} ms", first_byte.as_millis()),
                 ))
             }
@@ -66,7 +67,7 @@ pub async fn exchange(
     match tokio::time::timeout(timeouts.total(), whole).await {
         Ok(result) => result,
         Err(_) => Err(unknown(
-            "timeout",
+            ErrorKind::Timeout,
             format!("exchange not complete within {} ms", timeouts.total_ms),
         )),
     }

@@ -12,6 +12,7 @@ use super::classify::retry_after;
 use super::config::{Secret, Timeouts};
 use super::transport::exchange;
 use super::{AttemptOutcome, Failure};
+use crate::domain::ErrorKind;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use base64::Engine;
 use ring::rand::SystemRandom;
@@ -158,11 +159,10 @@ fn auth_failure(retryable: bool, message: String, status: Option<u16>) -> Failur
         retryable,
         retry_after: None,
         kind: if retryable {
-            "auth_unavailable"
+            ErrorKind::AuthUnavailable
         } else {
-            "unauthorized"
-        }
-        .into(),
+            ErrorKind::Unauthorized
+        },
         message,
         status,
     }

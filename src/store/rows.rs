@@ -4,7 +4,7 @@ use super::sql::db::Row;
 use super::{
     parse_attempt_kind, parse_attempt_state, parse_job_state, ApiKey, JobEvent, StoreError,
 };
-use crate::domain::{Attempt, Job};
+use crate::domain::{Attempt, ErrorKind, Job};
 
 /// The column list of `JobRow`, as a literal for `concat!`.
 macro_rules! job_columns {
@@ -137,7 +137,7 @@ impl TryFrom<AttemptRow> for Attempt {
             read_version: r.read_version,
             started_at: r.started_at,
             finished_at: r.finished_at,
-            error_kind: r.error_kind,
+            error_kind: r.error_kind.as_deref().map(ErrorKind::parse),
             error_message: r.error_message,
             output: r.output,
             usage: r.usage,

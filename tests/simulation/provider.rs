@@ -265,7 +265,7 @@ impl Scripted {
 
 fn unknown(kind: &str, message: &str) -> AttemptOutcome {
     AttemptOutcome::Unknown(Ambiguous {
-        kind: kind.to_string(),
+        kind: kind.into(),
         message: message.to_string(),
     })
 }
@@ -274,7 +274,7 @@ fn failed(retryable: bool, kind: &str, status: u16, retry_after: Option<u64>) ->
     AttemptOutcome::Failed(Failure {
         retryable,
         retry_after: retry_after.map(Duration::from_millis),
-        kind: kind.to_string(),
+        kind: kind.into(),
         message: format!("scripted {status}"),
         status: Some(status),
     })

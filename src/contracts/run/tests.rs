@@ -5,6 +5,7 @@ use super::*;
 use crate::contracts::definition::load_all;
 use crate::contracts::render::RenderedPrompt;
 use crate::contracts::tokenizer::count_prompt_tokens;
+use crate::domain::ErrorKind;
 use crate::providers::{Ambiguous, ChatRequest, Failure, Lookup, Usage};
 use async_trait::async_trait;
 use serde_json::{json, Value};
@@ -246,7 +247,7 @@ async fn failed_call_fails_schema_and_round_trip_with_its_reason() {
         AttemptOutcome::Failed(Failure {
             retryable: true,
             retry_after: None,
-            kind: "rate_limited".into(),
+            kind: ErrorKind::RateLimited,
             message: "slow down".into(),
             status: Some(429),
         })
@@ -280,7 +281,7 @@ async fn unknown_outcome_fails_the_case() {
     let contract = triage();
     let provider = CannedProvider::new(|_| {
         AttemptOutcome::Unknown(Ambiguous {
-            kind: "timeout".into(),
+            kind: ErrorKind::Timeout,
             message: "no answer in 60s".into(),
         })
     });

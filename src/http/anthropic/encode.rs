@@ -1,12 +1,11 @@
 //! The engine's answer as an Anthropic Message, its stream as Anthropic's
 //! events, and a job without an answer as Anthropic's error.
 
-use super::error::{stream_error_type, AnthropicError};
+use super::error::{refusal_type, stream_error_type, AnthropicError};
 use crate::domain::Job;
 use crate::engine::stream::StreamEvent;
 use crate::http::door::{Answer, Refusal, Refused, StreamEncoder};
 use crate::providers::Usage;
-use axum::http::StatusCode;
 use serde_json::{json, Value};
 
 /// The Message id of a job: the same for every replay of it.
@@ -67,29 +66,19 @@ pub(super) fn message(job: &Job, answer: Answer) -> Value {
 /// may be asked again with the same key.
 pub(super) fn refusal(refused: Refused) -> AnthropicError {
     let Refused { why, message } = refused;
-    let error = |status: u16, kind: &'static str| {
-        AnthropicError::new(
-            StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-            kind,
-            message.clone(),
-        )
+    let (status, kind) = refusal_type(&why);
+    let message = match why {
+        Refusal::ContextLengthExceeded => format!("prompt is too long: {message}"),
+        _ => message,
     };
-    match why {
-        Refusal::Pending { client_may_retry } => AnthropicError {
-            retry: client_may_retry,
-            ..error(504, "timeout_error")
-        },
-        Refusal::Cancelled => error(409, "invalid_request_error"),
-        Refusal::ContextLengthExceeded => AnthropicError {
-            message: format!("prompt is too long: {message}"),
-            ..error(400, "invalid_request_error")
-        },
-        Refusal::ContentPolicy | Refusal::BadRequest(_) => error(400, "invalid_request_error"),
-        Refusal::RateLimited => error(429, "rate_limit_error"),
-        Refusal::Failed(Some(kind)) if kind == "overloaded" => error(529, "overloaded_error"),
-        Refusal::ContractViolation | Refusal::NeedsReview | Refusal::Failed(_) => {
-            error(500, "api_error")
-        }
+    AnthropicError {
+        retry: matches!(
+            why,
+            Refusal::Pending {
+                client_may_retry: true
+            }
+        ),
+        ..AnthropicError::new(status, kind, message)
     }
 }
 

@@ -3,6 +3,8 @@
 //! `x-should-retry` always set (the SDK retries 409, 429 and 5xx unless
 //! told not to).
 
+use crate::domain::ErrorKind;
+use crate::http::door::Refusal;
 use crate::http::error::{ApiError, STORE_RETRY_AFTER_SECS};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -54,19 +56,32 @@ impl AnthropicError {
     }
 }
 
+/// The status and Anthropic error `type` a job without an answer is told
+/// with, answered or in a stream: a refusal by the provider is the
+/// request's fault (`invalid_request_error`), an overloaded provider is
+/// Anthropic's 529.
+pub(super) fn refusal_type(why: &Refusal) -> (StatusCode, &'static str) {
+    let (status, kind) = match why {
+        Refusal::Pending { .. } => (504, "timeout_error"),
+        Refusal::Cancelled => (409, "invalid_request_error"),
+        Refusal::ContextLengthExceeded | Refusal::ContentPolicy | Refusal::BadRequest(_) => {
+            (400, "invalid_request_error")
+        }
+        Refusal::RateLimited => (429, "rate_limit_error"),
+        Refusal::Failed(Some(ErrorKind::Overloaded)) => (529, "overloaded_error"),
+        Refusal::ContractViolation | Refusal::NeedsReview | Refusal::Failed(_) => {
+            (500, "api_error")
+        }
+    };
+    (
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        kind,
+    )
+}
+
 /// Anthropic's error `type` for an in-band stream error code.
 pub(super) fn stream_error_type(code: &str) -> &'static str {
-    match code {
-        "content_policy"
-        | "content_policy_violation"
-        | "context_length_exceeded"
-        | "bad_request"
-        | "invalid_prompt"
-        | "unprocessable" => "invalid_request_error",
-        "rate_limited" | "quota_exceeded" => "rate_limit_error",
-        "overloaded" => "overloaded_error",
-        _ => "api_error",
-    }
+    refusal_type(&Refusal::of_stream_code(code)).1
 }
 
 /// Our field names in a validation message, as Anthropic's request names them.

@@ -1,10 +1,9 @@
 //! The engine's answer as a `chat.completion`, and a job without one as
 //! the OpenAI error a client acts on.
 
-use super::error::{error_type, CompatError};
+use super::error::CompatError;
 use crate::domain::Job;
-use crate::http::door::{Answer, Refusal, Refused};
-use axum::http::StatusCode;
+use crate::http::door::{Answer, Refused};
 use axum::Json;
 use serde_json::{json, Value};
 
@@ -35,41 +34,8 @@ pub(super) fn completion(job: &Job, answer: Answer) -> Json<Value> {
 }
 
 /// A job that did not succeed: the provider's code kept, a status the SDKs
-/// raise the right exception for. A finished job answers the same to every
-/// replay, so only a pending one says the SDK may retry.
+/// raise the right exception for (`param` the request's `messages` or
+/// `response_format`).
 pub(super) fn refusal(refused: Refused) -> CompatError {
-    let Refused { why, message } = refused;
-    let error = |status: u16, code: &str| {
-        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
-        CompatError {
-            status,
-            kind: error_type(status),
-            code: code.to_string(),
-            param: None,
-            message: message.clone(),
-            retry: false,
-            retry_after_ms: None,
-        }
-    };
-    match why {
-        Refusal::Pending { client_may_retry } => CompatError {
-            retry: client_may_retry,
-            ..error(504, "job_pending")
-        },
-        Refusal::Cancelled => error(409, "job_cancelled"),
-        Refusal::ContextLengthExceeded => CompatError {
-            param: Some("messages".into()),
-            ..error(400, "context_length_exceeded")
-        },
-        Refusal::ContentPolicy => error(400, "content_policy_violation"),
-        Refusal::RateLimited => error(429, "rate_limit_exceeded"),
-        Refusal::ContractViolation => CompatError {
-            param: Some("response_format".into()),
-            ..error(502, "contract_violation")
-        },
-        Refusal::BadRequest(kind) => error(400, &kind),
-        Refusal::NeedsReview => error(502, "job_needs_review"),
-        Refusal::Failed(None) => error(502, "job_failed"),
-        Refusal::Failed(Some(kind)) => error(502, &kind),
-    }
+    crate::http::openai_error::refusal(refused, "messages", "response_format")
 }

@@ -1,5 +1,4 @@
 //! Chat Completions answers its errors in OpenAI's shape
 //! ([`crate::http::openai_error`], shared with the Responses door).
 
-pub(crate) use crate::http::openai_error::error_type;
 pub use crate::http::openai_error::OpenAiError as CompatError;

@@ -14,7 +14,8 @@
 
 use crate::domain::Job;
 use crate::engine::stream::StreamEvent;
-use crate::http::door::StreamEncoder;
+use crate::http::door::{Refusal, StreamEncoder};
+use crate::http::openai_error::{error_type, refusal_code};
 use crate::providers::stream::Delta;
 use crate::providers::Usage;
 use axum::http::HeaderMap;
@@ -204,18 +205,19 @@ impl Renderer {
 }
 
 /// An in-band error's OpenAI `code` and `type`: a provider's refusal keeps
-/// OpenAI's own (`content_policy_violation`, `invalid_request_error`);
-/// anything else is the server's.
-fn in_band_error(code: &str) -> (&str, &'static str) {
-    match code {
-        "content_policy" | "content_policy_violation" => {
-            ("content_policy_violation", "invalid_request_error")
+/// OpenAI's own, as an answered error has them (`content_policy_violation`,
+/// `invalid_request_error`); anything else is the server's.
+fn in_band_error(code: &str) -> (String, &'static str) {
+    let why = Refusal::of_stream_code(code);
+    match why {
+        Refusal::ContentPolicy
+        | Refusal::ContextLengthExceeded
+        | Refusal::BadRequest(_)
+        | Refusal::RateLimited => {
+            let (status, code) = refusal_code(&why);
+            (code.to_string(), error_type(status))
         }
-        "context_length_exceeded" | "bad_request" | "unprocessable" | "invalid_prompt" => {
-            (code, "invalid_request_error")
-        }
-        "rate_limited" | "quota_exceeded" => ("rate_limit_exceeded", "rate_limit_error"),
-        _ => (code, "server_error"),
+        _ => (code.to_string(), "server_error"),
     }
 }
 

@@ -2,11 +2,10 @@
 //! replay of a key has the same one), its status, output items and usage,
 //! and what the request asked for, shown back as OpenAI does.
 
-use super::error::{error_type, ResponsesError};
+use super::error::ResponsesError;
 use crate::domain::{Job, JobState};
 use crate::http::door::{Answer, Refusal, Refused};
 use crate::providers::Usage;
-use axum::http::StatusCode;
 use serde_json::{json, Map, Value};
 
 /// `resp_` and the job id without its dashes.
@@ -250,44 +249,8 @@ pub(super) fn failure(refused: &Refused) -> Value {
 }
 
 /// A job that did not succeed, answered to a create that waited for it: the
-/// provider's code kept, a status the SDKs raise the right exception for.
-/// A finished job answers the same to every replay, so none says the SDK
-/// may retry.
+/// provider's code kept, a status the SDKs raise the right exception for
+/// (`param` the request's `input` or `text.format`).
 pub(super) fn refusal(refused: Refused) -> ResponsesError {
-    let Refused { why, message } = refused;
-    let error = |status: u16, code: &str| {
-        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
-        ResponsesError {
-            status,
-            kind: error_type(status),
-            code: code.to_string(),
-            param: None,
-            message: message.clone(),
-            retry: false,
-            retry_after_ms: None,
-        }
-    };
-    match why {
-        // Still running after the wait: the same request with the same key
-        // picks it up (the SDK retries it by itself unless the key was made here).
-        Refusal::Pending { client_may_retry } => ResponsesError {
-            retry: client_may_retry,
-            ..error(504, "job_pending")
-        },
-        Refusal::Cancelled => error(409, "job_cancelled"),
-        Refusal::ContextLengthExceeded => ResponsesError {
-            param: Some("input".into()),
-            ..error(400, "context_length_exceeded")
-        },
-        Refusal::ContentPolicy => error(400, "content_policy_violation"),
-        Refusal::RateLimited => error(429, "rate_limit_exceeded"),
-        Refusal::ContractViolation => ResponsesError {
-            param: Some("text.format".into()),
-            ..error(502, "contract_violation")
-        },
-        Refusal::BadRequest(kind) => error(400, &kind),
-        Refusal::NeedsReview => error(502, "job_needs_review"),
-        Refusal::Failed(None) => error(502, "job_failed"),
-        Refusal::Failed(Some(kind)) => error(502, &kind),
-    }
+    crate::http::openai_error::refusal(refused, "input", "text.format")
 }

@@ -3,7 +3,6 @@
 //! the Responses field at fault.
 
 use crate::http::error::ApiError;
-pub(crate) use crate::http::openai_error::error_type;
 pub use crate::http::openai_error::OpenAiError as ResponsesError;
 use axum::http::StatusCode;
 

@@ -15,7 +15,8 @@
 use super::encode::{self, Shown, Stored};
 use crate::domain::Job;
 use crate::engine::stream::StreamEvent;
-use crate::http::door::StreamEncoder;
+use crate::http::door::{Refusal, StreamEncoder};
+use crate::http::openai_error::refusal_code;
 use serde_json::{json, Value};
 
 /// The function call being streamed.
@@ -300,10 +301,11 @@ impl StreamEncoder for Encoder {
                 // What was streamed stays with the client; the failed
                 // Response shows none of it as an answer.
                 // A provider's refusal keeps OpenAI's code for it.
-                let shown_code = match code.as_str() {
-                    "content_policy" | "content_policy_violation" => "content_policy_violation",
-                    "context_length_exceeded" => "context_length_exceeded",
-                    "rate_limited" | "quota_exceeded" => "rate_limit_exceeded",
+                let why = Refusal::of_stream_code(code);
+                let shown_code = match why {
+                    Refusal::ContentPolicy
+                    | Refusal::ContextLengthExceeded
+                    | Refusal::RateLimited => refusal_code(&why).1,
                     _ => "server_error",
                 };
                 let error = json!({"code": shown_code, "message": format!("{code}: {message}")});

@@ -6,7 +6,7 @@
 //! settled, written beside their bars.
 
 use super::svg::{esc, Svg};
-use crate::domain::{Attempt, AttemptState, Job, Millis};
+use crate::domain::{Attempt, AttemptState, ErrorKind, Job, Millis};
 use crate::store::{event, JobEvent};
 
 const WIDTH: f64 = 960.0;
@@ -43,7 +43,7 @@ pub fn ending(job: &Job, attempt: &Attempt, events: &[JobEvent]) -> Ending {
     let (class, mut label) = match attempt.state {
         AttemptState::Succeeded if won => ("won", "won the CAS".to_string()),
         AttemptState::Succeeded => ("succeeded", "succeeded".to_string()),
-        AttemptState::Discarded if attempt.error_kind.as_deref() == Some("abandoned") => {
+        AttemptState::Discarded if attempt.error_kind == Some(ErrorKind::Abandoned) => {
             ("abandoned", "abandoned: another attempt won".to_string())
         }
         AttemptState::Discarded => ("discarded", "lost the CAS: discarded".to_string()),
@@ -52,7 +52,10 @@ pub fn ending(job: &Job, attempt: &Attempt, events: &[JobEvent]) -> Ending {
             "failed",
             format!(
                 "failed: {}",
-                attempt.error_kind.as_deref().unwrap_or("error")
+                attempt
+                    .error_kind
+                    .as_ref()
+                    .map_or("error", ErrorKind::as_str)
             ),
         ),
         AttemptState::Cancelled => ("cancelled", "cancelled".to_string()),
@@ -193,7 +196,7 @@ pub fn draw(
         ));
         if let Some(timeout) = attempt_timeout_ms {
             let deadline = attempt.started_at + timeout as i64;
-            if deadline <= end || attempt.error_kind.as_deref() == Some("attempt_timeout") {
+            if deadline <= end || attempt.error_kind == Some(ErrorKind::AttemptTimeout) {
                 let px = x(deadline);
                 svg.line(px, y + 1.0, px, y + 27.0, "#d64545", 2.0, Some("2 2"));
                 svg.text(px + 3.0, y + 30.0, "timeout", "start", 9.0, "#d64545");

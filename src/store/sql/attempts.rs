@@ -243,7 +243,7 @@ pub(crate) async fn finish_attempt(
                 args![
                     &finish.attempt_id,
                     wanted.as_str(),
-                    error_kind,
+                    error_kind.as_str(),
                     message,
                     finished_at
                 ],

@@ -3,6 +3,7 @@
 
 use super::{open_store, DbArgs};
 use crate::clock::{rfc3339, Clock, SystemClock};
+use crate::domain::reason::check_reason;
 use crate::store::{AttemptResolution, JobResolution, Refusal};
 use anyhow::{bail, Context};
 
@@ -13,7 +14,7 @@ fn actor() -> String {
 }
 
 fn reason(reason: &str) -> anyhow::Result<&str> {
-    crate::http::body::reason(reason).map_err(|e| anyhow::anyhow!("{e}"))
+    check_reason(reason).map_err(|e| anyhow::anyhow!("--reason: {e}"))
 }
 
 fn result_json(result: Option<&str>) -> anyhow::Result<Option<String>> {

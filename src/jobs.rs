@@ -1,5 +1,7 @@
 //! Accepting and reading jobs: the logic behind `POST /v1/jobs` and friends.
-//! Handlers extract and answer; this module decides.
+//! Handlers extract and answer; this module decides, and reads an admin's
+//! decision on a job in review or an unknown attempt (for the API, the
+//! console and the CLI alike).
 
 use crate::clock::Clock;
 use crate::config::RouteConfig;
@@ -10,7 +12,9 @@ use crate::domain::{new_id, Attempt, Job, JobRequest, RequestError};
 use crate::engine::{Engine, Watch};
 use crate::keys::Caller;
 use crate::replays::{body_digest, Replays};
-use crate::store::{event, CreateOutcome, NewEvent, Store, StoreError};
+use crate::store::{
+    event, AttemptResolution, CreateOutcome, JobResolution, NewEvent, Store, StoreError,
+};
 use crate::tenants::{check_new_job, Admission, CheckError, LimitError};
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -331,4 +335,110 @@ pub async fn find_for(
         .get_job(id)
         .await?
         .filter(|job| job.owner_id == caller.owner_id))
+}
+
+/// Why an admin's decision on a job in review, or on an unknown attempt,
+/// was refused: its words, whatever surface (API, console, CLI) they came
+/// through. The text names the API's fields; the CLI puts `--` in front.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecisionError {
+    #[error("action: {0:?} is not complete, retry or close")]
+    UnknownAction(String),
+    #[error("outcome: {0:?} is not executed or not_executed")]
+    UnknownOutcome(String),
+    /// `complete` and `executed` need the result (`"action complete"`).
+    #[error("result: required with {0}")]
+    ResultRequired(&'static str),
+    /// Every other choice takes none.
+    #[error("result: only allowed with {0}")]
+    ResultNotAllowed(&'static str),
+}
+
+/// An admin's decision on a job: `complete` with `result` (JSON text),
+/// `retry` (a fresh retry budget) or `close`.
+pub fn job_resolution(
+    action: &str,
+    result: Option<String>,
+) -> Result<JobResolution, DecisionError> {
+    const WITH: &str = "action complete";
+    match (action, result) {
+        ("complete", Some(result)) => Ok(JobResolution::Complete { result }),
+        ("complete", None) => Err(DecisionError::ResultRequired(WITH)),
+        ("retry" | "close", Some(_)) => Err(DecisionError::ResultNotAllowed(WITH)),
+        ("retry", None) => Ok(JobResolution::Retry),
+        ("close", None) => Ok(JobResolution::Close),
+        (other, _) => Err(DecisionError::UnknownAction(other.to_string())),
+    }
+}
+
+/// An admin's settlement of an unknown attempt: `executed` with the
+/// provider's `result` (JSON text), or `not_executed`.
+pub fn attempt_resolution(
+    outcome: &str,
+    result: Option<String>,
+) -> Result<AttemptResolution, DecisionError> {
+    const WITH: &str = "outcome executed";
+    match (outcome, result) {
+        ("executed", Some(result)) => Ok(AttemptResolution::Executed { result }),
+        ("executed", None) => Err(DecisionError::ResultRequired(WITH)),
+        ("not_executed", Some(_)) => Err(DecisionError::ResultNotAllowed(WITH)),
+        ("not_executed", None) => Ok(AttemptResolution::NotExecuted),
+        (other, _) => Err(DecisionError::UnknownOutcome(other.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_decision_is_its_action_and_a_result_only_to_complete() {
+        let result = || Some("\"done\"".to_string());
+        assert_eq!(
+            job_resolution("complete", result()),
+            Ok(JobResolution::Complete {
+                result: "\"done\"".into()
+            })
+        );
+        assert_eq!(job_resolution("retry", None), Ok(JobResolution::Retry));
+        assert_eq!(job_resolution("close", None), Ok(JobResolution::Close));
+        assert_eq!(
+            job_resolution("complete", None),
+            Err(DecisionError::ResultRequired("action complete"))
+        );
+        assert_eq!(
+            job_resolution("close", result()).unwrap_err().to_string(),
+            "result: only allowed with action complete"
+        );
+        assert_eq!(
+            job_resolution("finish", None).unwrap_err().to_string(),
+            "action: \"finish\" is not complete, retry or close"
+        );
+    }
+
+    #[test]
+    fn an_attempt_settlement_is_its_outcome_and_a_result_only_if_executed() {
+        assert_eq!(
+            attempt_resolution("executed", Some("1".into())),
+            Ok(AttemptResolution::Executed { result: "1".into() })
+        );
+        assert_eq!(
+            attempt_resolution("not_executed", None),
+            Ok(AttemptResolution::NotExecuted)
+        );
+        assert_eq!(
+            attempt_resolution("executed", None)
+                .unwrap_err()
+                .to_string(),
+            "result: required with outcome executed"
+        );
+        assert!(matches!(
+            attempt_resolution("not_executed", Some("1".into())),
+            Err(DecisionError::ResultNotAllowed(_))
+        ));
+        assert!(matches!(
+            attempt_resolution("maybe", None),
+            Err(DecisionError::UnknownOutcome(_))
+        ));
+    }
 }

@@ -9,6 +9,7 @@
 
 use crate::clock::Clock;
 use crate::domain::limits::Limits;
+use crate::domain::reason::check_reason;
 use crate::domain::{new_id, Millis};
 use crate::store::tenants::{KeyRecord, Rotation};
 use crate::store::{ApiKey, Store, StoreError};
@@ -216,12 +217,8 @@ pub async fn set_limits(
     reason: &str,
 ) -> Result<KeyRecord, KeyError> {
     let stored = stored_limits(&limits)?;
-    let reason = reason.trim();
-    if reason.is_empty() || reason.chars().count() > 500 {
-        return Err(KeyError::InvalidLimits(
-            "reason: required, 1-500 characters".into(),
-        ));
-    }
+    let reason =
+        check_reason(reason).map_err(|e| KeyError::InvalidLimits(format!("reason: {e}")))?;
     let Some(_) = store.get_api_key(id).await? else {
         return Err(KeyError::NotFound(id.to_string()));
     };

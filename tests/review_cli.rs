@@ -104,7 +104,9 @@ async fn review_queue_from_the_command_line(backend: Backend) {
         ],
     );
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--result is required"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--result: required with action complete")
+    );
     assert_eq!(
         store.get_job(&job_id).await.unwrap().unwrap().state,
         JobState::NeedsReview,

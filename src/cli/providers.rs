@@ -6,8 +6,9 @@ use super::{open_store, DbArgs};
 use crate::clock::SystemClock;
 use crate::clock::{rfc3339, Clock};
 use crate::config::Config;
+use crate::domain::reason::check_reason;
 use crate::providers::config::{load_dir, ProviderConfig, ProviderKind};
-use crate::providers::switches::{check_reason, switch_provider, SwitchError};
+use crate::providers::switches::{switch_provider, SwitchError};
 use std::collections::BTreeMap;
 
 /// The configured providers, by name. API keys are not resolved: listing
@@ -167,7 +168,7 @@ pub async fn switch(db: &DbArgs, name: &str, enabled: bool, reason: &str) -> any
             }
         );
     }
-    check_reason(Some(reason))?;
+    check_reason(reason).map_err(|e| anyhow::anyhow!("--reason: {e}"))?;
     let store = open_store(&config).await?;
     let result = switch_provider(
         store.as_ref(),

@@ -3,8 +3,10 @@
 
 use super::{open_store, DbArgs};
 use crate::clock::{rfc3339, Clock, SystemClock};
-use crate::store::{AttemptResolution, JobResolution, Refusal};
-use anyhow::{bail, Context};
+use crate::domain::reason::check_reason;
+use crate::jobs;
+use crate::store::Refusal;
+use anyhow::{anyhow, Context};
 
 fn actor() -> String {
     std::env::var("USER")
@@ -13,7 +15,7 @@ fn actor() -> String {
 }
 
 fn reason(reason: &str) -> anyhow::Result<&str> {
-    crate::http::body::reason(reason).map_err(|e| anyhow::anyhow!("{e}"))
+    check_reason(reason).map_err(|e| anyhow::anyhow!("--reason: {e}"))
 }
 
 fn result_json(result: Option<&str>) -> anyhow::Result<Option<String>> {
@@ -69,14 +71,8 @@ pub async fn resolve_job(
     why: &str,
 ) -> anyhow::Result<()> {
     let why = reason(why)?;
-    let resolution = match (action, result_json(result)?) {
-        ("complete", Some(result)) => JobResolution::Complete { result },
-        ("complete", None) => bail!("--result is required with --action complete"),
-        ("retry" | "close", Some(_)) => bail!("--result is only allowed with --action complete"),
-        ("retry", None) => JobResolution::Retry,
-        ("close", None) => JobResolution::Close,
-        (other, _) => bail!("--action {other:?}: expected complete, retry or close"),
-    };
+    let resolution =
+        jobs::job_resolution(action, result_json(result)?).map_err(|e| anyhow!("--{e}"))?;
     let config = db.load(None)?;
     let store = open_store(&config).await?;
     let outcome = store
@@ -101,13 +97,8 @@ pub async fn resolve_attempt(
     why: &str,
 ) -> anyhow::Result<()> {
     let why = reason(why)?;
-    let resolution = match (outcome, result_json(result)?) {
-        ("executed", Some(result)) => AttemptResolution::Executed { result },
-        ("executed", None) => bail!("--result is required with --outcome executed"),
-        ("not_executed", Some(_)) => bail!("--result is only allowed with --outcome executed"),
-        ("not_executed", None) => AttemptResolution::NotExecuted,
-        (other, _) => bail!("--outcome {other:?}: expected executed or not_executed"),
-    };
+    let resolution =
+        jobs::attempt_resolution(outcome, result_json(result)?).map_err(|e| anyhow!("--{e}"))?;
     let config = db.load(None)?;
     let store = open_store(&config).await?;
     let settled = store

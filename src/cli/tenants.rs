@@ -5,6 +5,7 @@
 use super::providers::table;
 use super::{open_store, DbArgs};
 use crate::clock::{rfc3339, Clock, SystemClock};
+use crate::domain::reason::check_reason;
 use crate::keys::{self, key_state};
 use crate::store::tenants::OwnerLimitsRow;
 use crate::tenants::limits::Limits;
@@ -208,10 +209,7 @@ pub async fn set_limits(
     limits
         .check()
         .map_err(|e| anyhow::anyhow!("--{}", e.replace('_', "-")))?;
-    let reason = reason.trim();
-    if reason.is_empty() || reason.chars().count() > 500 {
-        anyhow::bail!("--reason: required, 1-500 characters");
-    }
+    let reason = check_reason(reason).map_err(|e| anyhow::anyhow!("--reason: {e}"))?;
     let config = db.load(None)?;
     let store = open_store(&config).await?;
     let row = OwnerLimitsRow {

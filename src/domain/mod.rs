@@ -1,6 +1,7 @@
 //! Pure types and transitions: jobs, attempts and the kinds of their
-//! errors, job requests, fingerprints, owners' and keys' limits, and the
-//! guard that decides whether an attempt may start. No I/O here.
+//! errors, job requests, fingerprints, owners' and keys' limits, the rule
+//! for an audited change's reason, and the guard that decides whether an
+//! attempt may start. No I/O here.
 
 pub mod attempt;
 pub mod breaker;
@@ -10,6 +11,7 @@ pub mod hedging;
 pub mod job;
 pub mod lifecycle;
 pub mod limits;
+pub mod reason;
 pub mod request;
 pub mod retry;
 

@@ -9,6 +9,7 @@ use super::AppState;
 use crate::clock::rfc3339;
 use crate::domain::Job;
 use crate::http::auth::Admin;
+use crate::jobs::{self, DecisionError};
 use crate::keys::Caller;
 use crate::store::{AttemptResolution, JobResolution, ReviewItem};
 use axum::extract::{Path, State};
@@ -56,17 +57,10 @@ pub async fn list(State(state): State<AppState>, _admin: Admin) -> Result<Json<V
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum JobAction {
-    Complete,
-    Retry,
-    Close,
-}
-
-#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ResolveJob {
-    action: JobAction,
+    /// `complete`, `retry` or `close` ([`jobs::job_resolution`]).
+    action: String,
     #[serde(default)]
     result: Option<Value>,
     reason: String,
@@ -82,23 +76,8 @@ pub async fn resolve_job(
 ) -> Result<Json<JobView>, ApiError> {
     let request: ResolveJob = body::parse(&raw)?;
     let reason = body::reason(&request.reason)?;
-    let resolution = match (request.action, request.result) {
-        (JobAction::Complete, Some(result)) => JobResolution::Complete {
-            result: result.to_string(),
-        },
-        (JobAction::Complete, None) => {
-            return Err(ApiError::InvalidRequest(
-                "result: required with action complete".to_string(),
-            ))
-        }
-        (JobAction::Retry | JobAction::Close, Some(_)) => {
-            return Err(ApiError::InvalidRequest(
-                "result: only allowed with action complete".to_string(),
-            ))
-        }
-        (JobAction::Retry, None) => JobResolution::Retry,
-        (JobAction::Close, None) => JobResolution::Close,
-    };
+    let result = request.result.map(|r| r.to_string());
+    let resolution = jobs::job_resolution(&request.action, result)?;
     let job = decide_job(&state, &admin, &id, resolution, reason).await?;
     Ok(Json(JobView::new(job)))
 }
@@ -131,16 +110,10 @@ pub async fn decide_job(
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum AttemptOutcome {
-    Executed,
-    NotExecuted,
-}
-
-#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ResolveAttempt {
-    outcome: AttemptOutcome,
+    /// `executed` or `not_executed` ([`jobs::attempt_resolution`]).
+    outcome: String,
     #[serde(default)]
     result: Option<Value>,
     reason: String,
@@ -157,22 +130,8 @@ pub async fn resolve_attempt(
 ) -> Result<Json<JobView>, ApiError> {
     let request: ResolveAttempt = body::parse(&raw)?;
     let reason = body::reason(&request.reason)?;
-    let resolution = match (request.outcome, request.result) {
-        (AttemptOutcome::Executed, Some(result)) => AttemptResolution::Executed {
-            result: result.to_string(),
-        },
-        (AttemptOutcome::Executed, None) => {
-            return Err(ApiError::InvalidRequest(
-                "result: required with outcome executed".to_string(),
-            ))
-        }
-        (AttemptOutcome::NotExecuted, Some(_)) => {
-            return Err(ApiError::InvalidRequest(
-                "result: only allowed with outcome executed".to_string(),
-            ))
-        }
-        (AttemptOutcome::NotExecuted, None) => AttemptResolution::NotExecuted,
-    };
+    let result = request.result.map(|r| r.to_string());
+    let resolution = jobs::attempt_resolution(&request.outcome, result)?;
     let job = settle_attempt(&state, &admin, &id, resolution, reason).await?;
     Ok(Json(JobView::new(job)))
 }
@@ -206,4 +165,12 @@ pub async fn settle_attempt(
         other => other.into(),
     })?;
     Ok(job)
+}
+
+/// A decision in words the API does not take: a 422 `invalid_request`
+/// naming the field.
+impl From<DecisionError> for ApiError {
+    fn from(e: DecisionError) -> Self {
+        ApiError::InvalidRequest(e.to_string())
+    }
 }

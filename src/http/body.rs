@@ -3,6 +3,7 @@
 //! naming the field.
 
 use super::error::ApiError;
+use crate::domain::reason::check_reason;
 use serde::de::DeserializeOwned;
 
 pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
@@ -27,13 +28,8 @@ pub fn parse_or_default<T: DeserializeOwned + Default>(body: &[u8]) -> Result<T,
     parse(body)
 }
 
-/// A required human reason (audited): 1–500 characters.
+/// A required human reason (audited), trimmed, by the one rule
+/// ([`check_reason`]): 1–500 characters.
 pub fn reason(reason: &str) -> Result<&str, ApiError> {
-    let trimmed = reason.trim();
-    if trimmed.is_empty() || trimmed.chars().count() > 500 {
-        return Err(ApiError::InvalidRequest(
-            "reason: required, 1-500 characters".to_string(),
-        ));
-    }
-    Ok(trimmed)
+    check_reason(reason).map_err(|e| ApiError::InvalidRequest(format!("reason: {e}")))
 }

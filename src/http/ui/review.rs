@@ -9,7 +9,7 @@ use crate::http::admin_review::{decide_job, settle_attempt};
 use crate::http::body;
 use crate::http::error::ApiError;
 use crate::http::AppState;
-use crate::store::{AttemptResolution, JobResolution};
+use crate::jobs;
 use axum::extract::{Form, Path, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use serde::{Deserialize, Serialize};
@@ -90,21 +90,12 @@ pub struct ResolveJobForm {
     back: String,
 }
 
-fn result_json(text: &str, required: bool) -> Result<Option<String>, ApiError> {
+/// The form's result as JSON text, `None` when the field is empty (whether
+/// the choice takes one is [`jobs::job_resolution`]'s to say).
+fn result_json(text: &str) -> Result<Option<String>, ApiError> {
     let text = text.trim();
     if text.is_empty() {
-        return if required {
-            Err(ApiError::InvalidRequest(
-                "result: required with this choice".to_string(),
-            ))
-        } else {
-            Ok(None)
-        };
-    }
-    if !required {
-        return Err(ApiError::InvalidRequest(
-            "result: only allowed when completing with a result".to_string(),
-        ));
+        return Ok(None);
     }
     let value: serde_json::Value = serde_json::from_str(text)
         .map_err(|e| ApiError::InvalidRequest(format!("result: not JSON: {e}")))?;
@@ -132,24 +123,7 @@ pub async fn resolve_job(
     }
     let decided = async {
         let reason = body::reason(&form.reason)?;
-        let resolution = match form.action.as_str() {
-            "complete" => JobResolution::Complete {
-                result: result_json(&form.result, true)?.unwrap_or_default(),
-            },
-            "retry" => {
-                result_json(&form.result, false)?;
-                JobResolution::Retry
-            }
-            "close" => {
-                result_json(&form.result, false)?;
-                JobResolution::Close
-            }
-            other => {
-                return Err(ApiError::InvalidRequest(format!(
-                    "action: {other:?} is not complete, retry or close"
-                )))
-            }
-        };
+        let resolution = jobs::job_resolution(&form.action, result_json(&form.result)?)?;
         decide_job(&state, &admin.caller, &id, resolution, reason).await
     }
     .await;
@@ -184,20 +158,7 @@ pub async fn resolve_attempt(
     }
     let settled = async {
         let reason = body::reason(&form.reason)?;
-        let resolution = match form.outcome.as_str() {
-            "executed" => AttemptResolution::Executed {
-                result: result_json(&form.result, true)?.unwrap_or_default(),
-            },
-            "not_executed" => {
-                result_json(&form.result, false)?;
-                AttemptResolution::NotExecuted
-            }
-            other => {
-                return Err(ApiError::InvalidRequest(format!(
-                    "outcome: {other:?} is not executed or not_executed"
-                )))
-            }
-        };
+        let resolution = jobs::attempt_resolution(&form.outcome, result_json(&form.result)?)?;
         settle_attempt(&state, &admin.caller, &id, resolution, reason).await
     }
     .await;

@@ -10,6 +10,7 @@ use common::{Backend, TestDb};
 use onejob::domain::job::NewJob;
 use onejob::domain::new_id;
 use onejob::store::faulty::{FaultyStore, HoldPoint};
+use onejob::store::prelude::*;
 use onejob::store::{CreateOutcome, Store};
 use std::sync::Arc;
 use std::time::Duration;

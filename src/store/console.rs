@@ -4,7 +4,10 @@
 //! every query is served by an index of migration 0006 so the pages stay
 //! fast at 100k+ jobs.
 
+use crate::domain::Job;
 use crate::domain::Millis;
+use crate::store::StoreError;
+use async_trait::async_trait;
 
 /// Which jobs the console lists. `None` fields do not filter.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -154,6 +157,24 @@ pub(crate) fn tally_rows(
 /// (UTF-8): no key that starts with it sorts at or past `prefix` + U+10FFFF.
 pub(crate) fn key_prefix_bounds(prefix: &str) -> (String, String) {
     (prefix.to_string(), format!("{prefix}{}", char::MAX))
+}
+
+#[async_trait]
+pub trait ConsoleStore: Send + Sync {
+    /// Jobs waiting for a human.
+    async fn review_queue_depth(&self) -> Result<i64, StoreError>;
+
+    /// Jobs matching `filter`, newest first, at most `limit`.
+    async fn list_jobs(&self, filter: &JobFilter, limit: i64) -> Result<Vec<Job>, StoreError>;
+
+    /// Aggregates of jobs created and attempts started in `[from, to)`,
+    /// jobs counted in columns `column_ms` wide from `from`.
+    async fn window_stats(
+        &self,
+        from: Millis,
+        to: Millis,
+        column_ms: i64,
+    ) -> Result<WindowStats, StoreError>;
 }
 
 #[cfg(test)]

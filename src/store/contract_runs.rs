@@ -4,6 +4,8 @@
 //! SQL is in `sql/contract_runs.rs`.
 
 use crate::domain::Millis;
+use crate::store::StoreError;
+use async_trait::async_trait;
 use serde::Serialize;
 
 /// A finished run, as the contract runner hands it to the store.
@@ -46,4 +48,14 @@ pub struct ContractRun {
     #[sqlx(flatten)]
     pub summary: ContractRunSummary,
     pub report: String,
+}
+
+#[async_trait]
+pub trait ContractRunStore: Send + Sync {
+    async fn insert_contract_run(&self, run: NewContractRun) -> Result<(), StoreError>;
+
+    /// The latest run of each (contract, provider) pair, by contract then provider.
+    async fn latest_contract_runs(&self) -> Result<Vec<ContractRunSummary>, StoreError>;
+
+    async fn contract_run(&self, id: &str) -> Result<Option<ContractRun>, StoreError>;
 }

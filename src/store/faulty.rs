@@ -14,7 +14,7 @@
 //!   chosen await, deterministically).
 //!
 //! Method names are the [`Store`] trait's (`"create_job"`, `"start_attempt"`,
-//! `"finish_attempt"`, …): every query of [`METHODS`](super::METHODS), and
+//! `"finish_attempt"`, …): every query of [`METHODS`], and
 //! `migrate` and `ping`. A name that is none of them panics, so a misspelled
 //! one cannot silently never fire. [`FaultyStore::calls`] counts the calls
 //! each method received, failed ones included (`record_event_detached` too). The injected error is
@@ -22,8 +22,7 @@
 //! [`StoreError::is_transient`] reports as transient, like a real dropped
 //! connection.
 
-use super::signature::*;
-use super::Store;
+use super::{NewEvent, Store, StoreError};
 use async_trait::async_trait;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -65,14 +64,18 @@ pub struct FaultyStore {
     faults: Mutex<Faults>,
 }
 
+/// The name of every query of the resource traits, in their order: the
+/// names the fault points know, with [`HAND_WRITTEN`].
+pub const METHODS: &[&str] = crate::forward_store!(names);
+
 /// The hand-written [`Store`] methods that pass through the fault points,
-/// besides the listed queries.
+/// besides the resource traits' queries.
 const HAND_WRITTEN: &[&str] = &["migrate", "ping"];
 
 /// Panics unless `method` passes through the fault points (`counted`: or is
 /// at least counted, as `record_event_detached` is), naming the caller.
 fn expect_method(caller: &str, method: &str, counted: bool) {
-    let known = super::METHODS.contains(&method)
+    let known = METHODS.contains(&method)
         || HAND_WRITTEN.contains(&method)
         || (counted && method == "record_event_detached");
     assert!(
@@ -236,31 +239,8 @@ async fn park(hold: &Hold) {
     let _ = open.wait_for(|open| *open).await;
 }
 
-/// Every listed query forwarded through the fault points, under its name.
-macro_rules! faulty_store {
-    (
-        { $($extra:tt)* }
-        $(
-            $(#[$meta:meta])*
-            $conn:ident fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty;
-        )*
-    ) => {
-        #[async_trait]
-        impl Store for FaultyStore {
-            $($extra)*
-
-            $(
-                async fn $name(&self, $($arg: $ty),*) -> Result<$ret, StoreError> {
-                    self.before(stringify!($name)).await?;
-                    let result = self.inner.$name($($arg),*).await;
-                    self.after(stringify!($name), result).await
-                }
-            )*
-        }
-    };
-}
-
-crate::store_methods!(faulty_store {
+#[async_trait]
+impl Store for FaultyStore {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }
@@ -293,6 +273,13 @@ crate::store_methods!(faulty_store {
         let result = self.inner.ping().await;
         self.after("ping", result).await
     }
+}
+
+// Every query forwarded through the fault points, under its name.
+crate::forward_store!(impl FaultyStore, inner, |this, name, call| {
+    this.before(name).await?;
+    let result = call.await;
+    this.after(name, result).await
 });
 
 #[cfg(test)]
@@ -307,10 +294,10 @@ mod tests {
             .await
             .unwrap();
         let faulty = FaultyStore::new(Arc::new(inner));
-        // Every listed query and the hand-written ones are accepted.
-        assert!(super::super::METHODS.contains(&"claim_jobs"));
-        assert!(super::super::METHODS.contains(&"window_stats"));
-        for method in super::super::METHODS.iter().chain(HAND_WRITTEN) {
+        // Every forwarded query and the hand-written ones are accepted.
+        assert!(super::METHODS.contains(&"claim_jobs"));
+        assert!(super::METHODS.contains(&"window_stats"));
+        for method in METHODS.iter().chain(HAND_WRITTEN) {
             faulty.fail_next(method, 0);
             faulty.fail_next_after_commit(method, 0);
             faulty.hold(method, HoldPoint::Before);

@@ -3,6 +3,8 @@
 //! reads and writes them). The type; its SQL is in `sql/hedging.rs`.
 
 use crate::domain::Millis;
+use crate::store::StoreError;
+use async_trait::async_trait;
 
 /// One instance's share of one route, as stored.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
@@ -12,4 +14,17 @@ pub struct HedgingShare {
     pub written_at: Millis,
     /// JSON of `engine::hedging::ShareBody`.
     pub body: String,
+}
+
+#[async_trait]
+pub trait HedgingStore: Send + Sync {
+    /// Upsert this instance's shares; delete those written before `forget_before`.
+    async fn put_hedging_shares(
+        &self,
+        shares: Vec<HedgingShare>,
+        forget_before: Millis,
+    ) -> Result<(), StoreError>;
+
+    /// Every share written at or after `since`.
+    async fn hedging_shares(&self, since: Millis) -> Result<Vec<HedgingShare>, StoreError>;
 }

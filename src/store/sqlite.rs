@@ -16,9 +16,23 @@
 //! they came: each run of writes of one kind is one transaction on its
 //! connection, so a batch of a job's path is one transaction and one fsync.
 
-use super::signature::*;
+use super::console::{JobFilter, WindowStats};
+use super::hedging::HedgingShare;
 use super::sql::db;
-use super::Store;
+use super::tenants::{KeyRecord, OwnerLimitsRow, OwnerLoad, Rotation, TenantAuditEntry, UsageRow};
+use super::webhooks::{
+    ClaimedDelivery, WebhookCounts, WebhookDelivery, WebhookEndpoint, WebhookTry, WebhookTryRecord,
+};
+use super::{
+    ApiKey, AttemptResolution, AttemptStore, ConsoleStore, ContractRun, ContractRunStore,
+    ContractRunSummary, CreateOutcome, EventStore, FinishAttempt, FinishOutcome, HedgingStore,
+    JobEvent, JobResolution, JobStore, JobTransition, KeyStore, NewContractRun, NewEvent,
+    ProviderAuditEntry, ProviderSwitch, Refusal, ReviewItem, Store, StoreError, SwitchStore,
+    WebhookStore,
+};
+use crate::domain::attempt::NewAttempt;
+use crate::domain::job::NewJob;
+use crate::domain::{Attempt, GuardRefusal, Job, Millis};
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
@@ -514,71 +528,8 @@ async fn commit_sqlx(conn: &mut SqliteConnection, run: Vec<WriteFn>) {
     }
 }
 
-/// The body of one listed query on SQLite: reads on a reader connection;
-/// writes (one statement or several) through the write queue, their
-/// arguments carried there owned. The queries written against
-/// [`Db`](super::sql::db::Db) run there through rusqlite (`raw`).
-macro_rules! sqlite_call {
-    (raw $self:ident $name:ident($($arg:ident: $ty:ty),*)) => {{
-        $(let $arg = <$ty as Carry>::carry($arg);)*
-        $self
-            .write_raw(move |c| db::now(ops::$name(c, $($arg.lend()),*)))
-            .await
-    }};
-    (transaction $self:ident create_job($($args:tt)*)) => {
-        sqlite_call!(raw $self create_job($($args)*))
-    };
-    (transaction $self:ident finish_attempt($($args:tt)*)) => {
-        sqlite_call!(raw $self finish_attempt($($args)*))
-    };
-    (writer $self:ident record_event($($args:tt)*)) => {
-        sqlite_call!(raw $self record_event($($args)*))
-    };
-    (reader $self:ident find_job_by_key($($args:tt)*)) => {
-        sqlite_call!(raw_read $self find_job_by_key($($args)*))
-    };
-    (reader $self:ident get_job($($args:tt)*)) => {
-        sqlite_call!(raw_read $self get_job($($args)*))
-    };
-    (raw_read $self:ident $name:ident($($arg:ident: $ty:ty),*)) => {
-        $self.read.raw(|c| db::now(ops::$name(c, $($arg),*)))
-    };
-    (reader $self:ident $name:ident($($arg:ident: $ty:ty),*)) => {
-        ops::$name(&mut *$self.read.get().await?, $($arg),*).await
-    };
-    ($writer_or_transaction:ident $self:ident $name:ident($($arg:ident: $ty:ty),*)) => {{
-        $(let $arg = <$ty as Carry>::carry($arg);)*
-        $self
-            .write(move |c| {
-                Box::pin(async move {
-                    ops::$name(c, $($arg.lend()),*).await
-                })
-            })
-            .await
-    }};
-}
-
-macro_rules! sqlite_store {
-    (
-        { $($extra:tt)* }
-        $(
-            $(#[$meta:meta])*
-            $conn:ident fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty;
-        )*
-    ) => {
-        #[async_trait]
-        impl Store for SqliteStore {
-            $($extra)*
-            $(
-                async fn $name(&self, $($arg: $ty),*) -> Result<$ret, StoreError> {
-                    sqlite_call!($conn self $name($($arg: $ty),*))
-                }
-            )*
-        }
-    };
-}
-
-crate::store_methods!(sqlite_store {
+#[async_trait]
+impl Store for SqliteStore {
     fn backend(&self) -> &'static str {
         "sqlite"
     }
@@ -614,99 +565,494 @@ crate::store_methods!(sqlite_store {
         }
         self.read.close().await;
     }
-});
-
-/// An argument of a write on its way through the write queue: the caller
-/// may go away while the write waits, so the queue holds it owned
-/// (`carry`), and the operation gets it back as the type the [`Store`]
-/// method takes (`held.lend()`: moved out when the method takes it owned,
-/// borrowed from the queued write when it takes a reference).
-trait Carry {
-    type Owned: Send + 'static;
-    fn carry(self) -> Self::Owned;
 }
 
-trait Lend {
-    type Out;
-    fn lend(self) -> Self::Out;
-}
+#[async_trait]
+impl JobStore for SqliteStore {
+    async fn create_job(&self, job: NewJob) -> Result<CreateOutcome, StoreError> {
+        self.write_raw(move |c| db::now(ops::create_job(c, job)))
+            .await
+    }
 
-/// A `&str` argument, held while its write waits.
-struct Str(String);
+    async fn find_job_by_key(&self, owner_id: &str, key: &str) -> Result<Option<Job>, StoreError> {
+        self.read
+            .raw(|c| db::now(ops::find_job_by_key(c, owner_id, key)))
+    }
 
-/// An `Option<&str>` argument, held while its write waits.
-struct OptStr(Option<String>);
+    async fn get_job(&self, id: &str) -> Result<Option<Job>, StoreError> {
+        self.read.raw(|c| db::now(ops::get_job(c, id)))
+    }
 
-impl Carry for &str {
-    type Owned = Str;
-    fn carry(self) -> Str {
-        Str(self.to_string())
+    async fn count_jobs(&self) -> Result<i64, StoreError> {
+        ops::count_jobs(&mut *self.read.get().await?).await
+    }
+
+    async fn claim_jobs(
+        &self,
+        owner: &str,
+        now: Millis,
+        lease_until: Millis,
+        limit: i64,
+        reclaim_own: bool,
+    ) -> Result<Vec<Job>, StoreError> {
+        let owner = owner.to_string();
+        self.write(move |c| {
+            Box::pin(async move {
+                ops::claim_jobs(c, &owner, now, lease_until, limit, reclaim_own).await
+            })
+        })
+        .await
+    }
+
+    async fn renew_lease(
+        &self,
+        job_id: &str,
+        owner: &str,
+        lease_until: Millis,
+    ) -> Result<bool, StoreError> {
+        let job_id = job_id.to_string();
+        let owner = owner.to_string();
+        self.write(move |c| {
+            Box::pin(async move { ops::renew_lease(c, &job_id, &owner, lease_until).await })
+        })
+        .await
+    }
+
+    async fn transition_job(
+        &self,
+        job_id: &str,
+        lease_owner: Option<&str>,
+        transition: JobTransition,
+        at: Millis,
+    ) -> Result<bool, StoreError> {
+        let job_id = job_id.to_string();
+        let lease_owner = lease_owner.map(str::to_string);
+        self.write(move |c| {
+            Box::pin(async move {
+                ops::transition_job(c, &job_id, lease_owner.as_deref(), transition, at).await
+            })
+        })
+        .await
+    }
+
+    async fn wake_job(&self, job_id: &str, at: Millis) -> Result<(), StoreError> {
+        let job_id = job_id.to_string();
+        self.write(move |c| Box::pin(async move { ops::wake_job(c, &job_id, at).await }))
+            .await
+    }
+
+    async fn cancel_job(
+        &self,
+        job_id: &str,
+        actor: &str,
+        reason: &str,
+        at: Millis,
+    ) -> Result<Result<Job, Refusal>, StoreError> {
+        let job_id = job_id.to_string();
+        let actor = actor.to_string();
+        let reason = reason.to_string();
+        self.write(move |c| {
+            Box::pin(async move { ops::cancel_job(c, &job_id, &actor, &reason, at).await })
+        })
+        .await
+    }
+
+    async fn request_retry(
+        &self,
+        job_id: &str,
+        actor: &str,
+        at: Millis,
+    ) -> Result<Result<Job, Refusal>, StoreError> {
+        let job_id = job_id.to_string();
+        let actor = actor.to_string();
+        self.write(move |c| {
+            Box::pin(async move { ops::request_retry(c, &job_id, &actor, at).await })
+        })
+        .await
+    }
+
+    async fn resolve_job(
+        &self,
+        job_id: &str,
+        resolution: JobResolution,
+        actor: &str,
+        reason: &str,
+        at: Millis,
+    ) -> Result<Result<Job, Refusal>, StoreError> {
+        let job_id = job_id.to_string();
+        let actor = actor.to_string();
+        let reason = reason.to_string();
+        self.write(move |c| {
+            Box::pin(
+                async move { ops::resolve_job(c, &job_id, resolution, &actor, &reason, at).await },
+            )
+        })
+        .await
+    }
+
+    async fn list_review(&self, limit: i64) -> Result<Vec<ReviewItem>, StoreError> {
+        ops::list_review(&mut *self.read.get().await?, limit).await
     }
 }
 
-impl<'a> Lend for &'a Str {
-    type Out = &'a str;
-    fn lend(self) -> &'a str {
-        &self.0
+#[async_trait]
+impl AttemptStore for SqliteStore {
+    async fn list_attempts(&self, job_id: &str) -> Result<Vec<Attempt>, StoreError> {
+        ops::list_attempts(&mut *self.read.get().await?, job_id).await
+    }
+
+    async fn start_attempt(
+        &self,
+        attempt: NewAttempt,
+    ) -> Result<Result<Attempt, GuardRefusal>, StoreError> {
+        self.write(move |c| Box::pin(async move { ops::start_attempt(c, attempt).await }))
+            .await
+    }
+
+    async fn finish_attempt(&self, finish: FinishAttempt) -> Result<FinishOutcome, StoreError> {
+        self.write_raw(move |c| db::now(ops::finish_attempt(c, finish)))
+            .await
+    }
+
+    async fn list_unknown_attempts(
+        &self,
+        after: Option<(Millis, &str)>,
+        limit: i64,
+    ) -> Result<Vec<Attempt>, StoreError> {
+        ops::list_unknown_attempts(&mut *self.read.get().await?, after, limit).await
+    }
+
+    async fn list_stale_started(
+        &self,
+        started_before: Millis,
+        limit: i64,
+    ) -> Result<Vec<Attempt>, StoreError> {
+        ops::list_stale_started(&mut *self.read.get().await?, started_before, limit).await
+    }
+
+    async fn resolve_attempt(
+        &self,
+        attempt_id: &str,
+        resolution: AttemptResolution,
+        actor: &str,
+        reason: &str,
+        at: Millis,
+    ) -> Result<Result<Job, Refusal>, StoreError> {
+        let attempt_id = attempt_id.to_string();
+        let actor = actor.to_string();
+        let reason = reason.to_string();
+        self.write(move |c| {
+            Box::pin(async move {
+                ops::resolve_attempt(c, &attempt_id, resolution, &actor, &reason, at).await
+            })
+        })
+        .await
     }
 }
 
-impl Carry for Option<&str> {
-    type Owned = OptStr;
-    fn carry(self) -> OptStr {
-        OptStr(self.map(str::to_string))
+#[async_trait]
+impl EventStore for SqliteStore {
+    async fn record_event(&self, event: NewEvent) -> Result<(), StoreError> {
+        self.write_raw(move |c| db::now(ops::record_event(c, event)))
+            .await
+    }
+
+    async fn record_events(&self, events: Vec<NewEvent>) -> Result<(), StoreError> {
+        self.write(move |c| Box::pin(async move { ops::record_events(c, events).await }))
+            .await
+    }
+
+    async fn list_events(&self, job_id: &str) -> Result<Vec<JobEvent>, StoreError> {
+        ops::list_events(&mut *self.read.get().await?, job_id).await
+    }
+
+    async fn has_event(&self, job_id: &str, kind: &str) -> Result<bool, StoreError> {
+        ops::has_event(&mut *self.read.get().await?, job_id, kind).await
     }
 }
 
-impl<'a> Lend for &'a OptStr {
-    type Out = Option<&'a str>;
-    fn lend(self) -> Option<&'a str> {
-        self.0.as_deref()
+#[async_trait]
+impl KeyStore for SqliteStore {
+    async fn insert_api_key(&self, key: ApiKey) -> Result<(), StoreError> {
+        self.write(move |c| Box::pin(async move { ops::insert_api_key(c, key).await }))
+            .await
+    }
+
+    async fn find_api_key(&self, key_hash: &str) -> Result<Option<ApiKey>, StoreError> {
+        ops::find_api_key(&mut *self.read.get().await?, key_hash).await
+    }
+
+    async fn list_api_keys(&self, owner: Option<&str>) -> Result<Vec<KeyRecord>, StoreError> {
+        ops::list_api_keys(&mut *self.read.get().await?, owner).await
+    }
+
+    async fn get_api_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError> {
+        ops::get_api_key(&mut *self.read.get().await?, id).await
+    }
+
+    async fn revoke_api_key(&self, id: &str, actor: &str, at: Millis) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        let actor = actor.to_string();
+        self.write(move |c| Box::pin(async move { ops::revoke_api_key(c, &id, &actor, at).await }))
+            .await
+    }
+
+    async fn rotate_api_key(&self, rotation: Rotation, actor: &str) -> Result<bool, StoreError> {
+        let actor = actor.to_string();
+        self.write(move |c| Box::pin(async move { ops::rotate_api_key(c, rotation, &actor).await }))
+            .await
+    }
+
+    async fn touch_api_keys(&self, used: Vec<(String, Millis)>) -> Result<(), StoreError> {
+        self.write(move |c| Box::pin(async move { ops::touch_api_keys(c, used).await }))
+            .await
+    }
+
+    async fn tenant_changes(&self) -> Result<i64, StoreError> {
+        ops::tenant_changes(&mut *self.read.get().await?).await
+    }
+
+    async fn owner_limits(&self) -> Result<Vec<OwnerLimitsRow>, StoreError> {
+        ops::owner_limits(&mut *self.read.get().await?).await
+    }
+
+    async fn set_owner_limits(&self, row: OwnerLimitsRow) -> Result<(), StoreError> {
+        self.write(move |c| Box::pin(async move { ops::set_owner_limits(c, row).await }))
+            .await
+    }
+
+    async fn tenant_audit(&self, limit: i64) -> Result<Vec<TenantAuditEntry>, StoreError> {
+        ops::tenant_audit(&mut *self.read.get().await?, limit).await
+    }
+
+    async fn heartbeat(
+        &self,
+        instance: &str,
+        at: Millis,
+        since: Millis,
+    ) -> Result<i64, StoreError> {
+        let instance = instance.to_string();
+        self.write(move |c| Box::pin(async move { ops::heartbeat(c, &instance, at, since).await }))
+            .await
+    }
+
+    async fn leave_instances(&self, instance: &str) -> Result<(), StoreError> {
+        let instance = instance.to_string();
+        self.write(move |c| Box::pin(async move { ops::leave_instances(c, &instance).await }))
+            .await
+    }
+
+    async fn owner_load(
+        &self,
+        owner: &str,
+        key: Option<&str>,
+        day: i64,
+    ) -> Result<OwnerLoad, StoreError> {
+        ops::owner_load(&mut *self.read.get().await?, owner, key, day).await
+    }
+
+    async fn set_key_limits(
+        &self,
+        id: &str,
+        limits: Option<String>,
+        actor: &str,
+        reason: &str,
+        at: Millis,
+    ) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        let actor = actor.to_string();
+        let reason = reason.to_string();
+        self.write(move |c| {
+            Box::pin(async move { ops::set_key_limits(c, &id, limits, &actor, &reason, at).await })
+        })
+        .await
+    }
+
+    async fn usage(&self, owner: Option<&str>, from_day: i64) -> Result<Vec<UsageRow>, StoreError> {
+        ops::usage(&mut *self.read.get().await?, owner, from_day).await
     }
 }
 
-/// Owned arguments are moved into the queue and out again.
-macro_rules! carry_owned {
-    ($($t:ty),* $(,)?) => {
-        $(
-            impl Carry for $t {
-                type Owned = $t;
-                fn carry(self) -> $t {
-                    self
-                }
-            }
+#[async_trait]
+impl SwitchStore for SqliteStore {
+    async fn set_provider_enabled(
+        &self,
+        name: &str,
+        enabled: bool,
+        actor: &str,
+        reason: &str,
+        at: Millis,
+    ) -> Result<(), StoreError> {
+        let name = name.to_string();
+        let actor = actor.to_string();
+        let reason = reason.to_string();
+        self.write(move |c| {
+            Box::pin(async move {
+                ops::set_provider_enabled(c, &name, enabled, &actor, &reason, at).await
+            })
+        })
+        .await
+    }
 
-            impl Lend for $t {
-                type Out = $t;
-                fn lend(self) -> $t {
-                    self
-                }
-            }
-        )*
-    };
+    async fn provider_switches(&self) -> Result<Vec<ProviderSwitch>, StoreError> {
+        ops::provider_switches(&mut *self.read.get().await?).await
+    }
+
+    async fn provider_audit(
+        &self,
+        name: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<ProviderAuditEntry>, StoreError> {
+        ops::provider_audit(&mut *self.read.get().await?, name, limit).await
+    }
 }
 
-carry_owned!(
-    i64,
-    bool,
-    Option<String>,
-    NewJob,
-    NewAttempt,
-    FinishAttempt,
-    NewEvent,
-    Vec<NewEvent>,
-    ApiKey,
-    JobTransition,
-    JobResolution,
-    AttemptResolution,
-    NewContractRun,
-    Rotation,
-    Vec<(String, Millis)>,
-    OwnerLimitsRow,
-    Vec<HedgingShare>,
-    WebhookEndpoint,
-    WebhookTryRecord,
-);
+#[async_trait]
+impl ContractRunStore for SqliteStore {
+    async fn insert_contract_run(&self, run: NewContractRun) -> Result<(), StoreError> {
+        self.write(move |c| Box::pin(async move { ops::insert_contract_run(c, run).await }))
+            .await
+    }
+
+    async fn latest_contract_runs(&self) -> Result<Vec<ContractRunSummary>, StoreError> {
+        ops::latest_contract_runs(&mut *self.read.get().await?).await
+    }
+
+    async fn contract_run(&self, id: &str) -> Result<Option<ContractRun>, StoreError> {
+        ops::contract_run(&mut *self.read.get().await?, id).await
+    }
+}
+
+#[async_trait]
+impl ConsoleStore for SqliteStore {
+    async fn review_queue_depth(&self) -> Result<i64, StoreError> {
+        ops::review_queue_depth(&mut *self.read.get().await?).await
+    }
+
+    async fn list_jobs(&self, filter: &JobFilter, limit: i64) -> Result<Vec<Job>, StoreError> {
+        ops::list_jobs(&mut *self.read.get().await?, filter, limit).await
+    }
+
+    async fn window_stats(
+        &self,
+        from: Millis,
+        to: Millis,
+        column_ms: i64,
+    ) -> Result<WindowStats, StoreError> {
+        ops::window_stats(&mut *self.read.get().await?, from, to, column_ms).await
+    }
+}
+
+#[async_trait]
+impl HedgingStore for SqliteStore {
+    async fn put_hedging_shares(
+        &self,
+        shares: Vec<HedgingShare>,
+        forget_before: Millis,
+    ) -> Result<(), StoreError> {
+        self.write(move |c| {
+            Box::pin(async move { ops::put_hedging_shares(c, shares, forget_before).await })
+        })
+        .await
+    }
+
+    async fn hedging_shares(&self, since: Millis) -> Result<Vec<HedgingShare>, StoreError> {
+        ops::hedging_shares(&mut *self.read.get().await?, since).await
+    }
+}
+
+#[async_trait]
+impl WebhookStore for SqliteStore {
+    async fn insert_webhook_endpoint(&self, endpoint: WebhookEndpoint) -> Result<(), StoreError> {
+        self.write(move |c| {
+            Box::pin(async move { ops::insert_webhook_endpoint(c, endpoint).await })
+        })
+        .await
+    }
+
+    async fn list_webhook_endpoints(
+        &self,
+        owner: Option<&str>,
+    ) -> Result<Vec<WebhookEndpoint>, StoreError> {
+        ops::list_webhook_endpoints(&mut *self.read.get().await?, owner).await
+    }
+
+    async fn get_webhook_endpoint(&self, id: &str) -> Result<Option<WebhookEndpoint>, StoreError> {
+        ops::get_webhook_endpoint(&mut *self.read.get().await?, id).await
+    }
+
+    async fn delete_webhook_endpoint(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.write(move |c| Box::pin(async move { ops::delete_webhook_endpoint(c, &id).await }))
+            .await
+    }
+
+    async fn rotate_webhook_secret(
+        &self,
+        id: &str,
+        secret: &str,
+        previous_until: Millis,
+        at: Millis,
+    ) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        let secret = secret.to_string();
+        self.write(move |c| {
+            Box::pin(async move {
+                ops::rotate_webhook_secret(c, &id, &secret, previous_until, at).await
+            })
+        })
+        .await
+    }
+
+    async fn claim_webhook_deliveries(
+        &self,
+        instance: &str,
+        now: Millis,
+        lease_until: Millis,
+        limit: i64,
+        per_endpoint: i64,
+    ) -> Result<Vec<ClaimedDelivery>, StoreError> {
+        let instance = instance.to_string();
+        self.write(move |c| {
+            Box::pin(async move {
+                ops::claim_webhook_deliveries(c, &instance, now, lease_until, limit, per_endpoint)
+                    .await
+            })
+        })
+        .await
+    }
+
+    async fn record_webhook_try(&self, record: WebhookTryRecord) -> Result<bool, StoreError> {
+        self.write(move |c| Box::pin(async move { ops::record_webhook_try(c, record).await }))
+            .await
+    }
+
+    async fn list_webhook_deliveries(
+        &self,
+        endpoint_id: &str,
+        limit: i64,
+    ) -> Result<Vec<WebhookDelivery>, StoreError> {
+        ops::list_webhook_deliveries(&mut *self.read.get().await?, endpoint_id, limit).await
+    }
+
+    async fn get_webhook_delivery(&self, id: &str) -> Result<Option<WebhookDelivery>, StoreError> {
+        ops::get_webhook_delivery(&mut *self.read.get().await?, id).await
+    }
+
+    async fn list_webhook_tries(&self, delivery_id: &str) -> Result<Vec<WebhookTry>, StoreError> {
+        ops::list_webhook_tries(&mut *self.read.get().await?, delivery_id).await
+    }
+
+    async fn redeliver_webhook(&self, id: &str, at: Millis) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.write(move |c| Box::pin(async move { ops::redeliver_webhook(c, &id, at).await }))
+            .await
+    }
+
+    async fn webhook_counts(&self) -> Result<WebhookCounts, StoreError> {
+        ops::webhook_counts(&mut *self.read.get().await?).await
+    }
+}
 
 #[cfg(test)]
 mod tests {

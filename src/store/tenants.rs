@@ -4,6 +4,8 @@
 //! owner and day: the types; their SQL is in `sql/keys.rs`.
 
 use crate::domain::Millis;
+use crate::store::StoreError;
+use async_trait::async_trait;
 use serde::Serialize;
 
 /// One API key as listed: never its hash, never its value.
@@ -91,4 +93,94 @@ pub const MS_PER_DAY: Millis = 86_400_000;
 /// The UTC day of a time, as stored in `usage_daily.day`.
 pub fn day_of(at: Millis) -> i64 {
     at.div_euclid(MS_PER_DAY)
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiKey {
+    pub id: String,
+    pub owner_id: String,
+    pub key_hash: String,
+    /// The first characters of the key, shown by `keys list`.
+    pub prefix: String,
+    pub is_admin: bool,
+    pub created_at: Millis,
+    pub expires_at: Option<Millis>,
+    pub revoked_at: Option<Millis>,
+    /// The key's own limits (JSON of the fields set), over the owner's.
+    pub limits: Option<String>,
+    /// The key its chain of rotations began with; `None`: this key.
+    pub family_id: Option<String>,
+}
+
+impl ApiKey {
+    /// The key whose limits, live jobs and tokens this key shares: the
+    /// first of its rotations.
+    pub fn family(&self) -> &str {
+        self.family_id.as_deref().unwrap_or(&self.id)
+    }
+
+    /// Neither revoked nor expired at `now`.
+    pub fn is_live_at(&self, now: Millis) -> bool {
+        self.revoked_at.is_none() && self.expires_at.is_none_or(|e| e > now)
+    }
+}
+
+#[async_trait]
+pub trait KeyStore: Send + Sync {
+    async fn insert_api_key(&self, key: ApiKey) -> Result<(), StoreError>;
+
+    async fn find_api_key(&self, key_hash: &str) -> Result<Option<ApiKey>, StoreError>;
+
+    async fn list_api_keys(&self, owner: Option<&str>) -> Result<Vec<KeyRecord>, StoreError>;
+
+    async fn get_api_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError>;
+
+    /// Revoke now (audited, change counter bumped); false when not found or revoked already.
+    async fn revoke_api_key(&self, id: &str, actor: &str, at: Millis) -> Result<bool, StoreError>;
+
+    /// Insert the successor and cut the old key's life, in one commit;
+    /// false when the old key is not live or was rotated already.
+    async fn rotate_api_key(&self, rotation: Rotation, actor: &str) -> Result<bool, StoreError>;
+
+    /// Write `last used` for a batch of keys.
+    async fn touch_api_keys(&self, used: Vec<(String, Millis)>) -> Result<(), StoreError>;
+
+    /// The counter bumped by every change running servers cache.
+    async fn tenant_changes(&self) -> Result<i64, StoreError>;
+
+    async fn owner_limits(&self) -> Result<Vec<OwnerLimitsRow>, StoreError>;
+
+    /// Set an owner's run-time limits (audited, change counter bumped).
+    async fn set_owner_limits(&self, row: OwnerLimitsRow) -> Result<(), StoreError>;
+
+    async fn tenant_audit(&self, limit: i64) -> Result<Vec<TenantAuditEntry>, StoreError>;
+
+    /// Heartbeat `instance` at `at`; the number of instances seen since `since`.
+    async fn heartbeat(&self, instance: &str, at: Millis, since: Millis)
+        -> Result<i64, StoreError>;
+
+    async fn leave_instances(&self, instance: &str) -> Result<(), StoreError>;
+
+    /// An owner's (and, given its family id, a key's) live jobs and tokens on `day`,
+    /// in one read.
+    async fn owner_load(
+        &self,
+        owner: &str,
+        key: Option<&str>,
+        day: i64,
+    ) -> Result<OwnerLoad, StoreError>;
+
+    /// Set (or with `None` clear) the limits of key `id` and of every key
+    /// of its family, audited; false when no live key has that id.
+    async fn set_key_limits(
+        &self,
+        id: &str,
+        limits: Option<String>,
+        actor: &str,
+        reason: &str,
+        at: Millis,
+    ) -> Result<bool, StoreError>;
+
+    /// Usage rows from `from_day` on, of `owner` or of everyone.
+    async fn usage(&self, owner: Option<&str>, from_day: i64) -> Result<Vec<UsageRow>, StoreError>;
 }

@@ -5,6 +5,7 @@
 
 use crate::domain::{Job, JobState, Millis};
 use crate::store::StoreError;
+use async_trait::async_trait;
 use serde::Serialize;
 
 /// One endpoint an owner registered. `secret` and `previous_secret` are
@@ -249,4 +250,61 @@ pub struct WebhookCounts {
     pub pending: i64,
     pub delivered: i64,
     pub failed: i64,
+}
+
+#[async_trait]
+pub trait WebhookStore: Send + Sync {
+    async fn insert_webhook_endpoint(&self, endpoint: WebhookEndpoint) -> Result<(), StoreError>;
+
+    /// Endpoints of `owner`, or of everyone, oldest first.
+    async fn list_webhook_endpoints(
+        &self,
+        owner: Option<&str>,
+    ) -> Result<Vec<WebhookEndpoint>, StoreError>;
+
+    async fn get_webhook_endpoint(&self, id: &str) -> Result<Option<WebhookEndpoint>, StoreError>;
+
+    /// The endpoint with its deliveries and their tries; false when not found.
+    async fn delete_webhook_endpoint(&self, id: &str) -> Result<bool, StoreError>;
+
+    /// The current secret signs on until `previous_until`, beside the new one.
+    async fn rotate_webhook_secret(
+        &self,
+        id: &str,
+        secret: &str,
+        previous_until: Millis,
+        at: Millis,
+    ) -> Result<bool, StoreError>;
+
+    /// Lease due deliveries to `instance` (`FOR UPDATE SKIP LOCKED` on
+    /// PostgreSQL), at most `per_endpoint` in flight per endpoint.
+    async fn claim_webhook_deliveries(
+        &self,
+        instance: &str,
+        now: Millis,
+        lease_until: Millis,
+        limit: i64,
+        per_endpoint: i64,
+    ) -> Result<Vec<ClaimedDelivery>, StoreError>;
+
+    /// Record a try while its sender holds the lease; false when it does not.
+    async fn record_webhook_try(&self, record: WebhookTryRecord) -> Result<bool, StoreError>;
+
+    /// An endpoint's deliveries, newest first.
+    async fn list_webhook_deliveries(
+        &self,
+        endpoint_id: &str,
+        limit: i64,
+    ) -> Result<Vec<WebhookDelivery>, StoreError>;
+
+    async fn get_webhook_delivery(&self, id: &str) -> Result<Option<WebhookDelivery>, StoreError>;
+
+    /// A delivery's tries, in order.
+    async fn list_webhook_tries(&self, delivery_id: &str) -> Result<Vec<WebhookTry>, StoreError>;
+
+    /// Send a finished delivery again (same id and body, fresh budget).
+    async fn redeliver_webhook(&self, id: &str, at: Millis) -> Result<bool, StoreError>;
+
+    /// The outbox by state, for `/metrics`.
+    async fn webhook_counts(&self) -> Result<WebhookCounts, StoreError>;
 }

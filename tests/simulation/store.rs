@@ -8,8 +8,8 @@
 //! threads, at times the simulation cannot control).
 
 use async_trait::async_trait;
-use onejob::store::signature::*;
-use onejob::store::Store;
+use onejob::store::prelude::*;
+use onejob::store::{NewEvent, StoreError};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -123,30 +123,13 @@ pub fn run_on<T: Send>(rt: &Handle, call: impl Future<Output = T> + Send) -> T {
     })
 }
 
-/// Every listed query run to its end as one blocking step.
-macro_rules! sync_store {
-    (
-        { $($extra:tt)* }
-        $(
-            $(#[$meta:meta])*
-            $conn:ident fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty;
-        )*
-    ) => {
-        #[async_trait]
-        impl Store for SyncStore {
-            $($extra)*
+// Every query run to its end as one blocking step.
+onejob::forward_store!(impl SyncStore, inner, |this, _name, call| {
+    this.blocking(call).unwrap_or_else(dead)
+});
 
-            $(
-                async fn $name(&self, $($arg: $ty),*) -> Result<$ret, StoreError> {
-                    self.blocking(self.inner.$name($($arg),*))
-                        .unwrap_or_else(dead)
-                }
-            )*
-        }
-    };
-}
-
-onejob::store_methods!(sync_store {
+#[async_trait]
+impl Store for SyncStore {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }
@@ -168,4 +151,4 @@ onejob::store_methods!(sync_store {
     async fn close(&self) {
         self.blocking(self.inner.close()).unwrap_or_default()
     }
-});
+}

@@ -8,7 +8,7 @@
 //!
 //! A backend calls `ops::NAME(connection, arguments…)`, where `ops` is its
 //! dialect's module here: every query is re-exported from it under its
-//! [`store_methods!`](crate::store_methods) name.
+//! name (the name of the store trait method that calls it).
 
 /// The resource files, declared (and their queries re-exported) by each
 /// dialect's module after it has defined its `Conn` and fragments.

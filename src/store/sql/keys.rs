@@ -276,8 +276,9 @@ pub(crate) async fn leave_instances(conn: &mut Conn, instance: &str) -> Result<(
     Ok(())
 }
 
-/// One query; each count is served by an index (`jobs_active_by_owner`,
-/// `jobs_active_by_key`, `usage_daily`'s primary key).
+/// One query; each count is served by an index (`jobs_active`, whose
+/// `(owner_id, key_id)` serves the owner's count by its prefix and the
+/// key's by both, and `usage_daily`'s primary key).
 pub(crate) async fn owner_load(
     conn: &mut Conn,
     owner: &str,
@@ -294,7 +295,7 @@ pub(crate) async fn owner_load(
         crate::job_states_taking_attempts!(),
         ")), (SELECT CAST(SUM(prompt_tokens + completion_tokens) AS BIGINT) FROM usage_daily \
               WHERE owner_id = $1 AND day = $2), \
-             (SELECT COUNT(*) FROM jobs WHERE key_id = $3 AND state IN (",
+             (SELECT COUNT(*) FROM jobs WHERE owner_id = $1 AND key_id = $3 AND state IN (",
         crate::job_states_taking_attempts!(),
         ")), (SELECT CAST(SUM(prompt_tokens + completion_tokens) AS BIGINT) FROM usage_daily \
               WHERE owner_id = $1 AND day = $2 AND key_id = $3)"

@@ -72,6 +72,57 @@ macro_rules! usage_on_conflict {
     };
 }
 
+/// The job's insert unless its (owner, key) exists, as a literal for
+/// `concat!`; `$1`..`$12` are `jobs::job_args`.
+macro_rules! insert_job {
+    () => {
+        "INSERT INTO jobs (id, owner_id, idempotency_key, fingerprint, request, route, state, \
+         version, attempt_count, created_at, updated_at, next_run_at, lease_owner, lease_until, key_id) \
+         VALUES ($1, $2, $3, $4, $5, $6, $11, 0, $12, $7, $7, $7, $8, $9, $10) \
+         ON CONFLICT (owner_id, idempotency_key) DO NOTHING"
+    };
+}
+
+/// The compare-and-swap of a succeeded attempt (invariant 5), with what
+/// `$job`, `$version`, `$output`, `$attempt` and `$at` are in the statement
+/// it is part of.
+macro_rules! cas_won {
+    ($job:literal, $version:literal, $output:literal, $attempt:literal, $at:literal) => {
+        concat!(
+            "UPDATE jobs SET state = 'succeeded', result = ",
+            $output,
+            ", completed_by = ",
+            $attempt,
+            ", version = version + 1, last_error = NULL, updated_at = ",
+            $at,
+            ", next_run_at = NULL, lease_owner = NULL, lease_until = NULL WHERE id = ",
+            $job,
+            " AND version = ",
+            $version,
+            " AND completed_by IS NULL RETURNING ",
+            crate::store::rows::job_columns!()
+        )
+    };
+}
+
+/// The winner's attempt row, likewise.
+macro_rules! attempt_won {
+    ($attempt:literal, $output:literal, $usage:literal, $request:literal, $at:literal) => {
+        concat!(
+            "UPDATE attempts SET state = 'succeeded', output = ",
+            $output,
+            ", usage = ",
+            $usage,
+            ", provider_request_id = ",
+            $request,
+            ", finished_at = ",
+            $at,
+            " WHERE id = ",
+            $attempt
+        )
+    };
+}
+
 // Both include the same resource files: each is compiled once per dialect,
 // on purpose.
 #[allow(clippy::duplicate_mod)]

@@ -5,11 +5,11 @@
 
 use super::events::insert_event;
 use super::keys::add_usage;
-use crate::store::sql::db::{args, Db};
 use super::Conn;
 use crate::domain::attempt::{may_start, Ambiguous, AttemptOutcome, Failure, NewAttempt};
 use crate::domain::{Attempt, AttemptState, GuardRefusal, Job, LiveAttempts, Millis};
 use crate::store::rows::{attempt_columns, AttemptRow, JobRow, LiveRow};
+use crate::store::sql::db::{args, Db};
 use crate::store::{event, FinishAttempt, FinishOutcome, NewEvent, StoreError};
 use crate::{
     attempt_state_awaiting_settlement, attempt_states_live, job_states_settled_for_good,

@@ -3,12 +3,12 @@
 
 use super::attempts::{finish_attempt, live_attempts};
 use super::events::{decision_event, insert_event};
-use crate::store::sql::db::{args, Arg, Db, IntoArg};
 use super::Conn;
 use crate::domain::attempt::AttemptOutcome;
 use crate::domain::job::NewJob;
 use crate::domain::{AttemptState, Job, Millis};
 use crate::store::rows::{job_columns, JobRow};
+use crate::store::sql::db::{args, Arg, Db, IntoArg};
 use crate::store::{
     event, AttemptResolution, CreateOutcome, FinishAttempt, JobResolution, JobTransition, NewEvent,
     Refusal, ReviewItem, StoreError,

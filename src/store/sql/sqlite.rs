@@ -47,7 +47,31 @@ macro_rules! rollup_shard {
     };
 }
 
-resource_modules!();
+// The resource files, compiled here for this dialect (and in the other
+// dialect's file for that one), their queries re-exported.
+#[path = "attempts.rs"]
+pub(crate) mod attempts;
+#[path = "console.rs"]
+pub(crate) mod console;
+#[path = "contract_runs.rs"]
+pub(crate) mod contract_runs;
+#[path = "events.rs"]
+pub(crate) mod events;
+#[path = "hedging.rs"]
+pub(crate) mod hedging;
+#[path = "jobs.rs"]
+pub(crate) mod jobs;
+#[path = "keys.rs"]
+pub(crate) mod keys;
+#[path = "switches.rs"]
+pub(crate) mod switches;
+#[path = "webhooks.rs"]
+pub(crate) mod webhooks;
+
+pub(crate) use self::{
+    attempts::*, console::*, contract_runs::*, events::*, hedging::*, jobs::*, keys::*,
+    switches::*, webhooks::*,
+};
 
 use self::attempts::insert_started_attempt;
 use self::jobs::{create_outcome, created_event, job_args};

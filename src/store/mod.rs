@@ -77,17 +77,18 @@
 //! | row lock in a guarded step | none (`BEGIN IMMEDIATE` excludes every writer) | `FOR UPDATE` |
 //! | concurrent claims | none (writes are serialised) | `FOR UPDATE SKIP LOCKED` |
 //! | byte order of keys | `idempotency_key` (BINARY collation) | `idempotency_key COLLATE "C"` |
-//! | a job's create (create, claim, primary start) | four statements in the write queue | one statement of writable CTEs (`WRITABLE_CTE`), committing on its own |
-//! | a succeeded attempt's finish | its statements in the write queue | first the win alone, one statement (`finish_won_alone`); else the whole step in a transaction |
+//! | a job's create (create, claim, primary start) | four statements in the write queue (`create_job` in `sql/sqlite.rs`) | one statement of writable CTEs, committing on its own (`create_job` in `sql/postgres.rs`) |
+//! | a succeeded attempt's finish | its statements in the write queue (`finish_attempt`, whose `Won::bid` is the CAS) | first the win alone, one statement (`finish_won_alone` in `sql/postgres.rs`); else the whole step (`finish_attempt`) in a transaction |
 //! | rollup rows (`usage_daily`, `attempt_hours`) | shard 0 | 16 shards by the attempt's id (`rollup_shard!`), so finishes do not queue on one row's lock |
 //!
-//! The row-lock, skip-locked and key-order fragments and `WRITABLE_CTE` are
-//! stated once per dialect, in `sql/sqlite.rs` and `sql/postgres.rs`: each names its
+//! The row-lock, skip-locked and key-order fragments are stated once per
+//! dialect, in `sql/sqlite.rs` and `sql/postgres.rs`: each names its
 //! connection type (`Conn`) and defines the fragments as macros
 //! (`for_update!()`, `skip_locked!()`, `key_indexed!()`,
 //! `key_unindexed!()`, each a literal for `concat!`) before it declares the
 //! resource files, which use them and compile once under each. The SQL
-//! files name no dialect.
+//! files name no dialect. What only one dialect runs is written in its own
+//! file, once: the create (both) and the win alone (PostgreSQL).
 
 pub use crate::domain::attempt::AttemptOutcome;
 use async_trait::async_trait;

@@ -4,12 +4,12 @@
 //! restart the job.
 
 use super::events::insert_event;
-use super::keys::{add_usage, usage_counts};
-use crate::store::sql::db::{args, Db};
+use super::keys::add_usage;
 use super::Conn;
 use crate::domain::attempt::{may_start, Ambiguous, AttemptOutcome, Failure, NewAttempt};
 use crate::domain::{Attempt, AttemptState, GuardRefusal, Job, LiveAttempts, Millis};
 use crate::store::rows::{attempt_columns, AttemptRow, JobRow, LiveRow};
+use crate::store::sql::db::{args, Db};
 use crate::store::{event, FinishAttempt, FinishOutcome, NewEvent, StoreError};
 use crate::{
     attempt_state_awaiting_settlement, attempt_states_live, job_states_settled_for_good,
@@ -107,7 +107,7 @@ pub(super) async fn insert_started_attempt(
 }
 
 /// The event of an attempt's start.
-pub(super) fn started_event(new: &NewAttempt, seq: i64, version: i64) -> NewEvent {
+pub(crate) fn started_event(new: &NewAttempt, seq: i64, version: i64) -> NewEvent {
     let detail = serde_json::json!({
         "provider": new.provider, "kind": new.kind.as_str(), "seq": seq, "read_version": version,
     });
@@ -176,7 +176,8 @@ pub(crate) async fn finish_attempt(
             };
             // Invariant 5: exactly one winner. The won job comes back as
             // committed, for whoever waits for it (no read after the commit).
-            // (PostgreSQL tries the win alone first: `finish_won_alone`.)
+            // (PostgreSQL tries the win alone first: `finish_won_alone` in
+            // `sql/postgres.rs`.)
             let won = won.bid(conn).await?;
             if let Some(won) = won {
                 return Ok(FinishOutcome::Won {
@@ -288,36 +289,6 @@ pub(crate) async fn finish_attempt(
     }
 }
 
-/// The compare-and-swap of a succeeded attempt (invariant 5), with what
-/// `$job`, `$version`, `$output`, `$attempt` and `$at` are in the statement
-/// it is part of.
-macro_rules! cas_won {
-    ($job:literal, $version:literal, $output:literal, $attempt:literal, $at:literal) => {
-        concat!(
-            "UPDATE jobs SET state = 'succeeded', result = ", $output,
-            ", completed_by = ", $attempt,
-            ", version = version + 1, last_error = NULL, updated_at = ", $at,
-            ", next_run_at = NULL, lease_owner = NULL, lease_until = NULL WHERE id = ", $job,
-            " AND version = ", $version,
-            " AND completed_by IS NULL RETURNING ",
-            crate::store::rows::job_columns!()
-        )
-    };
-}
-
-/// The winner's attempt row, likewise.
-macro_rules! attempt_won {
-    ($attempt:literal, $output:literal, $usage:literal, $request:literal, $at:literal) => {
-        concat!(
-            "UPDATE attempts SET state = 'succeeded', output = ", $output,
-            ", usage = ", $usage,
-            ", provider_request_id = ", $request,
-            ", finished_at = ", $at,
-            " WHERE id = ", $attempt
-        )
-    };
-}
-
 /// A succeeded attempt's bid to win its job: the CAS and, when it wins, the
 /// attempt's row, its usage and its event, in the caller's transaction.
 struct Won<'a> {
@@ -364,72 +335,6 @@ impl Won<'_> {
         }
         Ok(won)
     }
-}
-
-/// A succeeded attempt's finish in one statement, outside any transaction
-/// (PostgreSQL): the attempt locked `FOR UPDATE` and still able to succeed,
-/// the CAS, and when it won the attempt's row, usage and event, as
-/// [`Won::bid`] writes them. `Some` when it won: one round trip where
-/// BEGIN, the lock, the four writes and COMMIT take seven. `None` when it
-/// did not (the attempt is gone or ended, or the CAS lost); then it wrote
-/// nothing, and [`finish_attempt`] in a transaction says what happened.
-#[allow(dead_code)] // SQLite's finish runs in its write queue's transaction.
-pub(crate) async fn finish_won_alone(
-    conn: &mut impl Db,
-    finish: &FinishAttempt,
-) -> Result<Option<FinishOutcome>, StoreError> {
-    let AttemptOutcome::Succeeded(success) = &finish.outcome else {
-        return Ok(None);
-    };
-    let usage = success.usage.and_then(|u| serde_json::to_string(&u).ok());
-    let (prompt, completion, _) = usage.as_deref().map_or((0, 0, 0), |u| usage_counts(u, true));
-    let won: Option<JobRow> = conn
-        .fetch_optional(
-            concat!(
-                "WITH bid AS (SELECT job_id, read_version FROM attempts WHERE id = $1 AND state IN (",
-                crate::attempt_states_that_may_succeed!(),
-                ")",
-                for_update!(),
-                "), won AS (",
-                cas_won!("(SELECT job_id FROM bid)", "(SELECT read_version FROM bid)", "$7", "$1", "$8"),
-                "), attempt AS (",
-                attempt_won!("$1", "$7", "$9", "$10", "$8"),
-                " AND EXISTS (SELECT 1 FROM won)",
-                "), usage AS (",
-                usage_insert!(),
-                "WHERE a.id = $1 AND $9 IS NOT NULL AND EXISTS (SELECT 1 FROM won)",
-                usage_on_conflict!(),
-                "), event AS (",
-                "INSERT INTO job_events (job_id, attempt_id, kind, actor, detail, at) ",
-                "SELECT won.id, $1, $11, $12, '{\"version\":' || won.version || '}', $8 FROM won",
-                ") SELECT ",
-                crate::store::rows::job_columns!(),
-                " FROM won"
-            ),
-            args![
-                &finish.attempt_id,
-                crate::store::tenants::day_of(finish.at),
-                1i64,
-                prompt,
-                completion,
-                0i64,
-                &success.output,
-                finish.at,
-                &usage,
-                &success.provider_request_id,
-                event::ATTEMPT_SUCCEEDED,
-                &finish.actor,
-            ],
-        )
-        .await?;
-    won.map(|won| {
-        let job = Job::try_from(won)?;
-        Ok(FinishOutcome::Won {
-            version: job.version,
-            job: Some(Box::new(job)),
-        })
-    })
-    .transpose()
 }
 
 pub(crate) async fn list_unknown_attempts(

@@ -1,9 +1,9 @@
 //! The append-only job event log.
 
-use crate::store::sql::db::{args, Db};
 use super::Conn;
 use crate::domain::Millis;
 use crate::store::rows::EventRow;
+use crate::store::sql::db::{args, Db};
 use crate::store::{JobEvent, NewEvent, StoreError};
 
 pub(crate) async fn insert_event(conn: &mut impl Db, ev: &NewEvent) -> Result<(), StoreError> {

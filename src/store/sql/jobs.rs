@@ -1,29 +1,28 @@
 //! Jobs: the idempotent create, claims and leases, the engine's job steps,
 //! user and admin decisions, and the review queue.
 
-use super::attempts::{finish_attempt, insert_started_attempt, live_attempts, started_event};
+use super::attempts::{finish_attempt, live_attempts};
 use super::events::{decision_event, insert_event};
-use crate::store::sql::db::{args, Arg, Db, IntoArg};
 use super::Conn;
 use crate::domain::attempt::AttemptOutcome;
 use crate::domain::job::NewJob;
 use crate::domain::{AttemptState, Job, Millis};
 use crate::store::rows::{job_columns, JobRow};
+use crate::store::sql::db::{args, Arg, Db, IntoArg};
 use crate::store::{
     event, AttemptResolution, CreateOutcome, FinishAttempt, JobResolution, JobTransition, NewEvent,
     Refusal, ReviewItem, StoreError,
 };
 use crate::{attempt_states_live, job_state_awaiting_decision, job_states_taking_attempts};
 
-pub(crate) async fn create_job(
+/// What a create answers once its insert is known: the job as inserted, or
+/// the job whose (owner, key) blocked it. Each dialect's `create_job`
+/// (`sql/sqlite.rs`, `sql/postgres.rs`) inserts, then calls this.
+pub(crate) async fn create_outcome(
     conn: &mut impl Db,
     job: NewJob,
+    inserted: bool,
 ) -> Result<CreateOutcome, StoreError> {
-    let inserted = if super::WRITABLE_CTE {
-        create_job_in_one_statement(conn, &job).await?
-    } else {
-        create_job_statement_by_statement(conn, &job).await?
-    };
     if inserted {
         return Ok(CreateOutcome::Created(job.into_job()));
     }
@@ -35,20 +34,9 @@ pub(crate) async fn create_job(
     }
 }
 
-/// The job's insert unless its (owner, key) exists, as a literal for
-/// `concat!`; `$1`..`$12` are [`job_args`].
-macro_rules! insert_job {
-    () => {
-        "INSERT INTO jobs (id, owner_id, idempotency_key, fingerprint, request, route, state, \
-         version, attempt_count, created_at, updated_at, next_run_at, lease_owner, lease_until, key_id) \
-         VALUES ($1, $2, $3, $4, $5, $6, $11, 0, $12, $7, $7, $7, $8, $9, $10) \
-         ON CONFLICT (owner_id, idempotency_key) DO NOTHING"
-    };
-}
-
 /// The arguments of [`insert_job!`]. The job is created `running` with its
 /// primary attempt, else `pending`.
-fn job_args(job: &NewJob) -> [Arg<'_>; 12] {
+pub(crate) fn job_args(job: &NewJob) -> [Arg<'_>; 12] {
     let (state, attempt_count) = match &job.primary {
         Some(_) => ("running", 1i64),
         None => ("pending", 0i64),
@@ -70,7 +58,7 @@ fn job_args(job: &NewJob) -> [Arg<'_>; 12] {
 }
 
 /// The event of a job's creation.
-fn created_event(job: &NewJob) -> NewEvent {
+pub(crate) fn created_event(job: &NewJob) -> NewEvent {
     NewEvent {
         job_id: job.id.clone(),
         attempt_id: None,
@@ -80,76 +68,6 @@ fn created_event(job: &NewJob) -> NewEvent {
         at: job.created_at,
     }
 }
-
-/// The job (unless its key exists), its event and its primary attempt with
-/// that attempt's event; whether the job was inserted. Inside the caller's
-/// transaction (SQLite's write queue).
-async fn create_job_statement_by_statement(
-    conn: &mut impl Db,
-    job: &NewJob,
-) -> Result<bool, StoreError> {
-    let inserted = conn
-        .execute(insert_job!(), &job_args(job))
-        .await?
-        == 1;
-    if inserted {
-        insert_event(conn, &created_event(job)).await?;
-        if let Some(primary) = &job.primary {
-            // The job was created by this very statement: it takes
-            // attempts and has none, so the guard of `start_attempt`
-            // (invariant 4) admits a primary without reading anything.
-            insert_started_attempt(conn, primary, 1, 0).await?;
-        }
-    }
-    Ok(inserted)
-}
-
-/// The same rows as [`create_job_statement_by_statement`], in the same
-/// order, as one statement (writable CTEs, PostgreSQL): it commits on its
-/// own, one round trip where a transaction took six (BEGIN, four inserts,
-/// COMMIT). The two events are one insert, ordered, so their ids keep the
-/// order of the other dialect's.
-async fn create_job_in_one_statement(conn: &mut impl Db, job: &NewJob) -> Result<bool, StoreError> {
-    let created = created_event(job);
-    let primary = job.primary.as_ref();
-    let started = primary.map(|primary| started_event(primary, 1, 0));
-    let mut arguments = job_args(job).to_vec();
-    arguments.extend_from_slice(args![
-        primary.map(|p| p.id.as_str()),
-        primary.map(|p| p.provider.as_str()),
-        primary.map(|p| p.kind.as_str()),
-        primary.map(|p| p.started_at),
-        created.kind,
-        &created.actor,
-        started.as_ref().map(|e| e.kind),
-        started.as_ref().map(|e| e.actor.as_str()),
-        started.as_ref().and_then(|e| e.detail.as_deref()),
-    ]);
-    let inserted: Option<(i64,)> = conn
-        .fetch_optional(
-            concat!(
-                "WITH job AS (",
-                insert_job!(),
-                " RETURNING id), attempt AS ( \
-                 INSERT INTO attempts (id, job_id, seq, provider, kind, state, read_version, started_at) \
-                 SELECT $13, job.id, 1, $14, $15, 'started', 0, $16 FROM job WHERE $13 IS NOT NULL \
-                 RETURNING id \
-                 ), events AS ( \
-                 INSERT INTO job_events (job_id, attempt_id, kind, actor, detail, at) \
-                 SELECT e.job_id, e.attempt_id, e.kind, e.actor, e.detail, e.at FROM ( \
-                 SELECT 1 AS n, job.id AS job_id, NULL AS attempt_id, $17 AS kind, $18 AS actor, \
-                 NULL AS detail, $7 AS at FROM job \
-                 UNION ALL \
-                 SELECT 2, job.id, attempt.id, $19, $20, $21, $16 FROM job, attempt \
-                 ) e ORDER BY e.n \
-                 ) SELECT COUNT(*) FROM job"
-            ),
-            &arguments,
-        )
-        .await?;
-    Ok(inserted.is_some_and(|(n,)| n == 1))
-}
-
 
 pub(crate) async fn find_job_by_key(
     conn: &mut impl Db,

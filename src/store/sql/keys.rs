@@ -2,10 +2,10 @@
 //! limits set at run time with their audit trail, the change counter,
 //! the instance heartbeat, and usage by owner and day.
 
-use crate::store::sql::db::{args, Db};
 use super::Conn;
 use crate::domain::Millis;
 use crate::store::rows::ApiKeyRow;
+use crate::store::sql::db::{args, Db};
 use crate::store::tenants::{
     KeyRecord, OwnerLimitsRow, OwnerLoad, Rotation, TenantAuditEntry, UsageRow,
 };

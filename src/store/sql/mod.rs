@@ -1,44 +1,15 @@
 //! The SQL of every [`Store`](super::Store) query, one file per resource,
 //! compiled once per dialect: [`sqlite`] and [`postgres`] each name their
 //! connection type (`Conn`) and define the dialect's fragments as macros,
-//! then include the same resource files (`jobs.rs`, `attempts.rs`,
+//! then declare the same resource files (`jobs.rs`, `attempts.rs`,
 //! `events.rs`, `keys.rs`, `switches.rs`, `contract_runs.rs`,
-//! `console.rs`). Those two files are the only place the dialects differ;
-//! see the table in the [store's docs](super).
+//! `console.rs`, `hedging.rs`, `webhooks.rs`) with `#[path]`, written out
+//! in each, so rustfmt reaches them. Those two files are the only place the
+//! dialects differ; see the table in the [store's docs](super).
 //!
 //! A backend calls `ops::NAME(connection, arguments…)`, where `ops` is its
 //! dialect's module here: every query is re-exported from it under its
 //! name (the name of the store trait method that calls it).
-
-/// The resource files, declared (and their queries re-exported) by each
-/// dialect's module after it has defined its `Conn` and fragments.
-macro_rules! resource_modules {
-    () => {
-        #[path = "attempts.rs"]
-        pub(crate) mod attempts;
-        #[path = "console.rs"]
-        pub(crate) mod console;
-        #[path = "contract_runs.rs"]
-        pub(crate) mod contract_runs;
-        #[path = "events.rs"]
-        pub(crate) mod events;
-        #[path = "hedging.rs"]
-        pub(crate) mod hedging;
-        #[path = "jobs.rs"]
-        pub(crate) mod jobs;
-        #[path = "keys.rs"]
-        pub(crate) mod keys;
-        #[path = "switches.rs"]
-        pub(crate) mod switches;
-        #[path = "webhooks.rs"]
-        pub(crate) mod webhooks;
-
-        pub(crate) use self::{
-            attempts::*, console::*, contract_runs::*, events::*, hedging::*, jobs::*, keys::*,
-            switches::*, webhooks::*,
-        };
-    };
-}
 
 pub(crate) mod db;
 
@@ -69,6 +40,57 @@ macro_rules! usage_on_conflict {
          prompt_tokens = usage_daily.prompt_tokens + excluded.prompt_tokens, \
          completion_tokens = usage_daily.completion_tokens + excluded.completion_tokens, \
          discarded_tokens = usage_daily.discarded_tokens + excluded.discarded_tokens"
+    };
+}
+
+/// The job's insert unless its (owner, key) exists, as a literal for
+/// `concat!`; `$1`..`$12` are `jobs::job_args`.
+macro_rules! insert_job {
+    () => {
+        "INSERT INTO jobs (id, owner_id, idempotency_key, fingerprint, request, route, state, \
+         version, attempt_count, created_at, updated_at, next_run_at, lease_owner, lease_until, key_id) \
+         VALUES ($1, $2, $3, $4, $5, $6, $11, 0, $12, $7, $7, $7, $8, $9, $10) \
+         ON CONFLICT (owner_id, idempotency_key) DO NOTHING"
+    };
+}
+
+/// The compare-and-swap of a succeeded attempt (invariant 5), with what
+/// `$job`, `$version`, `$output`, `$attempt` and `$at` are in the statement
+/// it is part of.
+macro_rules! cas_won {
+    ($job:literal, $version:literal, $output:literal, $attempt:literal, $at:literal) => {
+        concat!(
+            "UPDATE jobs SET state = 'succeeded', result = ",
+            $output,
+            ", completed_by = ",
+            $attempt,
+            ", version = version + 1, last_error = NULL, updated_at = ",
+            $at,
+            ", next_run_at = NULL, lease_owner = NULL, lease_until = NULL WHERE id = ",
+            $job,
+            " AND version = ",
+            $version,
+            " AND completed_by IS NULL RETURNING ",
+            crate::store::rows::job_columns!()
+        )
+    };
+}
+
+/// The winner's attempt row, likewise.
+macro_rules! attempt_won {
+    ($attempt:literal, $output:literal, $usage:literal, $request:literal, $at:literal) => {
+        concat!(
+            "UPDATE attempts SET state = 'succeeded', output = ",
+            $output,
+            ", usage = ",
+            $usage,
+            ", provider_request_id = ",
+            $request,
+            ", finished_at = ",
+            $at,
+            " WHERE id = ",
+            $attempt
+        )
     };
 }
 

@@ -119,9 +119,9 @@ async fn create_job_in_one_statement(conn: &mut impl Db, job: &NewJob) -> Result
         primary.map(|p| p.provider.as_str()),
         primary.map(|p| p.kind.as_str()),
         primary.map(|p| p.started_at),
-        created.kind,
+        created.kind.as_str(),
         &created.actor,
-        started.as_ref().map(|e| e.kind),
+        started.as_ref().map(|e| e.kind.as_str()),
         started.as_ref().map(|e| e.actor.as_str()),
         started.as_ref().and_then(|e| e.detail.as_deref()),
     ]);
@@ -256,7 +256,7 @@ pub(crate) async fn transition_job(
             .bind(*next_run_at)
             .bind(*lease_until)
             .bind(at),
-            event::RETRY_SCHEDULED,
+            Some(event::RETRY_SCHEDULED),
             serde_json::json!({ "next_run_at": next_run_at, "reason": reason }),
         ),
         JobTransition::BlockOnUnknown => (
@@ -274,7 +274,7 @@ pub(crate) async fn transition_job(
             .bind(job_id)
             .bind(lease_owner)
             .bind(at),
-            event::BLOCKED_ON_UNKNOWN,
+            Some(event::BLOCKED_ON_UNKNOWN),
             serde_json::json!({}),
         ),
         JobTransition::Fail { reason } => (
@@ -288,7 +288,7 @@ pub(crate) async fn transition_job(
             .bind(lease_owner)
             .bind(reason)
             .bind(at),
-            event::JOB_FAILED,
+            Some(event::JOB_FAILED),
             serde_json::json!({ "reason": reason }),
         ),
         JobTransition::Review { reason } => (
@@ -302,7 +302,7 @@ pub(crate) async fn transition_job(
             .bind(lease_owner)
             .bind(reason)
             .bind(at),
-            event::NEEDS_REVIEW,
+            Some(event::NEEDS_REVIEW),
             serde_json::json!({ "reason": reason }),
         ),
         JobTransition::Release { next_run_at } => (
@@ -314,7 +314,7 @@ pub(crate) async fn transition_job(
             .bind(job_id)
             .bind(lease_owner)
             .bind(*next_run_at),
-            "",
+            None,
             serde_json::json!({}),
         ),
     };
@@ -325,7 +325,7 @@ pub(crate) async fn transition_job(
         locked_job(conn, job_id).await?;
     }
     let applied = query.execute(&mut *conn).await?.rows_affected() == 1;
-    if applied && !kind.is_empty() {
+    if let (true, Some(kind)) = (applied, kind) {
         insert_event(
             conn,
             &NewEvent {

@@ -458,7 +458,7 @@ async fn the_lost_response_is_found_by_reconciliation(backend: Backend) {
         .await
         .unwrap()
         .into_iter()
-        .map(|e| e.kind)
+        .map(|e| e.kind.to_string())
         .collect();
     assert!(kinds.contains(&"attempt_unknown".to_string()), "{kinds:?}");
     bench.stop();
@@ -614,7 +614,7 @@ async fn attempts_no_process_drives_are_recovered(backend: Backend) {
         .await
         .unwrap()
         .into_iter()
-        .map(|e| e.kind)
+        .map(|e| e.kind.to_string())
         .collect();
     assert!(kinds.contains(&"attempt_unknown".to_string()), "{kinds:?}");
 

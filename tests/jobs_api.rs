@@ -90,7 +90,7 @@ async fn same_key_with_other_payload_is_a_conflict(backend: Backend) {
         .await
         .unwrap()
         .into_iter()
-        .map(|e| e.kind)
+        .map(|e| e.kind.to_string())
         .collect();
     assert!(
         kinds.contains(&"conflict".to_string()),

@@ -927,6 +927,14 @@ async fn a_streamed_content_filter_fails_after_one_attempt_with_its_reason(backe
     );
     assert_eq!(world.job(&id).await["state"], "failed");
     assert_eq!(world.executions(&id, "backup"), 0);
+    // A streamed replay of the failed job ends as the live stream did.
+    let (_, _, replayed) = stream(&world, "filter-1", &body("Hello")).await;
+    let again = error_event(&replayed).expect("an error event on replay");
+    assert_eq!(
+        (&again["code"], &again["type"]),
+        (&error["code"], &error["type"]),
+        "{again}"
+    );
     world.stop().await;
 }
 

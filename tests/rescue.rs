@@ -103,7 +103,7 @@ async fn an_unknown_ending_is_hedged_to_the_fallback_at_once(backend: Backend) {
             .await
             .unwrap()
             .into_iter()
-            .map(|e| e.kind)
+            .map(|e| e.kind.to_string())
             .collect();
         assert!(
             events.contains(&"attempt_unknown".to_string()),

@@ -179,6 +179,25 @@ impl ErrorKind {
         }
     }
 
+    /// The provider refused this request as such (its size, content,
+    /// form, the caller's rate or quota) or the answer broke its contract:
+    /// what a client is told even when the job went to review, where any
+    /// other kind is the job's own business (`job_needs_review`).
+    pub fn is_refusal(&self) -> bool {
+        use ErrorKind::*;
+        matches!(
+            self,
+            ContextLengthExceeded
+                | ContentPolicy
+                | RateLimited
+                | QuotaExceeded
+                | ContractViolation
+                | BadRequest
+                | Unprocessable
+                | InvalidPrompt
+        )
+    }
+
     /// The kind `text` spells: a named one, else [`ErrorKind::Other`]
     /// keeping the text. `parse(k.as_str())` is `k` for every kind.
     pub fn parse(text: &str) -> ErrorKind {

@@ -1,7 +1,8 @@
-//! The job: the durable record of one intent.
+//! The job: the durable record of one intent, and why one without an
+//! answer has none ([`Unanswered`]).
 
 use super::attempt::NewAttempt;
-use super::Millis;
+use super::{Attempt, AttemptState, ErrorKind, Millis};
 use serde::Serialize;
 
 /// Where a job is in its life. Terminal states never change again except by
@@ -134,5 +135,120 @@ impl NewJob {
             lease_owner: self.lease.map(|(owner, _)| owner),
             budget_start: 0,
         }
+    }
+}
+
+/// Why a job has no answer for its client, as every door, every stream and
+/// every replay names it (docs/api.md): read from its state and the kind of
+/// its last failed attempt. The one map from a job's state to an error code.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unanswered {
+    /// Pending or running: the same request picks it up later.
+    Pending,
+    Cancelled,
+    /// Waiting for a human; with its last failed attempt's kind when that
+    /// was a provider's refusal ([`ErrorKind::is_refusal`]: e.g. rate-limited
+    /// until its retries ran out), which the client is told.
+    NeedsReview(Option<ErrorKind>),
+    /// Failed, with its last failed attempt's kind when it has one (a
+    /// provider's refusal keeps its code).
+    Failed(Option<ErrorKind>),
+}
+
+impl Unanswered {
+    /// A job in `state` with these `attempts` (only a failed job's and one
+    /// in review are read, so a caller may pass none for another state);
+    /// `None` when it succeeded.
+    pub fn of(state: JobState, attempts: &[Attempt]) -> Option<Unanswered> {
+        let last_failed = || {
+            attempts
+                .iter()
+                .rev()
+                .filter(|a| a.state == AttemptState::Failed)
+                .find_map(|a| a.error_kind.clone())
+        };
+        Some(match state {
+            JobState::Succeeded => return None,
+            JobState::Pending | JobState::Running => Unanswered::Pending,
+            JobState::Cancelled => Unanswered::Cancelled,
+            JobState::NeedsReview => {
+                Unanswered::NeedsReview(last_failed().filter(ErrorKind::is_refusal))
+            }
+            JobState::Failed => Unanswered::Failed(last_failed()),
+        })
+    }
+
+    /// Whether the attempts say anything [`Unanswered::of`] a job in
+    /// `state` needs: a caller may skip reading them otherwise.
+    pub fn reads_attempts(state: JobState) -> bool {
+        matches!(state, JobState::Failed | JobState::NeedsReview)
+    }
+
+    /// The error code: `job_pending`, `job_cancelled`; the kind kept (a
+    /// failed job's last failure, a provider's refusal that sent it to
+    /// review); else `job_needs_review` or `job_failed`.
+    pub fn code(&self) -> &str {
+        match self {
+            Unanswered::Pending => "job_pending",
+            Unanswered::Cancelled => "job_cancelled",
+            Unanswered::NeedsReview(Some(kind)) | Unanswered::Failed(Some(kind)) => kind.as_str(),
+            Unanswered::NeedsReview(None) => "job_needs_review",
+            Unanswered::Failed(None) => "job_failed",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::AttemptKind;
+
+    fn attempt(state: AttemptState, kind: Option<ErrorKind>) -> Attempt {
+        Attempt {
+            id: "a".into(),
+            job_id: "j".into(),
+            seq: 1,
+            provider: "p".into(),
+            kind: AttemptKind::Primary,
+            state,
+            read_version: 0,
+            started_at: 0,
+            finished_at: None,
+            error_kind: kind,
+            error_message: None,
+            output: None,
+            usage: None,
+            provider_request_id: None,
+        }
+    }
+
+    #[test]
+    fn each_state_without_an_answer_has_one_code() {
+        let refused = [
+            attempt(AttemptState::Failed, Some(ErrorKind::ContentPolicy)),
+            attempt(AttemptState::Unknown, Some(ErrorKind::Timeout)),
+        ];
+        let code = |state| Unanswered::of(state, &refused).map(|u| u.code().to_string());
+        assert_eq!(code(JobState::Succeeded), None);
+        assert_eq!(code(JobState::Pending).as_deref(), Some("job_pending"));
+        assert_eq!(code(JobState::Running).as_deref(), Some("job_pending"));
+        assert_eq!(code(JobState::Cancelled).as_deref(), Some("job_cancelled"));
+        // In review after a provider's refusal: the refusal is told.
+        assert_eq!(
+            code(JobState::NeedsReview).as_deref(),
+            Some("content_policy")
+        );
+        // In review otherwise (a failure that is no refusal).
+        let failed = [attempt(AttemptState::Failed, Some(ErrorKind::ServerError))];
+        assert_eq!(
+            Unanswered::of(JobState::NeedsReview, &failed).map(|u| u.code().to_string()),
+            Some("job_needs_review".to_string())
+        );
+        // Failed: the last failed attempt's kind, not a later unknown one's.
+        assert_eq!(code(JobState::Failed).as_deref(), Some("content_policy"));
+        assert_eq!(
+            Unanswered::of(JobState::Failed, &[]).map(|u| u.code().to_string()),
+            Some("job_failed".to_string())
+        );
     }
 }

@@ -1,11 +1,12 @@
 //! Pure types and transitions: jobs, attempts and the kinds of their
-//! errors, job requests, fingerprints, owners' and keys' limits, the rule
+//! errors, the kinds of a job's events, job requests, fingerprints, owners' and keys' limits, the rule
 //! for an audited change's reason, and the guard that decides whether an
 //! attempt may start. No I/O here.
 
 pub mod attempt;
 pub mod breaker;
 pub mod error_kind;
+pub mod event_kind;
 pub mod fingerprint;
 pub mod hedging;
 pub mod job;
@@ -17,6 +18,7 @@ pub mod retry;
 
 pub use attempt::{Attempt, AttemptKind, AttemptState, GuardRefusal, LiveAttempts};
 pub use error_kind::ErrorKind;
+pub use event_kind::EventKind;
 pub use job::{Job, JobState};
 pub use request::{JobRequest, RequestError};
 

@@ -8,6 +8,7 @@
 //! invariant 5) or an error, and lingers for resuming clients.
 
 use super::Inner;
+use crate::domain::job::Unanswered;
 use crate::domain::{Job, JobState};
 use crate::providers::stream::Delta;
 use crate::providers::Usage;
@@ -196,29 +197,19 @@ pub(super) async fn close_after_drive(
     if hub.is_open() {
         let (code, message) = match inner.store.get_job(job_id).await {
             Ok(Some(now)) => {
-                // A job failed by a provider's refusal keeps the provider's
-                // code (e.g. `content_policy`, `context_length_exceeded`).
-                let refused = match now.state {
-                    JobState::Failed => inner
-                        .store
-                        .list_attempts(job_id)
-                        .await
-                        .ok()
-                        .and_then(|attempts| {
-                            attempts
-                                .into_iter()
-                                .rev()
-                                .find(|a| a.state == crate::domain::AttemptState::Failed)
-                                .and_then(|a| a.error_kind.map(|k| k.to_string()))
-                        }),
-                    _ => None,
+                // A job failed (or sent to review) by a provider's refusal
+                // keeps the provider's code (e.g. `content_policy`).
+                let attempts = if Unanswered::reads_attempts(now.state) {
+                    inner.store.list_attempts(job_id).await.unwrap_or_default()
+                } else {
+                    Vec::new()
                 };
-                let code = match now.state {
-                    JobState::Failed => refused.unwrap_or_else(|| "job_failed".to_string()),
-                    JobState::NeedsReview => "job_needs_review".to_string(),
-                    JobState::Cancelled => "job_cancelled".to_string(),
-                    _ => "job_pending".to_string(),
-                };
+                // A job that succeeded with its stream still open (the
+                // answer was not streamed here): a replay has it.
+                let code = Unanswered::of(now.state, &attempts)
+                    .unwrap_or(Unanswered::Pending)
+                    .code()
+                    .to_string();
                 // A job that is finished (failed or cancelled) has no other
                 // answer to come: nothing is said about replaying it.
                 let finished = matches!(now.state, JobState::Failed | JobState::Cancelled);

@@ -14,8 +14,9 @@
 use super::error::ApiError;
 use super::AppState;
 use crate::config::IdempotencyMode;
+use crate::domain::job::Unanswered;
 use crate::domain::request::IdempotencyKey;
-use crate::domain::{Attempt, AttemptState, ErrorKind, Job, JobState};
+use crate::domain::{Attempt, ErrorKind, Job, JobState};
 use crate::engine::stream::{StreamEvent, StreamHub};
 use crate::engine::Handed;
 use crate::jobs::{self, Intake, Submission};
@@ -398,8 +399,8 @@ pub enum Refusal {
 
 impl Refusal {
     /// How the kind of an attempt's failure is told to a client, by every
-    /// door and in every stream: the provider's refusals by class, any
-    /// other kind kept as it is.
+    /// door and in every stream: the provider's refusals
+    /// ([`ErrorKind::is_refusal`]) by class, any other kind kept as it is.
     pub fn of_kind(kind: &ErrorKind) -> Refusal {
         match kind {
             ErrorKind::ContextLengthExceeded => Refusal::ContextLengthExceeded,
@@ -435,8 +436,8 @@ pub fn outcome(
     key_made_here: bool,
 ) -> Result<Answer, Refused> {
     let job = &settled.job;
-    if job.state != JobState::Succeeded {
-        return Err(refusal(job, &settled.attempts, key_made_here));
+    if let Some(unanswered) = Unanswered::of(job.state, &settled.attempts) {
+        return Err(refusal(job, unanswered, key_made_here));
     }
     let winner = settled.winner();
     Ok(answer_of(state, job, winner))
@@ -500,18 +501,13 @@ fn answer_of(state: &AppState, job: &Job, winner: Option<&Attempt>) -> Answer {
     }
 }
 
-/// A job that did not succeed, classified once for every door: the
-/// provider's reason kept, the message naming the job.
-fn refusal(job: &Job, attempts: &[Attempt], key_made_here: bool) -> Refused {
-    let last_failed = attempts
-        .iter()
-        .rev()
-        .find(|a| a.state == AttemptState::Failed && a.error_kind.is_some());
-    let provider_kind = last_failed.and_then(|a| a.error_kind.as_ref());
+/// A job that did not succeed ([`Unanswered`]), classified once for every
+/// door: a provider's refusal kept, the message naming the job.
+fn refusal(job: &Job, unanswered: Unanswered, key_made_here: bool) -> Refused {
     let detail = job.last_error.as_deref().unwrap_or("no result");
     let message = format!("job {} is {}: {detail}", job.id, job.state.as_str());
-    let why = match job.state {
-        JobState::Pending | JobState::Running => {
+    let why = match unanswered {
+        Unanswered::Pending => {
             return Refused {
                 why: Refusal::Pending {
                     client_may_retry: !key_made_here,
@@ -524,16 +520,11 @@ fn refusal(job: &Job, attempts: &[Attempt], key_made_here: bool) -> Refused {
                 ),
             }
         }
-        JobState::Cancelled => Refusal::Cancelled,
-        JobState::Failed | JobState::NeedsReview | JobState::Succeeded => {
-            match provider_kind.map(Refusal::of_kind) {
-                Some(Refusal::Failed(_)) | None if job.state == JobState::NeedsReview => {
-                    Refusal::NeedsReview
-                }
-                Some(why) => why,
-                None => Refusal::Failed(None),
-            }
-        }
+        Unanswered::Cancelled => Refusal::Cancelled,
+        Unanswered::NeedsReview(Some(kind)) => Refusal::of_kind(&kind),
+        Unanswered::NeedsReview(None) => Refusal::NeedsReview,
+        Unanswered::Failed(Some(kind)) => Refusal::of_kind(&kind),
+        Unanswered::Failed(None) => Refusal::Failed(None),
     };
     Refused { why, message }
 }
@@ -648,7 +639,9 @@ pub async fn open_stream(
         }
         None => (submission.job, submission.winner),
     };
-    let attempts = if job.state == JobState::Succeeded {
+    // The winner answers a succeeded job; a failed one (or one in review)
+    // is told by its last failed attempt's kind ([`Unanswered`]).
+    let attempts = if job.state == JobState::Succeeded || Unanswered::reads_attempts(job.state) {
         attempts_to_answer(state, &job, winner.as_deref()).await?
     } else {
         Vec::new()
@@ -685,7 +678,9 @@ pub async fn open_existing(
             .unwrap_or(job),
         _ => job,
     };
-    let attempts = if job.state == JobState::Succeeded {
+    // The winner answers a succeeded job; a failed one (or one in review)
+    // is told by its last failed attempt's kind ([`Unanswered`]).
+    let attempts = if job.state == JobState::Succeeded || Unanswered::reads_attempts(job.state) {
         attempts_to_answer(state, &job, None).await?
     } else {
         Vec::new()
@@ -707,13 +702,7 @@ pub async fn open_existing(
 /// The events of a finished (or failed) job, as a stream would have had them.
 fn stored_events(state: &AppState, settled: &Settled) -> Vec<StreamEvent> {
     let job = &settled.job;
-    if job.state != JobState::Succeeded {
-        let code = match job.state {
-            JobState::Failed => "job_failed",
-            JobState::NeedsReview => "job_needs_review",
-            JobState::Cancelled => "job_cancelled",
-            _ => "job_pending",
-        };
+    if let Some(unanswered) = Unanswered::of(job.state, &settled.attempts) {
         let message = format!(
             "job {} is {}: {}",
             job.id,
@@ -721,7 +710,7 @@ fn stored_events(state: &AppState, settled: &Settled) -> Vec<StreamEvent> {
             job.last_error.as_deref().unwrap_or("no result yet")
         );
         return vec![StreamEvent::Error {
-            code: code.to_string(),
+            code: unanswered.code().to_string(),
             message,
         }];
     }
@@ -833,4 +822,19 @@ pub fn stream_response(
     *response.status_mut() = StatusCode::OK;
     *response.headers_mut() = headers;
     Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kind_is_refused_by_class_exactly_when_it_is_a_refusal() {
+        let mut kinds = crate::domain::error_kind::NAMED.to_vec();
+        kinds.push(ErrorKind::parse("a_providers_own_code"));
+        for kind in kinds {
+            let by_class = !matches!(Refusal::of_kind(&kind), Refusal::Failed(_));
+            assert_eq!(by_class, kind.is_refusal(), "{kind}");
+        }
+    }
 }

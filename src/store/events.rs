@@ -11,7 +11,7 @@ pub struct JobEvent {
     pub id: i64,
     pub job_id: String,
     pub attempt_id: Option<String>,
-    pub kind: String,
+    pub kind: crate::domain::EventKind,
     pub actor: String,
     pub detail: Option<String>,
     pub at: Millis,
@@ -21,34 +21,35 @@ pub struct JobEvent {
 pub struct NewEvent {
     pub job_id: String,
     pub attempt_id: Option<String>,
-    pub kind: &'static str,
+    pub kind: crate::domain::EventKind,
     pub actor: String,
     pub detail: Option<String>,
     pub at: Millis,
 }
 
-/// Event kinds of the job event log.
+/// Event kinds of the job event log, by the names the store's callers
+/// use: each is a [`crate::domain::EventKind`].
 pub mod event {
-    pub const CREATED: &str = "created";
-    pub const REPLAYED: &str = "replayed";
-    pub const CONFLICT: &str = "conflict";
-    pub const ATTEMPT_STARTED: &str = "attempt_started";
-    pub const ATTEMPT_SUCCEEDED: &str = "attempt_succeeded";
-    pub const ATTEMPT_FAILED: &str = "attempt_failed";
-    pub const ATTEMPT_UNKNOWN: &str = "attempt_unknown";
-    pub const CAS_LOST: &str = "cas_lost";
-    pub const CANCELLED: &str = "cancelled";
-    pub const ATTEMPT_ABANDONED: &str = "attempt_abandoned";
-    pub const RETRY_SCHEDULED: &str = "retry_scheduled";
-    pub const BLOCKED_ON_UNKNOWN: &str = "blocked_on_unknown";
-    pub const JOB_FAILED: &str = "job_failed";
-    pub const NEEDS_REVIEW: &str = "needs_review";
-    pub const RETRY_REQUESTED: &str = "retry_requested";
-    pub const RESOLVED: &str = "resolved";
-    pub const ATTEMPT_RESOLVED: &str = "attempt_resolved";
-    /// A Response deleted through `DELETE /v1/responses/{id}`: the job stays,
-    /// the response is no longer shown.
-    pub const RESPONSE_DELETED: &str = "response_deleted";
+    use crate::domain::EventKind;
+
+    pub const CREATED: EventKind = EventKind::Created;
+    pub const REPLAYED: EventKind = EventKind::Replayed;
+    pub const CONFLICT: EventKind = EventKind::Conflict;
+    pub const ATTEMPT_STARTED: EventKind = EventKind::AttemptStarted;
+    pub const ATTEMPT_SUCCEEDED: EventKind = EventKind::AttemptSucceeded;
+    pub const ATTEMPT_FAILED: EventKind = EventKind::AttemptFailed;
+    pub const ATTEMPT_UNKNOWN: EventKind = EventKind::AttemptUnknown;
+    pub const CAS_LOST: EventKind = EventKind::CasLost;
+    pub const CANCELLED: EventKind = EventKind::Cancelled;
+    pub const ATTEMPT_ABANDONED: EventKind = EventKind::AttemptAbandoned;
+    pub const RETRY_SCHEDULED: EventKind = EventKind::RetryScheduled;
+    pub const BLOCKED_ON_UNKNOWN: EventKind = EventKind::BlockedOnUnknown;
+    pub const JOB_FAILED: EventKind = EventKind::JobFailed;
+    pub const NEEDS_REVIEW: EventKind = EventKind::NeedsReview;
+    pub const RETRY_REQUESTED: EventKind = EventKind::RetryRequested;
+    pub const RESOLVED: EventKind = EventKind::Resolved;
+    pub const ATTEMPT_RESOLVED: EventKind = EventKind::AttemptResolved;
+    pub const RESPONSE_DELETED: EventKind = EventKind::ResponseDeleted;
 }
 
 #[async_trait]

@@ -4,7 +4,7 @@ use super::sql::db::Row;
 use super::{
     parse_attempt_kind, parse_attempt_state, parse_job_state, ApiKey, JobEvent, StoreError,
 };
-use crate::domain::{Attempt, ErrorKind, Job};
+use crate::domain::{Attempt, ErrorKind, EventKind, Job};
 
 /// The column list of `JobRow`, as a literal for `concat!`.
 macro_rules! job_columns {
@@ -163,7 +163,7 @@ impl From<EventRow> for JobEvent {
             id: r.id,
             job_id: r.job_id,
             attempt_id: r.attempt_id,
-            kind: r.kind,
+            kind: EventKind::parse(&r.kind),
             actor: r.actor,
             detail: r.detail,
             at: r.at,

@@ -253,7 +253,7 @@ async fn find(
     }
     let deleted = state
         .store
-        .has_event(&job.id, event::RESPONSE_DELETED)
+        .has_event(&job.id, event::RESPONSE_DELETED.as_str())
         .await
         .map_err(ApiError::from)?;
     if deleted {

@@ -288,7 +288,7 @@ pub async fn show(
         .map(|e| EventRow {
             at: when(e.at),
             offset: format!("+{}", timeline::span(e.at - job.created_at)),
-            kind: e.kind,
+            kind: e.kind.to_string(),
             attempt: e.attempt_id,
             actor: e.actor,
             detail: e.detail,

@@ -6,7 +6,7 @@
 //! settled, written beside their bars.
 
 use super::svg::{esc, Svg};
-use crate::domain::{Attempt, AttemptState, ErrorKind, Job, Millis};
+use crate::domain::{Attempt, AttemptState, ErrorKind, EventKind, Job, Millis};
 use crate::store::{event, JobEvent};
 
 const WIDTH: f64 = 960.0;
@@ -26,7 +26,7 @@ pub struct Ending {
 /// What an attempt's bar says: won, discarded, abandoned, unknown (and how
 /// it was settled), failed, cancelled, or still running.
 pub fn ending(job: &Job, attempt: &Attempt, events: &[JobEvent]) -> Ending {
-    let mine = |kind: &str| {
+    let mine = |kind: EventKind| {
         events
             .iter()
             .rev()
@@ -329,7 +329,7 @@ mod tests {
                 id: 1,
                 job_id: "j1".into(),
                 attempt_id: Some("a1".into()),
-                kind: event::ATTEMPT_UNKNOWN.into(),
+                kind: event::ATTEMPT_UNKNOWN,
                 actor: "engine:x".into(),
                 detail: None,
                 at: 1_500,
@@ -338,7 +338,7 @@ mod tests {
                 id: 2,
                 job_id: "j1".into(),
                 attempt_id: Some("a1".into()),
-                kind: event::ATTEMPT_RESOLVED.into(),
+                kind: event::ATTEMPT_RESOLVED,
                 actor: "admin:ops".into(),
                 detail: None,
                 at: 1_900,

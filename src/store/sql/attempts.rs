@@ -7,7 +7,7 @@ use super::events::insert_event;
 use super::keys::add_usage;
 use super::Conn;
 use crate::domain::attempt::{may_start, Ambiguous, AttemptOutcome, Failure, NewAttempt};
-use crate::domain::{Attempt, AttemptState, GuardRefusal, Job, LiveAttempts, Millis};
+use crate::domain::{Attempt, AttemptState, EventKind, GuardRefusal, Job, LiveAttempts, Millis};
 use crate::store::rows::{attempt_columns, AttemptRow, JobRow, LiveRow};
 use crate::store::sql::db::{args, Db};
 use crate::store::{event, FinishAttempt, FinishOutcome, NewEvent, StoreError};
@@ -147,7 +147,7 @@ pub(crate) async fn finish_attempt(
         });
     }
     let at = finish.at;
-    let event_for = |kind: &'static str, detail: Option<String>| NewEvent {
+    let event_for = |kind: EventKind, detail: Option<String>| NewEvent {
         job_id: job_id.clone(),
         attempt_id: Some(finish.attempt_id.clone()),
         kind,

@@ -1,7 +1,7 @@
 //! The append-only job event log.
 
 use super::Conn;
-use crate::domain::Millis;
+use crate::domain::{EventKind, Millis};
 use crate::store::rows::EventRow;
 use crate::store::sql::db::{args, Db};
 use crate::store::{JobEvent, NewEvent, StoreError};
@@ -13,7 +13,7 @@ pub(crate) async fn insert_event(conn: &mut impl Db, ev: &NewEvent) -> Result<()
         args![
             &ev.job_id,
             &ev.attempt_id,
-            ev.kind,
+            ev.kind.as_str(),
             &ev.actor,
             &ev.detail,
             ev.at
@@ -33,7 +33,7 @@ pub(crate) async fn insert_events(conn: &mut Conn, events: &[NewEvent]) -> Resul
         insert.push_values(chunk, |mut row, ev| {
             row.push_bind(&ev.job_id)
                 .push_bind(&ev.attempt_id)
-                .push_bind(ev.kind)
+                .push_bind(ev.kind.as_str())
                 .push_bind(&ev.actor)
                 .push_bind(&ev.detail)
                 .push_bind(ev.at);
@@ -89,7 +89,7 @@ pub(super) async fn decision_event(
     conn: &mut Conn,
     job_id: &str,
     attempt_id: Option<&str>,
-    kind: &'static str,
+    kind: EventKind,
     actor: &str,
     detail: serde_json::Value,
     at: Millis,

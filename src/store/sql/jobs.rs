@@ -174,7 +174,7 @@ pub(crate) async fn transition_job(
             .bind(*next_run_at)
             .bind(*lease_until)
             .bind(at),
-            event::RETRY_SCHEDULED,
+            Some(event::RETRY_SCHEDULED),
             serde_json::json!({ "next_run_at": next_run_at, "reason": reason }),
         ),
         JobTransition::BlockOnUnknown => (
@@ -192,7 +192,7 @@ pub(crate) async fn transition_job(
             .bind(job_id)
             .bind(lease_owner)
             .bind(at),
-            event::BLOCKED_ON_UNKNOWN,
+            Some(event::BLOCKED_ON_UNKNOWN),
             serde_json::json!({}),
         ),
         JobTransition::Fail { reason } => (
@@ -206,7 +206,7 @@ pub(crate) async fn transition_job(
             .bind(lease_owner)
             .bind(reason)
             .bind(at),
-            event::JOB_FAILED,
+            Some(event::JOB_FAILED),
             serde_json::json!({ "reason": reason }),
         ),
         JobTransition::Review { reason } => (
@@ -220,7 +220,7 @@ pub(crate) async fn transition_job(
             .bind(lease_owner)
             .bind(reason)
             .bind(at),
-            event::NEEDS_REVIEW,
+            Some(event::NEEDS_REVIEW),
             serde_json::json!({ "reason": reason }),
         ),
         JobTransition::Release { next_run_at } => (
@@ -232,7 +232,7 @@ pub(crate) async fn transition_job(
             .bind(job_id)
             .bind(lease_owner)
             .bind(*next_run_at),
-            "",
+            None,
             serde_json::json!({}),
         ),
     };
@@ -243,7 +243,7 @@ pub(crate) async fn transition_job(
         locked_job(conn, job_id).await?;
     }
     let applied = query.execute(&mut *conn).await?.rows_affected() == 1;
-    if applied && !kind.is_empty() {
+    if let (true, Some(kind)) = (applied, kind) {
         insert_event(
             conn,
             &NewEvent {

@@ -112,9 +112,9 @@ async fn insert_job_in_one_statement(conn: &mut impl Db, job: &NewJob) -> Result
         primary.map(|p| p.provider.as_str()),
         primary.map(|p| p.kind.as_str()),
         primary.map(|p| p.started_at),
-        created.kind,
+        created.kind.as_str(),
         &created.actor,
-        started.as_ref().map(|e| e.kind),
+        started.as_ref().map(|e| e.kind.as_str()),
         started.as_ref().map(|e| e.actor.as_str()),
         started.as_ref().and_then(|e| e.detail.as_deref()),
     ]);
@@ -195,7 +195,7 @@ pub(crate) async fn finish_won_alone(
                 finish.at,
                 &usage,
                 &success.provider_request_id,
-                event::ATTEMPT_SUCCEEDED,
+                event::ATTEMPT_SUCCEEDED.as_str(),
                 &finish.actor,
             ],
         )

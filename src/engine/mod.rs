@@ -313,10 +313,20 @@ impl Engine {
         let deadline = tokio::time::Instant::now() + limit;
         let mut watched = watch.and_then(Watch::take);
         loop {
-            let rx = match watched.take() {
+            let mut rx = match watched.take() {
                 Some(rx) => rx,
                 None => self.inner.register_waiter(job_id),
             };
+            // A watch made before the job reached the engine may hold the
+            // hand-over already (the job settled before the caller came to
+            // wait): take it rather than read the job back without its winner.
+            match rx.try_recv() {
+                Ok(Some(handed)) if settled(&handed.job) => return Some(Handed::clone(&handed)),
+                // Told to read the job itself: a fresh registration for the
+                // wait below.
+                Ok(_) => rx = self.inner.register_waiter(job_id),
+                Err(_) => {}
+            }
             // Driven here and not done: the driver notifies when it stops
             // (after this registration), so reading the job now is wasted.
             let driving = tokio::time::Instant::now() < deadline

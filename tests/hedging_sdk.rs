@@ -21,6 +21,9 @@ on_both_backends!(auto_silence_beats_the_fixed_default_at_p99_time_to_first_toke
 /// requests 3 s more. Its p95 is in the body (about 59 ms on an idle
 /// machine; what the clients see on the fixed route is the yardstick).
 const PRIMARY: &str = "healthy:latency=20..60,tail=3%:3000";
+/// `PRIMARY`'s tail: its share of the requests, and how long it waits.
+const TAIL_SHARE: f64 = 0.03;
+const TAIL_MS: f64 = 3_000.0;
 const FALLBACK: &str = "healthy:latency=20..40";
 
 /// `python hedging_ttft.py MODEL N THREADS PREFIX`: what it printed.
@@ -121,8 +124,17 @@ async fn auto_silence_beats_the_fixed_default_at_p99_time_to_first_token(backend
     let (auto_ms, fixed_ms) = (ttfts(&auto), ttfts(&fixed));
     let (p99_auto, p99_fixed) = (quantile(&auto_ms, 0.99), quantile(&fixed_ms, 0.99));
     // The primary's real p95, as the clients of the fixed route saw it
-    // (nothing is hedged there under 10 s).
-    let real_p95 = quantile(&fixed_ms, 0.95);
+    // (nothing is hedged there under 10 s). Its tail is 3% of requests, so
+    // the p95 lies in the other 97%: their (0.95 - 0.03) / 0.97 quantile.
+    // Read off the 250 samples directly, the p95 would land in the tail
+    // whenever chance put 5% of them there (about 1 run in 25 per backend:
+    // it failed CI once, 13 tail answers of 250).
+    let body: Vec<f64> = fixed_ms
+        .iter()
+        .copied()
+        .filter(|ms| *ms < TAIL_MS / 2.0)
+        .collect();
+    let real_p95 = quantile(&body, (0.95 - TAIL_SHARE) / (1.0 - TAIL_SHARE));
     let primary = &view["providers"][0];
     let threshold = primary["silence_ms_in_force"].as_f64().unwrap();
     let cost = &view["cost"];
@@ -131,7 +143,7 @@ async fn auto_silence_beats_the_fixed_default_at_p99_time_to_first_token(backend
          threshold {threshold} ms (learned {}, {} samples) vs the primary's real p95 {real_p95:.0} ms; \
          hedges {} of {} jobs ({:.1}%), won {}, denied {}; warm-up p99 {:.0} ms; {real:?} real",
         quantile(&fixed_ms, 0.5),
-        real_p95,
+        quantile(&fixed_ms, 0.95),
         p99_fixed,
         quantile(&auto_ms, 0.5),
         quantile(&auto_ms, 0.95),

@@ -101,6 +101,8 @@ pub(crate) struct SimState {
     stored: Mutex<Vec<StoredCompletion>>,
     /// Requests per model name that met a transient (`times=N`) fault.
     faults_met: Mutex<std::collections::HashMap<String, u64>>,
+    /// Requests that met a `tail=`, numbered for [`behaviour::Tail::wait_of`].
+    tailed: std::sync::atomic::AtomicU64,
     closing: watch::Receiver<bool>,
 }
 
@@ -226,6 +228,7 @@ pub async fn serve_with_shutdown(
         models,
         stored: Mutex::new(Vec::new()),
         faults_met: Mutex::new(std::collections::HashMap::new()),
+        tailed: std::sync::atomic::AtomicU64::new(0),
         closing,
     });
     tracing::info!(addr = ?listener.local_addr().ok(), "simulator listening");

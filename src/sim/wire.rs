@@ -812,7 +812,10 @@ async fn chat(
         tokio::time::sleep(latency.sample()).await;
     }
     if let Some(tail) = behaviour.tail {
-        tokio::time::sleep(tail.sample()).await;
+        let n = state
+            .tailed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tokio::time::sleep(tail.wait_of(n)).await;
     }
     match behaviour.fault {
         Fault::DropResponse => Response::new(Body::from_stream(stream::once(async {

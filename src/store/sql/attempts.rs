@@ -158,7 +158,7 @@ pub(crate) async fn finish_attempt(
     match &finish.outcome {
         AttemptOutcome::Succeeded(success) => {
             let (output, provider_request_id) = (&success.output, &success.provider_request_id);
-            let usage = success.usage.and_then(|u| serde_json::to_string(&u).ok());
+            let usage = success.usage.map(|u| u.stored());
             let version = read_version + 1;
             let won_event = event_for(
                 event::ATTEMPT_SUCCEEDED,

@@ -157,7 +157,7 @@ pub(crate) async fn finish_won_alone(
     let AttemptOutcome::Succeeded(success) = &finish.outcome else {
         return Ok(None);
     };
-    let usage = success.usage.and_then(|u| serde_json::to_string(&u).ok());
+    let usage = success.usage.map(|u| u.stored());
     let (prompt, completion, _) = usage
         .as_deref()
         .map_or((0, 0, 0), |u| usage_counts(u, true));

@@ -480,8 +480,10 @@ async fn the_secret_never_appears_in_the_logs(backend: Backend) {
     let _ = child.kill();
     let _ = child.wait();
     let server_log = std::fs::read_to_string(&log_path).unwrap();
+    // TRACE was on: the HTTP client's own trace lines are there (the
+    // store's SQLite calls log nothing since it left sqlx).
     assert!(
-        server_log.lines().count() > 50,
+        server_log.lines().filter(|l| l.contains("TRACE")).count() >= 10,
         "TRACE logs were written: {server_log}"
     );
     texts.push(("server log (TRACE)".into(), server_log));

@@ -4,6 +4,7 @@
 //! SQL is in `sql/contract_runs.rs`.
 
 use crate::domain::Millis;
+use crate::store::sql::db::{Columns, Row};
 use crate::store::StoreError;
 use async_trait::async_trait;
 use serde::Serialize;
@@ -28,7 +29,7 @@ pub struct NewContractRun {
 
 /// A run without its report: what eligibility and listings need. Read from
 /// its row by column name.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ContractRunSummary {
     pub id: String,
     pub contract: String,
@@ -42,12 +43,37 @@ pub struct ContractRunSummary {
     pub actor: String,
 }
 
+impl Row for ContractRunSummary {
+    fn decode(row: &impl Columns) -> Result<Self, StoreError> {
+        Ok(ContractRunSummary {
+            id: row.get("id")?,
+            contract: row.get("contract")?,
+            contract_digest: row.get("contract_digest")?,
+            provider: row.get("provider")?,
+            provider_digest: row.get("provider_digest")?,
+            passed: row.get("passed")?,
+            first_failure: row.get("first_failure")?,
+            started_at: row.get("started_at")?,
+            finished_at: row.get("finished_at")?,
+            actor: row.get("actor")?,
+        })
+    }
+}
+
 /// A run with its report (JSON text of a `ContractReport`).
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ContractRun {
-    #[sqlx(flatten)]
     pub summary: ContractRunSummary,
     pub report: String,
+}
+
+impl Row for ContractRun {
+    fn decode(row: &impl Columns) -> Result<Self, StoreError> {
+        Ok(ContractRun {
+            summary: ContractRunSummary::decode(row)?,
+            report: row.get("report")?,
+        })
+    }
 }
 
 #[async_trait]

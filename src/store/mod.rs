@@ -18,11 +18,12 @@
 //! callers hold an `Arc<dyn Store>` and `use crate::store::prelude::*`.
 //!
 //! Each backend implements every trait as ordinary code: `sqlite.rs`
-//! (reads on a reader connection, writes through the group-commit write
-//! queue) and `postgres.rs` (reads and one-statement writes on a pooled
+//! (reads on a reader connection on the caller's thread, writes through
+//! the group-commit write queue on the writer's thread; rusqlite alone)
+//! and `postgres.rs` (sqlx: reads and one-statement writes on a pooled
 //! connection, the others in a transaction of their own). Each method
-//! calls the query of the same name in `sql/` for its dialect
-//! (`ops::NAME(connection, arguments…)`).
+//! calls the query of the same name in `sql/` (`ops::NAME(connection,
+//! arguments…)`).
 //!
 //! The two test wrappers, the fault-injecting [`faulty::FaultyStore`] and
 //! the simulation's `SyncStore` (`tests/simulation/store.rs`), forward
@@ -36,34 +37,37 @@
 //!
 //! 1. Declare it in its resource's trait, with a doc comment:
 //!    `async fn my_query(&self, job_id: &str, limit: i64) -> Result<Vec<Job>, StoreError>;`
-//! 2. Write `pub(crate) async fn my_query(conn: &mut Conn, job_id: &str,
+//! 2. Write `pub(crate) async fn my_query(conn: &mut impl Db, job_id: &str,
 //!    limit: i64) -> Result<Vec<Job>, StoreError>` in that resource's file
 //!    under `sql/` (`jobs.rs`, `attempts.rs`, `events.rs`, `keys.rs`,
 //!    `switches.rs`, `contract_runs.rs`, `console.rs`, `hedging.rs`,
-//!    `webhooks.rs`).
+//!    `webhooks.rs`): `conn.fetch_all(SQL, args![job_id, limit])`. Its
+//!    row type implements `sql::db::Row` (a `decode` by column name). If
+//!    the databases need different SQL, add the statement to `Dialect`
+//!    (`sql/mod.rs`), write it in both `sql/sqlite.rs` and
+//!    `sql/postgres.rs`, and take it as `C::Sql::NAME` with
+//!    `conn: &mut C` where `C: Db`.
 //! 3. Implement it in both backends' impl of that trait: `sqlite.rs` (a
-//!    read: `ops::my_query(&mut *self.read.get().await?, …)`; a write:
-//!    through `self.write`, its borrowed arguments made owned first, since
-//!    the write waits in the queue) and `postgres.rs` (a pooled connection,
-//!    or `self.pool.begin()` … `tx.commit()` for several statements).
+//!    read: `self.read.raw(|c| db::now(ops::my_query(c, …)))`; a write:
+//!    `self.write(move |c| db::now(ops::my_query(c, …)))`, its borrowed
+//!    arguments made owned first, since the write waits in the queue) and
+//!    `postgres.rs` (a pooled connection, or `self.pool.begin()` …
+//!    `tx.commit()` for several statements).
 //! 4. Add its signature to the trait's section of
 //!    [`forward_store!`](crate::forward_store) (`store/forward.rs`), so the
 //!    test wrappers forward it (the compiler says so).
 //!
-//! ## Queries on a job's path: one API over three connections
+//! ## One query API over both databases
 //!
-//! The queries every job runs (create, finish, events, a job by key or id)
-//! are written against `sql::db::Db` (`conn.execute(SQL, args![…])`,
-//! `conn.fetch_optional::<Row>(SQL, args![…])`) instead of sqlx's query
-//! API. `Db` is implemented for sqlx's PostgreSQL and SQLite connections
-//! and for a rusqlite connection, so each such query is still written once.
-//! On SQLite they run through rusqlite: the writer thread holds a rusqlite
-//! connection besides its sqlx one and runs them as direct calls
-//! (`SqliteStore::write_raw`), and a job read by key or id runs on a
-//! rusqlite reader on the caller's thread (`Readers::raw`); sqlx would send
-//! each statement to its connection's worker thread and wait for the
-//! wake-up back. A query moves to that path by being written against `Db`
-//! (its row type implements `sql::db::Row`) and called so in `sqlite.rs`.
+//! Every query is written once, against `sql::db::Db` (`conn.execute(SQL,
+//! args![…])`, `conn.fetch_optional::<Row>(…)`, `fetch_all`, `fetch_one`).
+//! `Db` is implemented for sqlx's PostgreSQL connection and for rusqlite's
+//! connection. On SQLite every statement is a direct call into SQLite on
+//! the thread that runs it (`db::now` drives its future, which never
+//! waits); sqlx's SQLite driver would send each to its connection's worker
+//! thread and wait for the wake-up back, which was most of a job's CPU.
+//! The migrations are applied through rusqlite too, into sqlx's own
+//! `_sqlx_migrations` table with sqlx's checksums (`sqlite::migrate`).
 //!
 //! ## Where the dialects differ
 //!
@@ -73,7 +77,7 @@
 //!
 //! | | SQLite | PostgreSQL |
 //! |---|---|---|
-//! | atomic write | write queue: `BEGIN IMMEDIATE` per batch (per run of writes on one of the writer's two connections), a savepoint per write | a READ COMMITTED transaction per write of several statements |
+//! | atomic write | write queue: `BEGIN IMMEDIATE` per batch, a savepoint per write | a READ COMMITTED transaction per write of several statements |
 //! | row lock in a guarded step | none (`BEGIN IMMEDIATE` excludes every writer) | `FOR UPDATE` |
 //! | concurrent claims | none (writes are serialised) | `FOR UPDATE SKIP LOCKED` |
 //! | byte order of keys | `idempotency_key` (BINARY collation) | `idempotency_key COLLATE "C"` |
@@ -81,14 +85,15 @@
 //! | a succeeded attempt's finish | its statements in the write queue (`finish_attempt`, whose `Won::bid` is the CAS) | first the win alone, one statement (`finish_won_alone` in `sql/postgres.rs`); else the whole step (`finish_attempt`) in a transaction |
 //! | rollup rows (`usage_daily`, `attempt_hours`) | shard 0 | 16 shards by the attempt's id (`rollup_shard!`), so finishes do not queue on one row's lock |
 //!
-//! The row-lock, skip-locked and key-order fragments are stated once per
-//! dialect, in `sql/sqlite.rs` and `sql/postgres.rs`: each names its
-//! connection type (`Conn`) and defines the fragments as macros
-//! (`for_update!()`, `skip_locked!()`, `key_indexed!()`,
-//! `key_unindexed!()`, each a literal for `concat!`) before it declares the
-//! resource files, which use them and compile once under each. The SQL
-//! files name no dialect. What only one dialect runs is written in its own
-//! file, once: the create (both) and the win alone (PostgreSQL).
+//! Each statement that differs is a constant of the `sql::Dialect` trait,
+//! written out once by each dialect (`impl Dialect for Sqlite` in
+//! `sql/sqlite.rs`, `impl Dialect for Postgres` in `sql/postgres.rs`); a
+//! query takes its connection's (`Db::Sql`). Where such a statement is
+//! long and differs only in its lock clause (the two claims), the shared
+//! text is a macro beside its query (`claim_jobs_sql!`,
+//! `claim_deliveries_sql!`, `list_jobs_sql!`) that each dialect calls with
+//! its clause. What only one dialect runs is written in its own file,
+//! once: the create (both) and the win alone (PostgreSQL).
 
 pub use crate::domain::attempt::AttemptOutcome;
 use async_trait::async_trait;

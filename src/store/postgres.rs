@@ -130,7 +130,7 @@ impl JobStore for PgStore {
         reclaim_own: bool,
     ) -> Result<Vec<Job>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let value = ops::claim_jobs(&mut tx, owner, now, lease_until, limit, reclaim_own).await?;
+        let value = ops::claim_jobs(&mut *tx, owner, now, lease_until, limit, reclaim_own).await?;
         tx.commit().await?;
         Ok(value)
     }
@@ -152,7 +152,7 @@ impl JobStore for PgStore {
         at: Millis,
     ) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let value = ops::transition_job(&mut tx, job_id, lease_owner, transition, at).await?;
+        let value = ops::transition_job(&mut *tx, job_id, lease_owner, transition, at).await?;
         tx.commit().await?;
         Ok(value)
     }
@@ -169,7 +169,7 @@ impl JobStore for PgStore {
         at: Millis,
     ) -> Result<Result<Job, Refusal>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let value = ops::cancel_job(&mut tx, job_id, actor, reason, at).await?;
+        let value = ops::cancel_job(&mut *tx, job_id, actor, reason, at).await?;
         tx.commit().await?;
         Ok(value)
     }
@@ -181,7 +181,7 @@ impl JobStore for PgStore {
         at: Millis,
     ) -> Result<Result<Job, Refusal>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let value = ops::request_retry(&mut tx, job_id, actor, at).await?;
+        let value = ops::request_retry(&mut *tx, job_id, actor, at).await?;
         tx.commit().await?;
         Ok(value)
     }
@@ -195,7 +195,7 @@ impl JobStore for PgStore {
         at: Millis,
     ) -> Result<Result<Job, Refusal>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let value = ops::resolve_job(&mut tx, job_id, resolution, actor, reason, at).await?;
+        let value = ops::resolve_job(&mut *tx, job_id, resolution, actor, reason, at).await?;
         tx.commit().await?;
         Ok(value)
     }
@@ -216,7 +216,7 @@ impl AttemptStore for PgStore {
         attempt: NewAttempt,
     ) -> Result<Result<Attempt, GuardRefusal>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let value = ops::start_attempt(&mut tx, attempt).await?;
+        let value = ops::start_attempt(&mut *tx, attempt).await?;
         tx.commit().await?;
         Ok(value)
     }
@@ -260,7 +260,7 @@ impl AttemptStore for PgStore {
     ) -> Result<Result<Job, Refusal>, StoreError> {
         let mut tx = self.pool.begin().await?;
         let value =
-            ops::resolve_attempt(&mut tx, attempt_id, resolution, actor, reason, at).await?;
+            ops::resolve_attempt(&mut *tx, attempt_id, resolution, actor, reason, at).await?;
         tx.commit().await?;
         Ok(value)
     }
@@ -274,7 +274,7 @@ impl EventStore for PgStore {
 
     async fn record_events(&self, events: Vec<NewEvent>) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
-        let value = ops::record_events(&mut tx, events).await?;
+        let value = ops::record_events(&mut *tx, events).await?;
         tx.commit().await?;
         Ok(value)
     }
@@ -308,21 +308,21 @@ impl KeyStore for PgStore {
 
     async fn revoke_api_key(&self, id: &str, actor: &str, at: Millis) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let value = ops::revoke_api_key(&mut tx, id, actor, at).await?;
+        let value = ops::revoke_api_key(&mut *tx, id, actor, at).await?;
         tx.commit().await?;
         Ok(value)
     }
 
     async fn rotate_api_key(&self, rotation: Rotation, actor: &str) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let value = ops::rotate_api_key(&mut tx, rotation, actor).await?;
+        let value = ops::rotate_api_key(&mut *tx, rotation, actor).await?;
         tx.commit().await?;
         Ok(value)
     }
 
     async fn touch_api_keys(&self, used: Vec<(String, Millis)>) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
-        let value = ops::touch_api_keys(&mut tx, used).await?;
+        let value = ops::touch_api_keys(&mut *tx, used).await?;
         tx.commit().await?;
         Ok(value)
     }
@@ -337,7 +337,7 @@ impl KeyStore for PgStore {
 
     async fn set_owner_limits(&self, row: OwnerLimitsRow) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
-        let value = ops::set_owner_limits(&mut tx, row).await?;
+        let value = ops::set_owner_limits(&mut *tx, row).await?;
         tx.commit().await?;
         Ok(value)
     }
@@ -353,7 +353,7 @@ impl KeyStore for PgStore {
         since: Millis,
     ) -> Result<i64, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let value = ops::heartbeat(&mut tx, instance, at, since).await?;
+        let value = ops::heartbeat(&mut *tx, instance, at, since).await?;
         tx.commit().await?;
         Ok(value)
     }
@@ -380,7 +380,7 @@ impl KeyStore for PgStore {
         at: Millis,
     ) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let value = ops::set_key_limits(&mut tx, id, limits, actor, reason, at).await?;
+        let value = ops::set_key_limits(&mut *tx, id, limits, actor, reason, at).await?;
         tx.commit().await?;
         Ok(value)
     }
@@ -401,7 +401,7 @@ impl SwitchStore for PgStore {
         at: Millis,
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
-        let value = ops::set_provider_enabled(&mut tx, name, enabled, actor, reason, at).await?;
+        let value = ops::set_provider_enabled(&mut *tx, name, enabled, actor, reason, at).await?;
         tx.commit().await?;
         Ok(value)
     }
@@ -462,7 +462,7 @@ impl HedgingStore for PgStore {
         forget_before: Millis,
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
-        let value = ops::put_hedging_shares(&mut tx, shares, forget_before).await?;
+        let value = ops::put_hedging_shares(&mut *tx, shares, forget_before).await?;
         tx.commit().await?;
         Ok(value)
     }
@@ -491,7 +491,7 @@ impl WebhookStore for PgStore {
 
     async fn delete_webhook_endpoint(&self, id: &str) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let value = ops::delete_webhook_endpoint(&mut tx, id).await?;
+        let value = ops::delete_webhook_endpoint(&mut *tx, id).await?;
         tx.commit().await?;
         Ok(value)
     }
@@ -522,16 +522,22 @@ impl WebhookStore for PgStore {
         per_endpoint: i64,
     ) -> Result<Vec<ClaimedDelivery>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let value =
-            ops::claim_webhook_deliveries(&mut tx, instance, now, lease_until, limit, per_endpoint)
-                .await?;
+        let value = ops::claim_webhook_deliveries(
+            &mut *tx,
+            instance,
+            now,
+            lease_until,
+            limit,
+            per_endpoint,
+        )
+        .await?;
         tx.commit().await?;
         Ok(value)
     }
 
     async fn record_webhook_try(&self, record: WebhookTryRecord) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let value = ops::record_webhook_try(&mut tx, record).await?;
+        let value = ops::record_webhook_try(&mut *tx, record).await?;
         tx.commit().await?;
         Ok(value)
     }

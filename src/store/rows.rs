@@ -1,6 +1,6 @@
 //! Row types shared by both backends and their conversion to domain types.
 
-use super::sql::db::Row;
+use super::sql::db::{Columns, Row};
 use super::{
     parse_attempt_kind, parse_attempt_state, parse_job_state, ApiKey, JobEvent, StoreError,
 };
@@ -25,7 +25,6 @@ macro_rules! attempt_columns {
 }
 pub(crate) use attempt_columns;
 
-#[derive(sqlx::FromRow)]
 pub(crate) struct JobRow {
     id: String,
     owner_id: String,
@@ -48,7 +47,7 @@ pub(crate) struct JobRow {
 }
 
 impl Row for JobRow {
-    fn from_rusqlite(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+    fn decode(row: &impl Columns) -> Result<Self, StoreError> {
         Ok(JobRow {
             id: row.get("id")?,
             owner_id: row.get("owner_id")?,
@@ -73,11 +72,18 @@ impl Row for JobRow {
 }
 
 /// A job in the review queue with its last attempt's start, in one row.
-#[derive(sqlx::FromRow)]
 pub(crate) struct ReviewRow {
-    #[sqlx(flatten)]
     pub job: JobRow,
     pub last_attempt_at: Option<i64>,
+}
+
+impl Row for ReviewRow {
+    fn decode(row: &impl Columns) -> Result<Self, StoreError> {
+        Ok(ReviewRow {
+            job: JobRow::decode(row)?,
+            last_attempt_at: row.get("last_attempt_at")?,
+        })
+    }
 }
 
 impl TryFrom<JobRow> for Job {
@@ -106,7 +112,6 @@ impl TryFrom<JobRow> for Job {
     }
 }
 
-#[derive(sqlx::FromRow)]
 pub(crate) struct AttemptRow {
     id: String,
     job_id: String,
@@ -122,6 +127,27 @@ pub(crate) struct AttemptRow {
     output: Option<String>,
     usage: Option<String>,
     provider_request_id: Option<String>,
+}
+
+impl Row for AttemptRow {
+    fn decode(row: &impl Columns) -> Result<Self, StoreError> {
+        Ok(AttemptRow {
+            id: row.get("id")?,
+            job_id: row.get("job_id")?,
+            seq: row.get("seq")?,
+            provider: row.get("provider")?,
+            kind: row.get("kind")?,
+            state: row.get("state")?,
+            read_version: row.get("read_version")?,
+            started_at: row.get("started_at")?,
+            finished_at: row.get("finished_at")?,
+            error_kind: row.get("error_kind")?,
+            error_message: row.get("error_message")?,
+            output: row.get("output")?,
+            usage: row.get("usage")?,
+            provider_request_id: row.get("provider_request_id")?,
+        })
+    }
 }
 
 impl TryFrom<AttemptRow> for Attempt {
@@ -146,7 +172,6 @@ impl TryFrom<AttemptRow> for Attempt {
     }
 }
 
-#[derive(sqlx::FromRow)]
 pub(crate) struct EventRow {
     id: i64,
     job_id: String,
@@ -155,6 +180,20 @@ pub(crate) struct EventRow {
     actor: String,
     detail: Option<String>,
     at: i64,
+}
+
+impl Row for EventRow {
+    fn decode(row: &impl Columns) -> Result<Self, StoreError> {
+        Ok(EventRow {
+            id: row.get("id")?,
+            job_id: row.get("job_id")?,
+            attempt_id: row.get("attempt_id")?,
+            kind: row.get("kind")?,
+            actor: row.get("actor")?,
+            detail: row.get("detail")?,
+            at: row.get("at")?,
+        })
+    }
 }
 
 impl From<EventRow> for JobEvent {
@@ -171,7 +210,6 @@ impl From<EventRow> for JobEvent {
     }
 }
 
-#[derive(sqlx::FromRow)]
 pub(crate) struct ApiKeyRow {
     id: String,
     owner_id: String,
@@ -183,6 +221,23 @@ pub(crate) struct ApiKeyRow {
     revoked_at: Option<i64>,
     limits: Option<String>,
     family_id: Option<String>,
+}
+
+impl Row for ApiKeyRow {
+    fn decode(row: &impl Columns) -> Result<Self, StoreError> {
+        Ok(ApiKeyRow {
+            id: row.get("id")?,
+            owner_id: row.get("owner_id")?,
+            key_hash: row.get("key_hash")?,
+            prefix: row.get("prefix")?,
+            is_admin: row.get("is_admin")?,
+            created_at: row.get("created_at")?,
+            expires_at: row.get("expires_at")?,
+            revoked_at: row.get("revoked_at")?,
+            limits: row.get("limits")?,
+            family_id: row.get("family_id")?,
+        })
+    }
 }
 
 impl From<ApiKeyRow> for ApiKey {
@@ -203,13 +258,24 @@ impl From<ApiKeyRow> for ApiKey {
 }
 
 /// Counts the guard needs, read in the same atomic step as the insert.
-#[derive(sqlx::FromRow)]
 pub(crate) struct LiveRow {
     pub started: Option<i64>,
     pub unknown: Option<i64>,
     pub hedges: Option<i64>,
     pub started_here: Option<i64>,
     pub unknown_here: Option<i64>,
+}
+
+impl Row for LiveRow {
+    fn decode(row: &impl Columns) -> Result<Self, StoreError> {
+        Ok(LiveRow {
+            started: row.get("started")?,
+            unknown: row.get("unknown")?,
+            hedges: row.get("hedges")?,
+            started_here: row.get("started_here")?,
+            unknown_here: row.get("unknown_here")?,
+        })
+    }
 }
 
 impl From<LiveRow> for crate::domain::LiveAttempts {

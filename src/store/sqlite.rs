@@ -1,4 +1,4 @@
-//! The embedded SQLite backend.
+//! The embedded SQLite backend, on rusqlite alone.
 //!
 //! Durability: WAL with `synchronous=FULL`, so a commit has reached the disk
 //! before any caller is answered. Writes go through one writer thread that
@@ -7,14 +7,13 @@
 //! failed write never undoes another. `BEGIN IMMEDIATE` takes SQLite's write
 //! lock up front, which makes every guarded step atomic against other
 //! processes on the same file too (they wait up to the busy timeout). Reads
-//! use a small pool of their own connections and never wait for the writer.
+//! use a few connections of their own and never wait for the writer.
 //!
-//! The writer holds two connections to the file: a rusqlite one, for the
-//! queries written against [`Db`](super::sql::db::Db) (a job's create and
-//! finish, events), which run as direct calls on the writer's thread, and
-//! a sqlx one for the rest. The queued writes are committed in the order
-//! they came: each run of writes of one kind is one transaction on its
-//! connection, so a batch of a job's path is one transaction and one fsync.
+//! Every statement is a direct call into SQLite on the thread that runs it:
+//! the writer's own thread for writes, the caller's for reads (an indexed
+//! read takes SQLite microseconds, less than a hand-off to another thread
+//! and back). The queries are the shared ones of `sql/`, written against
+//! [`Db`](super::sql::db::Db), which rusqlite's connection implements.
 
 use super::console::{JobFilter, WindowStats};
 use super::hedging::HedgingShare;
@@ -34,49 +33,36 @@ use crate::domain::attempt::NewAttempt;
 use crate::domain::job::NewJob;
 use crate::domain::{Attempt, GuardRefusal, Job, Millis};
 use async_trait::async_trait;
-use futures::future::BoxFuture;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
-use sqlx::{ConnectOptions, SqliteConnection};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot, MappedMutexGuard, Mutex, MutexGuard};
+use tokio::sync::{mpsc, oneshot};
 
 use super::sql::sqlite as ops;
 
+/// The migrations, in the directory sqlx's `migrate!` reads at build time;
+/// applied by [`migrate`] as sqlx's migrator would, so a file migrated by
+/// an earlier build (sqlx's) carries on.
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
 /// Most writes one commit carries.
 const MAX_BATCH: usize = 128;
 /// How long a writer waits for another process's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
-/// Connections that serve reads, besides the writer's.
+/// Read connections kept open when idle.
 const READERS: usize = 4;
-/// Statements the writer's rusqlite connection keeps prepared: every query
-/// of a job's path, with room to spare.
-const RAW_STATEMENTS: usize = 64;
+/// Statements each connection keeps prepared: every query of a job's path,
+/// with room to spare.
+const PREPARED_STATEMENTS: usize = 64;
 
 /// Hands a write's result to its caller once the batch's commit is known.
 type Deliver = Box<dyn FnOnce(Result<(), String>) + Send>;
 
-/// One write through sqlx: runs on the writer's sqlx connection inside the
+/// One queued write: runs on the writer's connection inside the
 /// transaction and says whether it succeeded (a failed write is rolled back
 /// to its savepoint) and how to deliver its result. Given `Err` (the
 /// transaction could not even begin) it runs nothing and delivers that
 /// error.
-type WriteFn = Box<
-    dyn for<'c> FnOnce(Result<&'c mut SqliteConnection, String>) -> BoxFuture<'c, (bool, Deliver)>
-        + Send,
->;
-
-/// The same through rusqlite, a direct call on the writer's thread.
-type RawFn = Box<dyn FnOnce(Result<&mut rusqlite::Connection, String>) -> (bool, Deliver) + Send>;
-
-/// One queued write, by the connection it runs on.
-enum Write {
-    Sqlx(WriteFn),
-    Raw(RawFn),
-}
+type Write = Box<dyn FnOnce(Result<&mut rusqlite::Connection, String>) -> (bool, Deliver) + Send>;
 
 enum WriteCmd {
     Write(Write),
@@ -90,63 +76,40 @@ pub struct SqliteStore {
     writer: mpsc::Sender<WriteCmd>,
 }
 
-/// The read connections: a few of our own rather than a sqlx pool, because
-/// the pool pings every connection given back to it (one more round trip to
-/// the connection's worker thread, in a spawned task, per read), and a
-/// connection to a local file cannot go stale.
-///
-/// Each is opened on first need: only when every open one is busy. Opening
-/// one costs SQLite a parse of the whole schema (its pragmas read it), so a
-/// CLI command that reads once, or a store whose reads never overlap, opens
-/// one, not [`READERS`].
-///
-/// The reads written against [`Db`](super::sql::db::Db) (a job by its key
-/// or id: the replay check before every create) run on rusqlite
-/// connections of their own instead, inline on the caller's thread: an
-/// indexed read of one row takes SQLite microseconds, less than the
-/// hand-off to a connection's worker thread and back.
+/// The read connections: a free one is taken for a read and given back
+/// after it; one is opened when none is free, and at most [`READERS`] are
+/// kept. Opening one costs SQLite a parse of the whole schema, so a CLI
+/// command that reads once, or a store whose reads never overlap, opens
+/// one.
 struct Readers {
-    options: SqliteConnectOptions,
-    conns: Vec<Mutex<Reader>>,
-    next: AtomicUsize,
     path: PathBuf,
     /// `None` once the store is closed.
-    raw: std::sync::Mutex<Option<Vec<rusqlite::Connection>>>,
-}
-
-enum Reader {
-    Unopened,
-    Open(SqliteConnection),
-    Closed,
+    free: std::sync::Mutex<Option<Vec<rusqlite::Connection>>>,
 }
 
 impl Readers {
-    fn new(options: SqliteConnectOptions, path: &Path) -> Self {
+    fn new(path: &Path) -> Self {
         Readers {
-            options,
-            conns: (0..READERS).map(|_| Mutex::new(Reader::Unopened)).collect(),
-            next: AtomicUsize::new(0),
             path: path.to_path_buf(),
-            raw: std::sync::Mutex::new(Some(Vec::new())),
+            free: std::sync::Mutex::new(Some(Vec::new())),
         }
     }
 
-    /// Run a read on a free rusqlite connection (opened if none is free;
-    /// at most [`READERS`] are kept).
+    /// Run a read on a free connection, on the calling thread.
     fn raw<T>(
         &self,
         read: impl FnOnce(&mut rusqlite::Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let free = match self.raw.lock().as_deref_mut() {
+        let free = match self.free.lock().as_deref_mut() {
             Ok(Some(pool)) => pool.pop(),
             _ => return Err(StoreError::Closed),
         };
         let mut conn = match free {
             Some(conn) => conn,
-            None => open_raw(&self.path)?,
+            None => open_conn(&self.path)?,
         };
         let answer = read(&mut conn);
-        if let Ok(Some(pool)) = self.raw.lock().as_deref_mut() {
+        if let Ok(Some(pool)) = self.free.lock().as_deref_mut() {
             if pool.len() < READERS {
                 pool.push(conn);
             }
@@ -154,84 +117,33 @@ impl Readers {
         answer
     }
 
-    /// A free open connection if there is one, else a free slot opened now,
-    /// else wait for one.
-    async fn get(&self) -> Result<MappedMutexGuard<'_, SqliteConnection>, StoreError> {
-        let n = self.conns.len();
-        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
-        let mut unopened = None;
-        let mut chosen = None;
-        for i in 0..n {
-            let Ok(guard) = self.conns[(start + i) % n].try_lock() else {
-                continue;
-            };
-            match *guard {
-                Reader::Open(_) | Reader::Closed => {
-                    chosen = Some(guard);
-                    break;
-                }
-                Reader::Unopened if unopened.is_none() => unopened = Some(guard),
-                Reader::Unopened => {}
-            }
-        }
-        let mut guard = match chosen.or(unopened) {
-            Some(guard) => guard,
-            None => self.conns[start].lock().await,
-        };
-        if let Reader::Unopened = *guard {
-            *guard = Reader::Open(self.options.clone().connect().await?);
-        }
-        MutexGuard::try_map(guard, |reader| match reader {
-            Reader::Open(conn) => Some(conn),
-            Reader::Unopened | Reader::Closed => None,
-        })
-        .map_err(|_| StoreError::Closed)
-    }
-
-    async fn close(&self) {
-        if let Ok(mut raw) = self.raw.lock() {
-            *raw = None;
-        }
-        for conn in &self.conns {
-            let mut reader = conn.lock().await;
-            if let Reader::Open(conn) = std::mem::replace(&mut *reader, Reader::Closed) {
-                let _ = sqlx::Connection::close(conn).await;
-            }
+    fn close(&self) {
+        if let Ok(mut free) = self.free.lock() {
+            *free = None;
         }
     }
 }
 
 impl SqliteStore {
     pub async fn open(path: &Path) -> Result<Self, StoreError> {
-        let options = SqliteConnectOptions::new()
-            .filename(path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(BUSY_TIMEOUT)
-            .foreign_keys(true);
-        let writer_conn = options.clone().connect().await?;
-        // After sqlx's: the file exists and is in WAL mode (a property of
-        // the file).
-        let raw = open_raw(path)?;
-        raw.set_prepared_statement_cache_capacity(RAW_STATEMENTS);
-        let read = Readers::new(options, path);
+        let conn = open_conn(path)?;
+        // WAL is a property of the file: set once, by the writer's
+        // connection, before any reader opens.
+        let mode: String =
+            conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Corrupt(format!(
+                "{}: journal mode is {mode}, not WAL",
+                path.display()
+            )));
+        }
+        let read = Readers::new(path);
         let (tx, rx) = mpsc::channel(4 * MAX_BATCH);
-        let writer = Writer {
-            conn: writer_conn,
-            raw,
-        };
-        // A thread of its own: the rusqlite writes and every commit's fsync
-        // block it, not the server's runtime.
-        // No I/O or timer driver: the writer only awaits channels (its
-        // queue, sqlx's worker), so it parks on a futex, and waking it
-        // costs no eventfd write and epoll round.
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .map_err(|e| StoreError::Batch(format!("sqlite writer runtime: {e}")))?;
+        // A thread of its own: the writes and every commit's fsync block
+        // it, not the server's runtime.
         std::thread::Builder::new()
             .name("onejob-sqlite-writer".to_string())
-            .spawn(move || runtime.block_on(run_writer(writer, rx)))
+            .spawn(move || run_writer(conn, rx))
             .map_err(|e| StoreError::Batch(format!("sqlite writer thread: {e}")))?;
         Ok(SqliteStore {
             path: path.to_path_buf(),
@@ -248,53 +160,18 @@ impl SqliteStore {
     async fn write<T, F>(&self, op: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<T, StoreError>>
-            + Send
-            + 'static,
-    {
-        let (reply, answer) = oneshot::channel::<Result<T, StoreError>>();
-        self.queue(Write::Sqlx(wrap(op, Some(reply)))).await?;
-        answer.await.map_err(|_| StoreError::Closed)?
-    }
-
-    /// The same for a write through rusqlite.
-    async fn write_raw<T, F>(&self, op: F) -> Result<T, StoreError>
-    where
-        T: Send + 'static,
         F: FnOnce(&mut rusqlite::Connection) -> Result<T, StoreError> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel::<Result<T, StoreError>>();
-        self.queue(Write::Raw(wrap_raw(op, Some(reply)))).await?;
+        self.writer
+            .send(WriteCmd::Write(wrap(op, Some(reply))))
+            .await
+            .map_err(|_| StoreError::Closed)?;
         answer.await.map_err(|_| StoreError::Closed)?
     }
-
-    async fn queue(&self, write: Write) -> Result<(), StoreError> {
-        self.writer
-            .send(WriteCmd::Write(write))
-            .await
-            .map_err(|_| StoreError::Closed)
-    }
 }
 
-fn wrap<T, F>(op: F, reply: Option<oneshot::Sender<Result<T, StoreError>>>) -> WriteFn
-where
-    T: Send + 'static,
-    F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<T, StoreError>>
-        + Send
-        + 'static,
-{
-    Box::new(move |conn| {
-        Box::pin(async move {
-            let result = match conn {
-                Ok(conn) => op(conn).await,
-                Err(message) => Err(StoreError::Batch(message)),
-            };
-            (result.is_ok(), deliver(result, reply))
-        })
-    })
-}
-
-fn wrap_raw<T, F>(op: F, reply: Option<oneshot::Sender<Result<T, StoreError>>>) -> RawFn
+fn wrap<T, F>(op: F, reply: Option<oneshot::Sender<Result<T, StoreError>>>) -> Write
 where
     T: Send + 'static,
     F: FnOnce(&mut rusqlite::Connection) -> Result<T, StoreError> + Send + 'static,
@@ -332,29 +209,24 @@ fn deliver<T: Send + 'static>(
     })
 }
 
-/// A rusqlite connection to the file, set as sqlx's are (`synchronous` and
-/// `foreign_keys` are a connection's own; WAL is the file's).
-fn open_raw(path: &Path) -> Result<rusqlite::Connection, StoreError> {
+/// A connection to the file: `synchronous` and `foreign_keys` are a
+/// connection's own settings (WAL is the file's).
+fn open_conn(path: &Path) -> Result<rusqlite::Connection, StoreError> {
     let conn = rusqlite::Connection::open(path)?;
     conn.busy_timeout(BUSY_TIMEOUT)?;
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
+    conn.set_prepared_statement_cache_capacity(PREPARED_STATEMENTS);
     Ok(conn)
-}
-
-/// The writer's two connections to the file.
-struct Writer {
-    conn: SqliteConnection,
-    raw: rusqlite::Connection,
 }
 
 /// The single writer: takes what is queued (up to `MAX_BATCH`), commits it,
 /// then answers every caller. While it commits, the next batch queues up,
 /// so the batch grows with the load.
-async fn run_writer(mut writer: Writer, mut rx: mpsc::Receiver<WriteCmd>) {
+fn run_writer(mut conn: rusqlite::Connection, mut rx: mpsc::Receiver<WriteCmd>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut closing = None;
-    while let Some(cmd) = rx.recv().await {
+    while let Some(cmd) = rx.blocking_recv() {
         let mut next = Some(cmd);
         while let Some(cmd) = next.take() {
             match cmd {
@@ -368,49 +240,21 @@ async fn run_writer(mut writer: Writer, mut rx: mpsc::Receiver<WriteCmd>) {
                 next = rx.try_recv().ok();
             }
         }
-        commit_in_order(&mut writer, &mut batch).await;
+        if !batch.is_empty() {
+            commit(&mut conn, batch.drain(..));
+        }
         if let Some(done) = closing.take() {
             rx.close();
-            drop(writer.raw);
-            let _ = sqlx::Connection::close(writer.conn).await;
+            drop(conn);
             let _ = done.send(());
             return;
         }
     }
 }
 
-/// Commit the batch in queue order: each run of consecutive writes on one
-/// connection is one transaction there.
-async fn commit_in_order(writer: &mut Writer, batch: &mut Vec<Write>) {
-    let mut writes = batch.drain(..).peekable();
-    while let Some(first) = writes.next() {
-        match first {
-            Write::Raw(op) => {
-                let mut run = vec![op];
-                while let Some(Write::Raw(_)) = writes.peek() {
-                    if let Some(Write::Raw(op)) = writes.next() {
-                        run.push(op);
-                    }
-                }
-                commit_raw(&mut writer.raw, run);
-            }
-            Write::Sqlx(op) => {
-                let mut run = vec![op];
-                while let Some(Write::Sqlx(_)) = writes.peek() {
-                    if let Some(Write::Sqlx(op)) = writes.next() {
-                        run.push(op);
-                    }
-                }
-                commit_sqlx(&mut writer.conn, run).await;
-            }
-        }
-    }
-}
-
-/// One transaction of rusqlite writes, each in its own savepoint unless it
-/// is alone (then the transaction is its own, and a failure rolls it back
-/// whole).
-fn commit_raw(conn: &mut rusqlite::Connection, run: Vec<RawFn>) {
+/// One transaction of writes, each in its own savepoint unless it is alone
+/// (then the transaction is its own, and a failure rolls it back whole).
+fn commit(conn: &mut rusqlite::Connection, run: impl ExactSizeIterator<Item = Write>) {
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         tracing::error!(error = %e, "sqlite writer could not begin a transaction");
         let message = e.to_string();
@@ -457,75 +301,59 @@ fn commit_raw(conn: &mut rusqlite::Connection, run: Vec<RawFn>) {
     }
 }
 
-/// One transaction of sqlx writes, as [`commit_raw`].
-async fn commit_sqlx(conn: &mut SqliteConnection, run: Vec<WriteFn>) {
-    if let Err(e) = sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await {
-        tracing::error!(error = %e, "sqlite writer could not begin a transaction");
-        let message = e.to_string();
-        for op in run {
-            let (_, deliver) = op(Err(message.clone())).await;
-            deliver(Err(message.clone()));
-        }
-        return;
+/// Apply the migrations not yet applied, each in its own transaction with
+/// its row in `_sqlx_migrations`, as sqlx's migrator does (the same table,
+/// the same checksums): a file an earlier build migrated is recognised, a
+/// migration edited after it was applied is refused, and a failed one
+/// leaves nothing behind.
+fn migrate(conn: &mut rusqlite::Connection) -> Result<(), StoreError> {
+    use sqlx::migrate::MigrateError;
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS _sqlx_migrations ( \
+         version BIGINT PRIMARY KEY, description TEXT NOT NULL, \
+         installed_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP, \
+         success BOOLEAN NOT NULL, checksum BLOB NOT NULL, execution_time BIGINT NOT NULL)",
+    )?;
+    let applied: Vec<(i64, Vec<u8>, bool)> = conn
+        .prepare("SELECT version, checksum, success FROM _sqlx_migrations ORDER BY version")?
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))?
+        .collect::<Result<_, _>>()?;
+    if let Some((version, _, _)) = applied.iter().find(|(_, _, success)| !success) {
+        return Err(MigrateError::Dirty(*version).into());
     }
-    let mut delivers = Vec::with_capacity(run.len());
-    let mut lone_write_failed = false;
-    if run.len() == 1 {
-        for op in run {
-            let (ok, deliver) = op(Ok(&mut *conn)).await;
-            lone_write_failed = !ok;
-            delivers.push(deliver);
+    let known = |version: i64| MIGRATOR.iter().any(|m| m.version == version);
+    if let Some((version, _, _)) = applied.iter().find(|(version, _, _)| !known(*version)) {
+        return Err(MigrateError::VersionMissing(*version).into());
+    }
+    for migration in MIGRATOR.iter() {
+        if migration.migration_type.is_down_migration() {
+            continue;
         }
-    } else {
-        // One savepoint per write, so a failed write never undoes another.
-        // Releasing one and opening the next go to the connection's worker
-        // thread as one call: a round trip per write, not two.
-        let mut open = sqlx::query("SAVEPOINT op")
-            .execute(&mut *conn)
-            .await
-            .is_ok();
-        let last = run.len() - 1;
-        for (i, op) in run.into_iter().enumerate() {
-            if !open {
-                let (_, deliver) = op(Err("sqlite savepoint failed".to_string())).await;
-                delivers.push(deliver);
-                open = sqlx::query("SAVEPOINT op")
-                    .execute(&mut *conn)
-                    .await
-                    .is_ok();
-                continue;
+        match applied
+            .iter()
+            .find(|(version, _, _)| *version == migration.version)
+        {
+            Some((_, checksum, _)) if checksum[..] != migration.checksum[..] => {
+                return Err(MigrateError::VersionMismatch(migration.version).into());
             }
-            let (ok, deliver) = op(Ok(&mut *conn)).await;
-            if !ok {
-                let _ = sqlx::query("ROLLBACK TO SAVEPOINT op")
-                    .execute(&mut *conn)
-                    .await;
-            }
-            delivers.push(deliver);
-            let next = if i == last {
-                "RELEASE SAVEPOINT op"
-            } else {
-                "RELEASE SAVEPOINT op; SAVEPOINT op"
-            };
-            open = sqlx::query(next).execute(&mut *conn).await.is_ok();
+            Some(_) => continue,
+            None => {}
         }
+        let started = std::time::Instant::now();
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        tx.execute_batch(&migration.sql)?;
+        tx.execute(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+             VALUES (?1, ?2, TRUE, ?3, -1)",
+            rusqlite::params![migration.version, &*migration.description, &*migration.checksum],
+        )?;
+        tx.commit()?;
+        conn.execute(
+            "UPDATE _sqlx_migrations SET execution_time = ?1 WHERE version = ?2",
+            rusqlite::params![started.elapsed().as_nanos() as i64, migration.version],
+        )?;
     }
-    let end = if lone_write_failed {
-        "ROLLBACK"
-    } else {
-        "COMMIT"
-    };
-    let commit = match sqlx::query(end).execute(&mut *conn).await {
-        Ok(_) => Ok(()),
-        Err(e) => {
-            tracing::error!(error = %e, "sqlite writer commit failed; the batch is rolled back");
-            let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
-            Err(e.to_string())
-        }
-    };
-    for deliver in delivers {
-        deliver(commit.clone());
-    }
+    Ok(())
 }
 
 #[async_trait]
@@ -535,21 +363,26 @@ impl Store for SqliteStore {
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
-        MIGRATOR.run_direct(&mut *self.read.get().await?).await?;
+        // On a connection of its own, outside the write queue (whose
+        // batches are transactions already): each migration's transaction
+        // takes the write lock like any write, from this process or another.
+        migrate(&mut open_conn(&self.path)?)?;
+        // What the readers have prepared may name what a migration changed.
+        if let Ok(Some(free)) = self.read.free.lock().as_deref_mut() {
+            free.clear();
+        }
         Ok(())
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1")
-            .execute(&mut *self.read.get().await?)
-            .await?;
+        self.read
+            .raw(|c| Ok(c.query_row("SELECT 1", [], |row| row.get::<_, i64>(0))?))?;
         Ok(())
     }
 
     fn record_event_detached(&self, event: NewEvent) {
-        let op = wrap_raw::<(), _>(move |c| db::now(ops::insert_event(c, &event)), None);
-        if let Err(mpsc::error::TrySendError::Full(cmd)) =
-            self.writer.try_send(WriteCmd::Write(Write::Raw(op)))
+        let op = wrap::<(), _>(move |c| db::now(ops::insert_event(c, &event)), None);
+        if let Err(mpsc::error::TrySendError::Full(cmd)) = self.writer.try_send(WriteCmd::Write(op))
         {
             let writer = self.writer.clone();
             tokio::spawn(async move {
@@ -563,15 +396,14 @@ impl Store for SqliteStore {
         if self.writer.send(WriteCmd::Close(done)).await.is_ok() {
             let _ = closed.await;
         }
-        self.read.close().await;
+        self.read.close();
     }
 }
 
 #[async_trait]
 impl JobStore for SqliteStore {
     async fn create_job(&self, job: NewJob) -> Result<CreateOutcome, StoreError> {
-        self.write_raw(move |c| db::now(ops::create_job(c, job)))
-            .await
+        self.write(move |c| db::now(ops::create_job(c, job))).await
     }
 
     async fn find_job_by_key(&self, owner_id: &str, key: &str) -> Result<Option<Job>, StoreError> {
@@ -584,7 +416,7 @@ impl JobStore for SqliteStore {
     }
 
     async fn count_jobs(&self) -> Result<i64, StoreError> {
-        ops::count_jobs(&mut *self.read.get().await?).await
+        self.read.raw(|c| db::now(ops::count_jobs(c)))
     }
 
     async fn claim_jobs(
@@ -597,9 +429,14 @@ impl JobStore for SqliteStore {
     ) -> Result<Vec<Job>, StoreError> {
         let owner = owner.to_string();
         self.write(move |c| {
-            Box::pin(async move {
-                ops::claim_jobs(c, &owner, now, lease_until, limit, reclaim_own).await
-            })
+            db::now(ops::claim_jobs(
+                c,
+                &owner,
+                now,
+                lease_until,
+                limit,
+                reclaim_own,
+            ))
         })
         .await
     }
@@ -612,10 +449,8 @@ impl JobStore for SqliteStore {
     ) -> Result<bool, StoreError> {
         let job_id = job_id.to_string();
         let owner = owner.to_string();
-        self.write(move |c| {
-            Box::pin(async move { ops::renew_lease(c, &job_id, &owner, lease_until).await })
-        })
-        .await
+        self.write(move |c| db::now(ops::renew_lease(c, &job_id, &owner, lease_until)))
+            .await
     }
 
     async fn transition_job(
@@ -628,16 +463,20 @@ impl JobStore for SqliteStore {
         let job_id = job_id.to_string();
         let lease_owner = lease_owner.map(str::to_string);
         self.write(move |c| {
-            Box::pin(async move {
-                ops::transition_job(c, &job_id, lease_owner.as_deref(), transition, at).await
-            })
+            db::now(ops::transition_job(
+                c,
+                &job_id,
+                lease_owner.as_deref(),
+                transition,
+                at,
+            ))
         })
         .await
     }
 
     async fn wake_job(&self, job_id: &str, at: Millis) -> Result<(), StoreError> {
         let job_id = job_id.to_string();
-        self.write(move |c| Box::pin(async move { ops::wake_job(c, &job_id, at).await }))
+        self.write(move |c| db::now(ops::wake_job(c, &job_id, at)))
             .await
     }
 
@@ -651,10 +490,8 @@ impl JobStore for SqliteStore {
         let job_id = job_id.to_string();
         let actor = actor.to_string();
         let reason = reason.to_string();
-        self.write(move |c| {
-            Box::pin(async move { ops::cancel_job(c, &job_id, &actor, &reason, at).await })
-        })
-        .await
+        self.write(move |c| db::now(ops::cancel_job(c, &job_id, &actor, &reason, at)))
+            .await
     }
 
     async fn request_retry(
@@ -665,10 +502,8 @@ impl JobStore for SqliteStore {
     ) -> Result<Result<Job, Refusal>, StoreError> {
         let job_id = job_id.to_string();
         let actor = actor.to_string();
-        self.write(move |c| {
-            Box::pin(async move { ops::request_retry(c, &job_id, &actor, at).await })
-        })
-        .await
+        self.write(move |c| db::now(ops::request_retry(c, &job_id, &actor, at)))
+            .await
     }
 
     async fn resolve_job(
@@ -683,34 +518,34 @@ impl JobStore for SqliteStore {
         let actor = actor.to_string();
         let reason = reason.to_string();
         self.write(move |c| {
-            Box::pin(
-                async move { ops::resolve_job(c, &job_id, resolution, &actor, &reason, at).await },
-            )
+            db::now(ops::resolve_job(
+                c, &job_id, resolution, &actor, &reason, at,
+            ))
         })
         .await
     }
 
     async fn list_review(&self, limit: i64) -> Result<Vec<ReviewItem>, StoreError> {
-        ops::list_review(&mut *self.read.get().await?, limit).await
+        self.read.raw(|c| db::now(ops::list_review(c, limit)))
     }
 }
 
 #[async_trait]
 impl AttemptStore for SqliteStore {
     async fn list_attempts(&self, job_id: &str) -> Result<Vec<Attempt>, StoreError> {
-        ops::list_attempts(&mut *self.read.get().await?, job_id).await
+        self.read.raw(|c| db::now(ops::list_attempts(c, job_id)))
     }
 
     async fn start_attempt(
         &self,
         attempt: NewAttempt,
     ) -> Result<Result<Attempt, GuardRefusal>, StoreError> {
-        self.write(move |c| Box::pin(async move { ops::start_attempt(c, attempt).await }))
+        self.write(move |c| db::now(ops::start_attempt(c, attempt)))
             .await
     }
 
     async fn finish_attempt(&self, finish: FinishAttempt) -> Result<FinishOutcome, StoreError> {
-        self.write_raw(move |c| db::now(ops::finish_attempt(c, finish)))
+        self.write(move |c| db::now(ops::finish_attempt(c, finish)))
             .await
     }
 
@@ -719,7 +554,8 @@ impl AttemptStore for SqliteStore {
         after: Option<(Millis, &str)>,
         limit: i64,
     ) -> Result<Vec<Attempt>, StoreError> {
-        ops::list_unknown_attempts(&mut *self.read.get().await?, after, limit).await
+        self.read
+            .raw(|c| db::now(ops::list_unknown_attempts(c, after, limit)))
     }
 
     async fn list_stale_started(
@@ -727,7 +563,8 @@ impl AttemptStore for SqliteStore {
         started_before: Millis,
         limit: i64,
     ) -> Result<Vec<Attempt>, StoreError> {
-        ops::list_stale_started(&mut *self.read.get().await?, started_before, limit).await
+        self.read
+            .raw(|c| db::now(ops::list_stale_started(c, started_before, limit)))
     }
 
     async fn resolve_attempt(
@@ -742,9 +579,14 @@ impl AttemptStore for SqliteStore {
         let actor = actor.to_string();
         let reason = reason.to_string();
         self.write(move |c| {
-            Box::pin(async move {
-                ops::resolve_attempt(c, &attempt_id, resolution, &actor, &reason, at).await
-            })
+            db::now(ops::resolve_attempt(
+                c,
+                &attempt_id,
+                resolution,
+                &actor,
+                &reason,
+                at,
+            ))
         })
         .await
     }
@@ -753,76 +595,76 @@ impl AttemptStore for SqliteStore {
 #[async_trait]
 impl EventStore for SqliteStore {
     async fn record_event(&self, event: NewEvent) -> Result<(), StoreError> {
-        self.write_raw(move |c| db::now(ops::record_event(c, event)))
+        self.write(move |c| db::now(ops::record_event(c, event)))
             .await
     }
 
     async fn record_events(&self, events: Vec<NewEvent>) -> Result<(), StoreError> {
-        self.write(move |c| Box::pin(async move { ops::record_events(c, events).await }))
+        self.write(move |c| db::now(ops::record_events(c, events)))
             .await
     }
 
     async fn list_events(&self, job_id: &str) -> Result<Vec<JobEvent>, StoreError> {
-        ops::list_events(&mut *self.read.get().await?, job_id).await
+        self.read.raw(|c| db::now(ops::list_events(c, job_id)))
     }
 
     async fn has_event(&self, job_id: &str, kind: &str) -> Result<bool, StoreError> {
-        ops::has_event(&mut *self.read.get().await?, job_id, kind).await
+        self.read.raw(|c| db::now(ops::has_event(c, job_id, kind)))
     }
 }
 
 #[async_trait]
 impl KeyStore for SqliteStore {
     async fn insert_api_key(&self, key: ApiKey) -> Result<(), StoreError> {
-        self.write(move |c| Box::pin(async move { ops::insert_api_key(c, key).await }))
+        self.write(move |c| db::now(ops::insert_api_key(c, key)))
             .await
     }
 
     async fn find_api_key(&self, key_hash: &str) -> Result<Option<ApiKey>, StoreError> {
-        ops::find_api_key(&mut *self.read.get().await?, key_hash).await
+        self.read.raw(|c| db::now(ops::find_api_key(c, key_hash)))
     }
 
     async fn list_api_keys(&self, owner: Option<&str>) -> Result<Vec<KeyRecord>, StoreError> {
-        ops::list_api_keys(&mut *self.read.get().await?, owner).await
+        self.read.raw(|c| db::now(ops::list_api_keys(c, owner)))
     }
 
     async fn get_api_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError> {
-        ops::get_api_key(&mut *self.read.get().await?, id).await
+        self.read.raw(|c| db::now(ops::get_api_key(c, id)))
     }
 
     async fn revoke_api_key(&self, id: &str, actor: &str, at: Millis) -> Result<bool, StoreError> {
         let id = id.to_string();
         let actor = actor.to_string();
-        self.write(move |c| Box::pin(async move { ops::revoke_api_key(c, &id, &actor, at).await }))
+        self.write(move |c| db::now(ops::revoke_api_key(c, &id, &actor, at)))
             .await
     }
 
     async fn rotate_api_key(&self, rotation: Rotation, actor: &str) -> Result<bool, StoreError> {
         let actor = actor.to_string();
-        self.write(move |c| Box::pin(async move { ops::rotate_api_key(c, rotation, &actor).await }))
+        self.write(move |c| db::now(ops::rotate_api_key(c, rotation, &actor)))
             .await
     }
 
     async fn touch_api_keys(&self, used: Vec<(String, Millis)>) -> Result<(), StoreError> {
-        self.write(move |c| Box::pin(async move { ops::touch_api_keys(c, used).await }))
+        self.write(move |c| db::now(ops::touch_api_keys(c, used)))
             .await
     }
 
     async fn tenant_changes(&self) -> Result<i64, StoreError> {
-        ops::tenant_changes(&mut *self.read.get().await?).await
+        self.read.raw(|c| db::now(ops::tenant_changes(c)))
     }
 
     async fn owner_limits(&self) -> Result<Vec<OwnerLimitsRow>, StoreError> {
-        ops::owner_limits(&mut *self.read.get().await?).await
+        self.read.raw(|c| db::now(ops::owner_limits(c)))
     }
 
     async fn set_owner_limits(&self, row: OwnerLimitsRow) -> Result<(), StoreError> {
-        self.write(move |c| Box::pin(async move { ops::set_owner_limits(c, row).await }))
+        self.write(move |c| db::now(ops::set_owner_limits(c, row)))
             .await
     }
 
     async fn tenant_audit(&self, limit: i64) -> Result<Vec<TenantAuditEntry>, StoreError> {
-        ops::tenant_audit(&mut *self.read.get().await?, limit).await
+        self.read.raw(|c| db::now(ops::tenant_audit(c, limit)))
     }
 
     async fn heartbeat(
@@ -832,13 +674,13 @@ impl KeyStore for SqliteStore {
         since: Millis,
     ) -> Result<i64, StoreError> {
         let instance = instance.to_string();
-        self.write(move |c| Box::pin(async move { ops::heartbeat(c, &instance, at, since).await }))
+        self.write(move |c| db::now(ops::heartbeat(c, &instance, at, since)))
             .await
     }
 
     async fn leave_instances(&self, instance: &str) -> Result<(), StoreError> {
         let instance = instance.to_string();
-        self.write(move |c| Box::pin(async move { ops::leave_instances(c, &instance).await }))
+        self.write(move |c| db::now(ops::leave_instances(c, &instance)))
             .await
     }
 
@@ -848,7 +690,8 @@ impl KeyStore for SqliteStore {
         key: Option<&str>,
         day: i64,
     ) -> Result<OwnerLoad, StoreError> {
-        ops::owner_load(&mut *self.read.get().await?, owner, key, day).await
+        self.read
+            .raw(|c| db::now(ops::owner_load(c, owner, key, day)))
     }
 
     async fn set_key_limits(
@@ -862,14 +705,12 @@ impl KeyStore for SqliteStore {
         let id = id.to_string();
         let actor = actor.to_string();
         let reason = reason.to_string();
-        self.write(move |c| {
-            Box::pin(async move { ops::set_key_limits(c, &id, limits, &actor, &reason, at).await })
-        })
-        .await
+        self.write(move |c| db::now(ops::set_key_limits(c, &id, limits, &actor, &reason, at)))
+            .await
     }
 
     async fn usage(&self, owner: Option<&str>, from_day: i64) -> Result<Vec<UsageRow>, StoreError> {
-        ops::usage(&mut *self.read.get().await?, owner, from_day).await
+        self.read.raw(|c| db::now(ops::usage(c, owner, from_day)))
     }
 }
 
@@ -887,15 +728,15 @@ impl SwitchStore for SqliteStore {
         let actor = actor.to_string();
         let reason = reason.to_string();
         self.write(move |c| {
-            Box::pin(async move {
-                ops::set_provider_enabled(c, &name, enabled, &actor, &reason, at).await
-            })
+            db::now(ops::set_provider_enabled(
+                c, &name, enabled, &actor, &reason, at,
+            ))
         })
         .await
     }
 
     async fn provider_switches(&self) -> Result<Vec<ProviderSwitch>, StoreError> {
-        ops::provider_switches(&mut *self.read.get().await?).await
+        self.read.raw(|c| db::now(ops::provider_switches(c)))
     }
 
     async fn provider_audit(
@@ -903,34 +744,35 @@ impl SwitchStore for SqliteStore {
         name: Option<&str>,
         limit: i64,
     ) -> Result<Vec<ProviderAuditEntry>, StoreError> {
-        ops::provider_audit(&mut *self.read.get().await?, name, limit).await
+        self.read
+            .raw(|c| db::now(ops::provider_audit(c, name, limit)))
     }
 }
 
 #[async_trait]
 impl ContractRunStore for SqliteStore {
     async fn insert_contract_run(&self, run: NewContractRun) -> Result<(), StoreError> {
-        self.write(move |c| Box::pin(async move { ops::insert_contract_run(c, run).await }))
+        self.write(move |c| db::now(ops::insert_contract_run(c, run)))
             .await
     }
 
     async fn latest_contract_runs(&self) -> Result<Vec<ContractRunSummary>, StoreError> {
-        ops::latest_contract_runs(&mut *self.read.get().await?).await
+        self.read.raw(|c| db::now(ops::latest_contract_runs(c)))
     }
 
     async fn contract_run(&self, id: &str) -> Result<Option<ContractRun>, StoreError> {
-        ops::contract_run(&mut *self.read.get().await?, id).await
+        self.read.raw(|c| db::now(ops::contract_run(c, id)))
     }
 }
 
 #[async_trait]
 impl ConsoleStore for SqliteStore {
     async fn review_queue_depth(&self) -> Result<i64, StoreError> {
-        ops::review_queue_depth(&mut *self.read.get().await?).await
+        self.read.raw(|c| db::now(ops::review_queue_depth(c)))
     }
 
     async fn list_jobs(&self, filter: &JobFilter, limit: i64) -> Result<Vec<Job>, StoreError> {
-        ops::list_jobs(&mut *self.read.get().await?, filter, limit).await
+        self.read.raw(|c| db::now(ops::list_jobs(c, filter, limit)))
     }
 
     async fn window_stats(
@@ -939,7 +781,8 @@ impl ConsoleStore for SqliteStore {
         to: Millis,
         column_ms: i64,
     ) -> Result<WindowStats, StoreError> {
-        ops::window_stats(&mut *self.read.get().await?, from, to, column_ms).await
+        self.read
+            .raw(|c| db::now(ops::window_stats(c, from, to, column_ms)))
     }
 }
 
@@ -950,40 +793,37 @@ impl HedgingStore for SqliteStore {
         shares: Vec<HedgingShare>,
         forget_before: Millis,
     ) -> Result<(), StoreError> {
-        self.write(move |c| {
-            Box::pin(async move { ops::put_hedging_shares(c, shares, forget_before).await })
-        })
-        .await
+        self.write(move |c| db::now(ops::put_hedging_shares(c, shares, forget_before)))
+            .await
     }
 
     async fn hedging_shares(&self, since: Millis) -> Result<Vec<HedgingShare>, StoreError> {
-        ops::hedging_shares(&mut *self.read.get().await?, since).await
+        self.read.raw(|c| db::now(ops::hedging_shares(c, since)))
     }
 }
 
 #[async_trait]
 impl WebhookStore for SqliteStore {
     async fn insert_webhook_endpoint(&self, endpoint: WebhookEndpoint) -> Result<(), StoreError> {
-        self.write(move |c| {
-            Box::pin(async move { ops::insert_webhook_endpoint(c, endpoint).await })
-        })
-        .await
+        self.write(move |c| db::now(ops::insert_webhook_endpoint(c, endpoint)))
+            .await
     }
 
     async fn list_webhook_endpoints(
         &self,
         owner: Option<&str>,
     ) -> Result<Vec<WebhookEndpoint>, StoreError> {
-        ops::list_webhook_endpoints(&mut *self.read.get().await?, owner).await
+        self.read
+            .raw(|c| db::now(ops::list_webhook_endpoints(c, owner)))
     }
 
     async fn get_webhook_endpoint(&self, id: &str) -> Result<Option<WebhookEndpoint>, StoreError> {
-        ops::get_webhook_endpoint(&mut *self.read.get().await?, id).await
+        self.read.raw(|c| db::now(ops::get_webhook_endpoint(c, id)))
     }
 
     async fn delete_webhook_endpoint(&self, id: &str) -> Result<bool, StoreError> {
         let id = id.to_string();
-        self.write(move |c| Box::pin(async move { ops::delete_webhook_endpoint(c, &id).await }))
+        self.write(move |c| db::now(ops::delete_webhook_endpoint(c, &id)))
             .await
     }
 
@@ -997,9 +837,13 @@ impl WebhookStore for SqliteStore {
         let id = id.to_string();
         let secret = secret.to_string();
         self.write(move |c| {
-            Box::pin(async move {
-                ops::rotate_webhook_secret(c, &id, &secret, previous_until, at).await
-            })
+            db::now(ops::rotate_webhook_secret(
+                c,
+                &id,
+                &secret,
+                previous_until,
+                at,
+            ))
         })
         .await
     }
@@ -1014,16 +858,20 @@ impl WebhookStore for SqliteStore {
     ) -> Result<Vec<ClaimedDelivery>, StoreError> {
         let instance = instance.to_string();
         self.write(move |c| {
-            Box::pin(async move {
-                ops::claim_webhook_deliveries(c, &instance, now, lease_until, limit, per_endpoint)
-                    .await
-            })
+            db::now(ops::claim_webhook_deliveries(
+                c,
+                &instance,
+                now,
+                lease_until,
+                limit,
+                per_endpoint,
+            ))
         })
         .await
     }
 
     async fn record_webhook_try(&self, record: WebhookTryRecord) -> Result<bool, StoreError> {
-        self.write(move |c| Box::pin(async move { ops::record_webhook_try(c, record).await }))
+        self.write(move |c| db::now(ops::record_webhook_try(c, record)))
             .await
     }
 
@@ -1032,25 +880,27 @@ impl WebhookStore for SqliteStore {
         endpoint_id: &str,
         limit: i64,
     ) -> Result<Vec<WebhookDelivery>, StoreError> {
-        ops::list_webhook_deliveries(&mut *self.read.get().await?, endpoint_id, limit).await
+        self.read
+            .raw(|c| db::now(ops::list_webhook_deliveries(c, endpoint_id, limit)))
     }
 
     async fn get_webhook_delivery(&self, id: &str) -> Result<Option<WebhookDelivery>, StoreError> {
-        ops::get_webhook_delivery(&mut *self.read.get().await?, id).await
+        self.read.raw(|c| db::now(ops::get_webhook_delivery(c, id)))
     }
 
     async fn list_webhook_tries(&self, delivery_id: &str) -> Result<Vec<WebhookTry>, StoreError> {
-        ops::list_webhook_tries(&mut *self.read.get().await?, delivery_id).await
+        self.read
+            .raw(|c| db::now(ops::list_webhook_tries(c, delivery_id)))
     }
 
     async fn redeliver_webhook(&self, id: &str, at: Millis) -> Result<bool, StoreError> {
         let id = id.to_string();
-        self.write(move |c| Box::pin(async move { ops::redeliver_webhook(c, &id, at).await }))
+        self.write(move |c| db::now(ops::redeliver_webhook(c, &id, at)))
             .await
     }
 
     async fn webhook_counts(&self) -> Result<WebhookCounts, StoreError> {
-        ops::webhook_counts(&mut *self.read.get().await?).await
+        self.read.raw(|c| db::now(ops::webhook_counts(c)))
     }
 }
 
@@ -1063,14 +913,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(SqliteStore::open(&dir.path().join("t.db")).await.unwrap());
         store
-            .write(|c| {
-                Box::pin(async move {
-                    sqlx::query("CREATE TABLE probe (n INTEGER NOT NULL)")
-                        .execute(&mut *c)
-                        .await?;
-                    Ok(())
-                })
-            })
+            .write(|c| Ok(c.execute_batch("CREATE TABLE probe (n INTEGER NOT NULL)")?))
             .await
             .unwrap();
         (dir, store)
@@ -1091,11 +934,10 @@ mod tests {
             tokio::spawn(async move {
                 store
                     .write(move |_| {
-                        Box::pin(async move {
-                            let _ = started.send(());
-                            let _ = released.await;
-                            Ok(())
-                        })
+                        let _ = started.send(());
+                        // The writer's own thread, outside any runtime.
+                        let _ = released.blocking_recv();
+                        Ok(())
                     })
                     .await
             })
@@ -1114,73 +956,62 @@ mod tests {
 
     /// The probe's rows in the order they were inserted.
     async fn probe_rows(store: &SqliteStore) -> Vec<i64> {
-        let rows: Vec<(i64,)> = sqlx::query_as("SELECT n FROM probe ORDER BY rowid")
-            .fetch_all(&mut *store.read.get().await.unwrap())
-            .await
+        let rows: Vec<(i64,)> = store
+            .read
+            .raw(|c| {
+                db::now(db::Db::fetch_all(
+                    c,
+                    "SELECT n FROM probe ORDER BY rowid",
+                    &[],
+                ))
+            })
             .unwrap();
         rows.into_iter().map(|(n,)| n).collect()
     }
 
-    /// Insert `n` into the probe, through sqlx (`raw` false) or rusqlite;
-    /// an odd `n` then fails.
-    async fn insert_probe(store: &SqliteStore, n: i64, raw: bool) -> Result<i64, StoreError> {
-        const INSERT: &str = "INSERT INTO probe (n) VALUES ($1)";
-        let fail_odd = move || match n % 2 {
-            1 => Err(StoreError::NotFound("odd")),
-            _ => Ok(n),
-        };
-        if raw {
-            store
-                .write_raw(move |c| {
-                    db::now(db::Db::execute(c, INSERT, db::args![n]))?;
-                    fail_odd()
-                })
-                .await
-        } else {
-            store
-                .write(move |c| {
-                    Box::pin(async move {
-                        sqlx::query(INSERT).bind(n).execute(&mut *c).await?;
-                        fail_odd()
-                    })
-                })
-                .await
-        }
+    /// Insert `n` into the probe; an odd `n` then fails.
+    async fn insert_probe(store: &SqliteStore, n: i64) -> Result<i64, StoreError> {
+        store
+            .write(move |c| {
+                db::now(db::Db::execute(
+                    c,
+                    "INSERT INTO probe (n) VALUES ($1)",
+                    db::args![n],
+                ))?;
+                match n % 2 {
+                    1 => Err(StoreError::NotFound("odd")),
+                    _ => Ok(n),
+                }
+            })
+            .await
     }
 
     /// Ten writes committed as one batch, every odd one failing after it
     /// wrote: each failure undoes its own row only, and its caller hears so.
-    /// Through either connection.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failed_write_in_a_batch_undoes_only_itself() {
-        for raw in [false, true] {
-            let (_dir, store) = store_with_probe().await;
-            let (release, holder) = hold_writer(&store).await;
-            let writes: Vec<_> = (0..10i64)
-                .map(|n| {
-                    let store = store.clone();
-                    tokio::spawn(async move { insert_probe(&store, n, raw).await })
-                })
-                .collect();
-            wait_until_queued(&store, 10).await;
-            release.send(()).unwrap();
-            holder.await.unwrap().unwrap();
-            for (n, write) in writes.into_iter().enumerate() {
-                let result = write.await.unwrap();
-                assert_eq!(
-                    result.is_ok(),
-                    n % 2 == 0,
-                    "raw {raw}, write {n}: {result:?}"
-                );
-            }
-            // Spawned at once, the ten queue in any order.
-            let mut rows = probe_rows(&store).await;
-            rows.sort();
-            assert_eq!(rows, vec![0, 2, 4, 6, 8], "raw {raw}");
+        let (_dir, store) = store_with_probe().await;
+        let (release, holder) = hold_writer(&store).await;
+        let writes: Vec<_> = (0..10i64)
+            .map(|n| {
+                let store = store.clone();
+                tokio::spawn(async move { insert_probe(&store, n).await })
+            })
+            .collect();
+        wait_until_queued(&store, 10).await;
+        release.send(()).unwrap();
+        holder.await.unwrap().unwrap();
+        for (n, write) in writes.into_iter().enumerate() {
+            let result = write.await.unwrap();
+            assert_eq!(result.is_ok(), n % 2 == 0, "write {n}: {result:?}");
         }
+        // Spawned at once, the ten queue in any order.
+        let mut rows = probe_rows(&store).await;
+        rows.sort();
+        assert_eq!(rows, vec![0, 2, 4, 6, 8]);
     }
 
-    /// A closed store refuses reads on either kind of reader connection.
+    /// A closed store refuses reads.
     #[tokio::test]
     async fn reads_after_close_are_refused() {
         let dir = tempfile::tempdir().unwrap();
@@ -1195,20 +1026,17 @@ mod tests {
         assert!(matches!(count, Err(StoreError::Closed)), "{count:?}");
     }
 
-    /// Writes through the two connections, queued in one batch, are
-    /// committed in the order they were queued.
+    /// Writes queued in one batch are committed in the order they were
+    /// queued.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_batch_of_both_kinds_commits_in_queue_order() {
+    async fn a_batch_commits_in_queue_order() {
         let (_dir, store) = store_with_probe().await;
         let (release, holder) = hold_writer(&store).await;
-        let kinds = [true, true, false, true, false, false, true];
         let mut writes = Vec::new();
-        for (i, raw) in kinds.into_iter().enumerate() {
+        for i in 0..7 {
             let n = 2 * i as i64;
             let store2 = store.clone();
-            writes.push(tokio::spawn(
-                async move { insert_probe(&store2, n, raw).await },
-            ));
+            writes.push(tokio::spawn(async move { insert_probe(&store2, n).await }));
             // Queued one after the other, not racing.
             wait_until_queued(&store, i + 1).await;
         }
@@ -1218,5 +1046,32 @@ mod tests {
             write.await.unwrap().unwrap();
         }
         assert_eq!(probe_rows(&store).await, vec![0, 2, 4, 6, 8, 10, 12]);
+    }
+
+    /// A migration changed after it was applied is refused, as sqlx's
+    /// migrator refuses it, and nothing more is applied.
+    #[tokio::test]
+    async fn an_edited_migration_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("t.db")).await.unwrap();
+        store.migrate().await.unwrap();
+        store
+            .write(|c| {
+                Ok(c.execute_batch(
+                    "UPDATE _sqlx_migrations SET checksum = X'00' WHERE version = 1",
+                )?)
+            })
+            .await
+            .unwrap();
+        let again = store.migrate().await;
+        assert!(
+            matches!(
+                again,
+                Err(StoreError::Migrate(
+                    sqlx::migrate::MigrateError::VersionMismatch(1)
+                ))
+            ),
+            "{again:?}"
+        );
     }
 }

@@ -4,12 +4,13 @@
 //! owner and day: the types; their SQL is in `sql/keys.rs`.
 
 use crate::domain::Millis;
+use crate::store::sql::db::{Columns, Row};
 use crate::store::StoreError;
 use async_trait::async_trait;
 use serde::Serialize;
 
 /// One API key as listed: never its hash, never its value.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct KeyRecord {
     pub id: String,
     pub owner_id: String,
@@ -28,6 +29,24 @@ pub struct KeyRecord {
     pub family: String,
 }
 
+impl Row for KeyRecord {
+    fn decode(row: &impl Columns) -> Result<Self, StoreError> {
+        Ok(KeyRecord {
+            id: row.get("id")?,
+            owner_id: row.get("owner_id")?,
+            prefix: row.get("prefix")?,
+            is_admin: row.get("is_admin")?,
+            created_at: row.get("created_at")?,
+            expires_at: row.get("expires_at")?,
+            revoked_at: row.get("revoked_at")?,
+            last_used_at: row.get("last_used_at")?,
+            replaced_by: row.get("replaced_by")?,
+            limits: row.get("limits")?,
+            family: row.get("family")?,
+        })
+    }
+}
+
 /// A rotation: the new key's row, and when the old one stops working.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rotation {
@@ -37,7 +56,7 @@ pub struct Rotation {
 }
 
 /// An entry of the audit trail of keys and limits.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TenantAuditEntry {
     pub id: i64,
     /// `key:ID` or `owner:NAME`.
@@ -48,8 +67,21 @@ pub struct TenantAuditEntry {
     pub at: Millis,
 }
 
+impl Row for TenantAuditEntry {
+    fn decode(row: &impl Columns) -> Result<Self, StoreError> {
+        Ok(TenantAuditEntry {
+            id: row.get("id")?,
+            subject: row.get("subject")?,
+            action: row.get("action")?,
+            actor: row.get("actor")?,
+            detail: row.get("detail")?,
+            at: row.get("at")?,
+        })
+    }
+}
+
 /// Limits an admin set for an owner at run time (JSON of the fields set).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct OwnerLimitsRow {
     pub owner_id: String,
     pub limits: String,
@@ -58,8 +90,20 @@ pub struct OwnerLimitsRow {
     pub changed_at: Millis,
 }
 
+impl Row for OwnerLimitsRow {
+    fn decode(row: &impl Columns) -> Result<Self, StoreError> {
+        Ok(OwnerLimitsRow {
+            owner_id: row.get("owner_id")?,
+            limits: row.get("limits")?,
+            changed_by: row.get("changed_by")?,
+            reason: row.get("reason")?,
+            changed_at: row.get("changed_at")?,
+        })
+    }
+}
+
 /// Tokens of one (owner, UTC day, route, provider, attempt kind).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct UsageRow {
     pub owner_id: String,
     /// Days since the Unix epoch (UTC).
@@ -76,6 +120,23 @@ pub struct UsageRow {
     pub completion_tokens: i64,
     /// Tokens of attempts whose answer lost the race (paid, thrown away).
     pub discarded_tokens: i64,
+}
+
+impl Row for UsageRow {
+    fn decode(row: &impl Columns) -> Result<Self, StoreError> {
+        Ok(UsageRow {
+            owner_id: row.get("owner_id")?,
+            day: row.get("day")?,
+            route: row.get("route")?,
+            provider: row.get("provider")?,
+            kind: row.get("kind")?,
+            attempts: row.get("attempts")?,
+            won: row.get("won")?,
+            prompt_tokens: row.get("prompt_tokens")?,
+            completion_tokens: row.get("completion_tokens")?,
+            discarded_tokens: row.get("discarded_tokens")?,
+        })
+    }
 }
 
 /// What the concurrency limit and the budget read at admission.

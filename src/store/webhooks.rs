@@ -4,13 +4,14 @@
 //! `sql/webhooks.rs`; what they mean is in [`crate::webhooks`].
 
 use crate::domain::{Job, JobState, Millis};
+use crate::store::sql::db::{Columns, Row};
 use crate::store::StoreError;
 use async_trait::async_trait;
 use serde::Serialize;
 
 /// One endpoint an owner registered. `secret` and `previous_secret` are
 /// sealed (encrypted at rest, see `webhooks::secrets`), never plain text.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct WebhookEndpoint {
     pub id: String,
     pub owner_id: String,
@@ -25,6 +26,25 @@ pub struct WebhookEndpoint {
     pub disabled_reason: Option<String>,
     pub created_at: Millis,
     pub updated_at: Millis,
+}
+
+impl Row for WebhookEndpoint {
+    fn decode(row: &impl Columns) -> Result<Self, StoreError> {
+        Ok(WebhookEndpoint {
+            id: row.get("id")?,
+            owner_id: row.get("owner_id")?,
+            url: row.get("url")?,
+            description: row.get("description")?,
+            events: row.get("events")?,
+            secret: row.get("secret")?,
+            previous_secret: row.get("previous_secret")?,
+            previous_secret_until: row.get("previous_secret_until")?,
+            enabled: row.get("enabled")?,
+            disabled_reason: row.get("disabled_reason")?,
+            created_at: row.get("created_at")?,
+            updated_at: row.get("updated_at")?,
+        })
+    }
 }
 
 impl WebhookEndpoint {
@@ -113,7 +133,7 @@ macro_rules! delivery_columns {
 }
 pub(crate) use delivery_columns;
 
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 pub(crate) struct DeliveryRow {
     id: String,
     endpoint_id: String,
@@ -144,6 +164,42 @@ pub(crate) struct DeliveryRow {
     last_error: Option<String>,
     finished_at: Option<i64>,
     created_at: i64,
+}
+
+impl Row for DeliveryRow {
+    fn decode(row: &impl Columns) -> Result<Self, StoreError> {
+        Ok(DeliveryRow {
+            id: row.get("id")?,
+            endpoint_id: row.get("endpoint_id")?,
+            owner_id: row.get("owner_id")?,
+            event_type: row.get("event_type")?,
+            job_id: row.get("job_id")?,
+            attempt_id: row.get("attempt_id")?,
+            event_at: row.get("event_at")?,
+            job_state: row.get("job_state")?,
+            job_version: row.get("job_version")?,
+            job_route: row.get("job_route")?,
+            job_key: row.get("job_key")?,
+            job_result: row.get("job_result")?,
+            job_completed_by: row.get("job_completed_by")?,
+            job_last_error: row.get("job_last_error")?,
+            job_attempt_count: row.get("job_attempt_count")?,
+            job_next_run_at: row.get("job_next_run_at")?,
+            job_created_at: row.get("job_created_at")?,
+            job_updated_at: row.get("job_updated_at")?,
+            body: row.get("body")?,
+            state: row.get("state")?,
+            tries: row.get("tries")?,
+            budget_start: row.get("budget_start")?,
+            next_attempt_at: row.get("next_attempt_at")?,
+            lease_owner: row.get("lease_owner")?,
+            lease_until: row.get("lease_until")?,
+            last_status: row.get("last_status")?,
+            last_error: row.get("last_error")?,
+            finished_at: row.get("finished_at")?,
+            created_at: row.get("created_at")?,
+        })
+    }
 }
 
 impl TryFrom<DeliveryRow> for WebhookDelivery {
@@ -202,7 +258,7 @@ pub struct ClaimedDelivery {
 }
 
 /// One try of a delivery.
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct WebhookTry {
     pub delivery_id: String,
     pub n: i64,
@@ -213,6 +269,20 @@ pub struct WebhookTry {
     pub status: Option<i64>,
     pub latency_ms: i64,
     pub error: Option<String>,
+}
+
+impl Row for WebhookTry {
+    fn decode(row: &impl Columns) -> Result<Self, StoreError> {
+        Ok(WebhookTry {
+            delivery_id: row.get("delivery_id")?,
+            n: row.get("n")?,
+            at: row.get("at")?,
+            sender: row.get("sender")?,
+            status: row.get("status")?,
+            latency_ms: row.get("latency_ms")?,
+            error: row.get("error")?,
+        })
+    }
 }
 
 /// What a try leads to.

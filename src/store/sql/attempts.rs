@@ -5,11 +5,12 @@
 
 use super::events::insert_event;
 use super::keys::add_usage;
-use super::Conn;
+use super::{attempt_won, cas_won};
 use crate::domain::attempt::{may_start, Ambiguous, AttemptOutcome, Failure, NewAttempt};
 use crate::domain::{Attempt, AttemptState, EventKind, GuardRefusal, Job, LiveAttempts, Millis};
 use crate::store::rows::{attempt_columns, AttemptRow, JobRow, LiveRow};
 use crate::store::sql::db::{args, Db};
+use crate::store::sql::Dialect;
 use crate::store::{event, FinishAttempt, FinishOutcome, NewEvent, StoreError};
 use crate::{
     attempt_state_awaiting_settlement, attempt_states_live, job_states_settled_for_good,
@@ -17,47 +18,44 @@ use crate::{
 };
 
 pub(crate) async fn list_attempts(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     job_id: &str,
 ) -> Result<Vec<Attempt>, StoreError> {
-    let rows: Vec<AttemptRow> = sqlx::query_as(concat!(
-        "SELECT ",
-        attempt_columns!(),
-        " FROM attempts WHERE job_id = $1 ORDER BY seq"
-    ))
-    .bind(job_id)
-    .fetch_all(&mut *conn)
-    .await?;
+    let rows: Vec<AttemptRow> = conn
+        .fetch_all(
+            concat!(
+                "SELECT ",
+                attempt_columns!(),
+                " FROM attempts WHERE job_id = $1 ORDER BY seq"
+            ),
+            args![job_id],
+        )
+        .await?;
     rows.into_iter().map(Attempt::try_from).collect()
 }
 
-pub(crate) async fn start_attempt(
-    conn: &mut Conn,
+pub(crate) async fn start_attempt<C: Db>(
+    conn: &mut C,
     new: NewAttempt,
 ) -> Result<Result<Attempt, GuardRefusal>, StoreError> {
-    let job: Option<(String, i64, i64)> = sqlx::query_as(concat!(
-        "SELECT state, version, attempt_count FROM jobs WHERE id = $1",
-        for_update!()
-    ))
-    .bind(&new.job_id)
-    .fetch_optional(&mut *conn)
-    .await?;
+    let job: Option<(String, i64, i64)> = conn
+        .fetch_optional(C::Sql::GUARDED_JOB, args![&new.job_id])
+        .await?;
     let Some((state, version, attempt_count)) = job else {
         return Ok(Err(GuardRefusal::NoSuchJob));
     };
     let state = crate::store::parse_job_state(&state)?;
-    let live: LiveRow = sqlx::query_as(
-        "SELECT COUNT(*) FILTER (WHERE state = 'started') AS started, \
+    let live: LiveRow = conn
+        .fetch_one(
+            "SELECT COUNT(*) FILTER (WHERE state = 'started') AS started, \
          COUNT(*) FILTER (WHERE state = 'unknown') AS unknown, \
          COUNT(*) FILTER (WHERE kind = 'hedge') AS hedges, \
          COUNT(*) FILTER (WHERE state = 'started' AND provider = $2) AS started_here, \
          COUNT(*) FILTER (WHERE state = 'unknown' AND provider = $2) AS unknown_here \
          FROM attempts WHERE job_id = $1",
-    )
-    .bind(&new.job_id)
-    .bind(&new.provider)
-    .fetch_one(&mut *conn)
-    .await?;
+            args![&new.job_id, &new.provider],
+        )
+        .await?;
     if let Err(refusal) = may_start(
         new.kind,
         !state.takes_attempts(),
@@ -69,14 +67,11 @@ pub(crate) async fn start_attempt(
     }
     let seq = attempt_count + 1;
     // Starting an attempt does not bump the version (invariant 5).
-    sqlx::query(
+    conn.execute(
         "UPDATE jobs SET attempt_count = $2, updated_at = $3, \
          state = CASE WHEN state = 'pending' THEN 'running' ELSE state END WHERE id = $1",
+        args![&new.job_id, seq, new.started_at],
     )
-    .bind(&new.job_id)
-    .bind(seq)
-    .bind(new.started_at)
-    .execute(&mut *conn)
     .await?;
     insert_started_attempt(conn, &new, seq, version).await?;
     Ok(Ok(new.started(seq, version)))
@@ -121,18 +116,12 @@ pub(crate) fn started_event(new: &NewAttempt, seq: i64, version: i64) -> NewEven
     }
 }
 
-pub(crate) async fn finish_attempt(
-    conn: &mut impl Db,
+pub(crate) async fn finish_attempt<C: Db>(
+    conn: &mut C,
     finish: FinishAttempt,
 ) -> Result<FinishOutcome, StoreError> {
     let row: Option<(String, String, i64)> = conn
-        .fetch_optional(
-            concat!(
-                "SELECT job_id, state, read_version FROM attempts WHERE id = $1",
-                for_update!()
-            ),
-            args![&finish.attempt_id],
-        )
+        .fetch_optional(C::Sql::FINISHING_ATTEMPT, args![&finish.attempt_id])
         .await?;
     let Some((job_id, state, read_version)) = row else {
         return Err(StoreError::NotFound("attempt"));
@@ -338,52 +327,55 @@ impl Won<'_> {
 }
 
 pub(crate) async fn list_unknown_attempts(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     after: Option<(Millis, &str)>,
     limit: i64,
 ) -> Result<Vec<Attempt>, StoreError> {
     let (after_at, after_id) = after.unwrap_or((Millis::MIN, ""));
-    let rows: Vec<AttemptRow> = sqlx::query_as(concat!(
-        "SELECT ",
-        attempt_columns!(),
-        " FROM attempts WHERE state = ",
-        attempt_state_awaiting_settlement!(),
-        " AND (started_at > $1 OR (started_at = $1 AND id > $2))",
-        " ORDER BY started_at, id LIMIT $3"
-    ))
-    .bind(after_at)
-    .bind(after_id)
-    .bind(limit)
-    .fetch_all(&mut *conn)
-    .await?;
+    let rows: Vec<AttemptRow> = conn
+        .fetch_all(
+            concat!(
+                "SELECT ",
+                attempt_columns!(),
+                " FROM attempts WHERE state = ",
+                attempt_state_awaiting_settlement!(),
+                " AND (started_at > $1 OR (started_at = $1 AND id > $2))",
+                " ORDER BY started_at, id LIMIT $3"
+            ),
+            args![after_at, after_id, limit],
+        )
+        .await?;
     rows.into_iter().map(Attempt::try_from).collect()
 }
 
 pub(crate) async fn list_stale_started(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     started_before: Millis,
     limit: i64,
 ) -> Result<Vec<Attempt>, StoreError> {
-    let rows: Vec<AttemptRow> = sqlx::query_as(concat!(
+    let rows: Vec<AttemptRow> = conn
+        .fetch_all(
+            concat!(
         "SELECT ",
         attempt_columns!(),
         " FROM attempts WHERE state = 'started' AND started_at < $1 ORDER BY started_at LIMIT $2"
-    ))
-    .bind(started_before)
-    .bind(limit)
-    .fetch_all(&mut *conn)
-    .await?;
+    ),
+            args![started_before, limit],
+        )
+        .await?;
     rows.into_iter().map(Attempt::try_from).collect()
 }
 
-pub(super) async fn live_attempts(conn: &mut Conn, job_id: &str) -> Result<i64, StoreError> {
-    let (n,): (i64,) = sqlx::query_as(concat!(
-        "SELECT COUNT(*) FROM attempts WHERE job_id = $1 AND state IN (",
-        attempt_states_live!(),
-        ")"
-    ))
-    .bind(job_id)
-    .fetch_one(&mut *conn)
-    .await?;
+pub(super) async fn live_attempts(conn: &mut impl Db, job_id: &str) -> Result<i64, StoreError> {
+    let (n,): (i64,) = conn
+        .fetch_one(
+            concat!(
+                "SELECT COUNT(*) FROM attempts WHERE job_id = $1 AND state IN (",
+                attempt_states_live!(),
+                ")"
+            ),
+            args![job_id],
+        )
+        .await?;
     Ok(n)
 }

@@ -1,18 +1,18 @@
-//! One query API over three connections: sqlx's PostgreSQL and SQLite
-//! connections, and a rusqlite connection to the SQLite writer's own handle.
+//! One query API over the store's connections: sqlx's PostgreSQL
+//! connection and rusqlite's SQLite connection (the writer's and the
+//! readers').
 //!
 //! A query written against [`Db`] is written once and runs on any of them.
-//! SQLite's write queue runs such queries through rusqlite on its own thread
-//! (`sqlite.rs`): every statement is a direct call into SQLite there, where
-//! through sqlx each is a message to the connection's worker thread and a
-//! wake-up back, which was most of a job's CPU. The queries on the job's path
-//! (create, finish, events) are written this way; the rest still take sqlx's
-//! query API directly and, on SQLite, run on the same handle through sqlx.
+//! Where the two databases need different SQL, the connection names its
+//! [`Dialect`] (`Db::Sql`), and the query takes that dialect's statement
+//! (`sql/sqlite.rs`, `sql/postgres.rs`).
 //!
 //! Arguments are bound by position (`$1`, `$2`, … in the SQL, as everywhere
-//! in the store), each an [`Arg`]: an integer or a text, either possibly
-//! NULL, which is every type the store binds.
+//! in the store), each an [`Arg`]: an integer, a boolean or a text, any
+//! possibly NULL, which is every type the store binds. Rows are decoded by
+//! column name ([`Row`]), the same code for every connection.
 
+use super::Dialect;
 use crate::store::StoreError;
 use std::future::Future;
 
@@ -20,6 +20,7 @@ use std::future::Future;
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Arg<'a> {
     Int(Option<i64>),
+    Bool(Option<bool>),
     Text(Option<&'a str>),
 }
 
@@ -37,6 +38,12 @@ impl<'a> IntoArg<'a> for i64 {
 impl<'a> IntoArg<'a> for Option<i64> {
     fn arg(self) -> Arg<'a> {
         Arg::Int(self)
+    }
+}
+
+impl<'a> IntoArg<'a> for bool {
+    fn arg(self) -> Arg<'a> {
+        Arg::Bool(Some(self))
     }
 }
 
@@ -72,50 +79,97 @@ macro_rules! args {
 }
 pub(crate) use args;
 
-/// A row type a [`Db`] query can return: decodable from each connection's
-/// rows, by column name.
-pub(crate) trait Row:
+/// A column value every connection decodes.
+pub(crate) trait Value:
     Sized
     + Send
-    + Unpin
-    + for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>
-    + for<'r> sqlx::FromRow<'r, sqlx::sqlite::SqliteRow>
+    + rusqlite::types::FromSql
+    + for<'r> sqlx::Decode<'r, sqlx::Postgres>
+    + sqlx::Type<sqlx::Postgres>
 {
-    fn from_rusqlite(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self>;
 }
 
-/// Tuples are decoded by position, as sqlx decodes them.
-macro_rules! tuple_rows {
-    ($(($($t:ident $i:tt),+))*) => {
-        $(
-            impl<$($t),+> Row for ($($t,)+)
-            where
-                $(
-                    $t: Send
-                        + Unpin
-                        + rusqlite::types::FromSql
-                        + for<'r> sqlx::Decode<'r, sqlx::Postgres>
-                        + sqlx::Type<sqlx::Postgres>
-                        + for<'r> sqlx::Decode<'r, sqlx::Sqlite>
-                        + sqlx::Type<sqlx::Sqlite>,
-                )+
-            {
-                fn from_rusqlite(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
-                    Ok(($(row.get::<_, $t>($i)?,)+))
-                }
-            }
-        )*
-    };
+impl<T> Value for T where
+    T: Sized
+        + Send
+        + rusqlite::types::FromSql
+        + for<'r> sqlx::Decode<'r, sqlx::Postgres>
+        + sqlx::Type<sqlx::Postgres>
+{
 }
 
-tuple_rows! {
-    (A 0)
-    (A 0, B 1)
-    (A 0, B 1, C 2)
+/// One row as a connection answered it: its columns by name or position.
+pub(crate) trait Columns {
+    fn get<T: Value>(&self, column: &str) -> Result<T, StoreError>;
+    fn at<T: Value>(&self, index: usize) -> Result<T, StoreError>;
+}
+
+impl Columns for rusqlite::Row<'_> {
+    fn get<T: Value>(&self, column: &str) -> Result<T, StoreError> {
+        Ok(rusqlite::Row::get(self, column)?)
+    }
+    fn at<T: Value>(&self, index: usize) -> Result<T, StoreError> {
+        Ok(rusqlite::Row::get(self, index)?)
+    }
+}
+
+impl Columns for sqlx::postgres::PgRow {
+    fn get<T: Value>(&self, column: &str) -> Result<T, StoreError> {
+        Ok(sqlx::Row::try_get(self, column)?)
+    }
+    fn at<T: Value>(&self, index: usize) -> Result<T, StoreError> {
+        Ok(sqlx::Row::try_get(self, index)?)
+    }
+}
+
+/// A row type a [`Db`] query can return, decoded from its columns: one
+/// `decode` for every connection.
+pub(crate) trait Row: Sized + Send {
+    fn decode(row: &impl Columns) -> Result<Self, StoreError>;
+}
+
+impl<A: Value> Row for (A,) {
+    fn decode(row: &impl Columns) -> Result<Self, StoreError> {
+        Ok((row.at(0)?,))
+    }
+}
+
+impl<A: Value, B: Value> Row for (A, B) {
+    fn decode(row: &impl Columns) -> Result<Self, StoreError> {
+        Ok((row.at(0)?, row.at(1)?))
+    }
+}
+
+impl<A: Value, B: Value, C: Value> Row for (A, B, C) {
+    fn decode(row: &impl Columns) -> Result<Self, StoreError> {
+        Ok((row.at(0)?, row.at(1)?, row.at(2)?))
+    }
+}
+
+impl<A: Value, B: Value, C: Value, D: Value> Row for (A, B, C, D) {
+    fn decode(row: &impl Columns) -> Result<Self, StoreError> {
+        Ok((row.at(0)?, row.at(1)?, row.at(2)?, row.at(3)?))
+    }
+}
+
+impl<A: Value, B: Value, C: Value, D: Value, E: Value> Row for (A, B, C, D, E) {
+    fn decode(row: &impl Columns) -> Result<Self, StoreError> {
+        Ok((row.at(0)?, row.at(1)?, row.at(2)?, row.at(3)?, row.at(4)?))
+    }
+}
+
+impl<A: Value, B: Value, C: Value, D: Value, E: Value, F: Value> Row for (A, B, C, D, E, F) {
+    fn decode(row: &impl Columns) -> Result<Self, StoreError> {
+        let (a, b, c, d, e) = <(A, B, C, D, E)>::decode(row)?;
+        Ok((a, b, c, d, e, row.at(5)?))
+    }
 }
 
 /// A connection that runs [`Db`] queries.
 pub(crate) trait Db: Send {
+    /// The SQL this connection speaks where the databases differ.
+    type Sql: Dialect;
+
     /// Run one statement; how many rows it changed.
     fn execute(
         &mut self,
@@ -123,105 +177,40 @@ pub(crate) trait Db: Send {
         args: &[Arg<'_>],
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
-    /// Run one statement that answers at most one row.
+    /// Run one statement whose text varies (a multi-row insert): not kept
+    /// among the connection's prepared statements, where it would push out
+    /// the job path's own.
+    fn execute_once(
+        &mut self,
+        sql: &str,
+        args: &[Arg<'_>],
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Run one statement that answers at most one row (a `RETURNING`
+    /// statement is run to its end all the same).
     fn fetch_optional<R: Row>(
         &mut self,
         sql: &str,
         args: &[Arg<'_>],
     ) -> impl Future<Output = Result<Option<R>, StoreError>> + Send;
-}
 
-/// sqlx's connections: the statement is prepared (and kept) by sqlx, the
-/// arguments bound with their types.
-macro_rules! sqlx_db {
-    ($conn:ty, $database:ty) => {
-        impl Db for $conn {
-            async fn execute(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<u64, StoreError> {
-                let mut query = sqlx::query::<$database>(sql);
-                for arg in args {
-                    query = match *arg {
-                        Arg::Int(value) => query.bind(value),
-                        Arg::Text(value) => query.bind(value),
-                    };
-                }
-                Ok(query.execute(&mut *self).await?.rows_affected())
-            }
-
-            async fn fetch_optional<R: Row>(
-                &mut self,
-                sql: &str,
-                args: &[Arg<'_>],
-            ) -> Result<Option<R>, StoreError> {
-                let mut query = sqlx::query_as::<$database, R>(sql);
-                for arg in args {
-                    query = match *arg {
-                        Arg::Int(value) => query.bind(value),
-                        Arg::Text(value) => query.bind(value),
-                    };
-                }
-                Ok(query.fetch_optional(&mut *self).await?)
-            }
-        }
-    };
-}
-
-sqlx_db!(sqlx::PgConnection, sqlx::Postgres);
-sqlx_db!(sqlx::SqliteConnection, sqlx::Sqlite);
-
-/// rusqlite: a direct call into SQLite on the calling thread. The statement
-/// is prepared once and kept in the connection's cache. Its futures are
-/// ready at their first poll.
-impl Db for rusqlite::Connection {
-    async fn execute(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<u64, StoreError> {
-        let mut statement = self.prepare_cached(sql)?;
-        bind(&mut statement, args)?;
-        Ok(statement.raw_execute()? as u64)
-    }
-
-    async fn fetch_optional<R: Row>(
+    /// Run one statement; every row it answers.
+    fn fetch_all<R: Row>(
         &mut self,
         sql: &str,
         args: &[Arg<'_>],
-    ) -> Result<Option<R>, StoreError> {
-        let mut statement = self.prepare_cached(sql)?;
-        bind(&mut statement, args)?;
-        let mut rows = statement.raw_query();
-        let first = match rows.next()? {
-            Some(row) => Some(R::from_rusqlite(row)?),
-            None => None,
-        };
-        // Step a RETURNING statement to its end: SQLite applies the
-        // change of every row before it answers the first, but the
-        // statement is only done (and its changes counted) once stepped
-        // out.
-        while rows.next()?.is_some() {}
-        Ok(first)
-    }
-}
+    ) -> impl Future<Output = Result<Vec<R>, StoreError>> + Send;
 
-/// Bind `$N` to `args[N - 1]`, as sqlx does. SQLite numbers a statement's
-/// parameters in the order they first appear (`$11` before `$7` is
-/// parameter 7), so each is bound by its name, not its index.
-fn bind(statement: &mut rusqlite::Statement<'_>, args: &[Arg<'_>]) -> rusqlite::Result<()> {
-    for index in 1..=statement.parameter_count() {
-        let position = statement
-            .parameter_name(index)
-            .and_then(|name| name.strip_prefix('$'))
-            .and_then(|n| n.parse::<usize>().ok())
-            .unwrap_or(index);
-        match position.checked_sub(1).and_then(|i| args.get(i)) {
-            Some(arg) => statement.raw_bind_parameter(index, arg)?,
-            None => return Err(rusqlite::Error::InvalidParameterCount(position, args.len())),
-        }
-    }
-    Ok(())
-}
-
-impl rusqlite::ToSql for Arg<'_> {
-    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
-        match self {
-            Arg::Int(value) => value.to_sql(),
-            Arg::Text(value) => value.to_sql(),
+    /// Run one statement that always answers a row (an aggregate).
+    fn fetch_one<R: Row>(
+        &mut self,
+        sql: &str,
+        args: &[Arg<'_>],
+    ) -> impl Future<Output = Result<R, StoreError>> + Send {
+        async move {
+            self.fetch_optional(sql, args)
+                .await?
+                .ok_or(StoreError::NotFound("row of an aggregate"))
         }
     }
 }

@@ -1,9 +1,8 @@
 //! The append-only job event log.
 
-use super::Conn;
 use crate::domain::{EventKind, Millis};
 use crate::store::rows::EventRow;
-use crate::store::sql::db::{args, Db};
+use crate::store::sql::db::{args, Db, IntoArg};
 use crate::store::{JobEvent, NewEvent, StoreError};
 
 pub(crate) async fn insert_event(conn: &mut impl Db, ev: &NewEvent) -> Result<(), StoreError> {
@@ -24,24 +23,43 @@ pub(crate) async fn insert_event(conn: &mut impl Db, ev: &NewEvent) -> Result<()
 }
 
 /// Many events in one statement per chunk (the replay audit's flush).
-pub(crate) async fn insert_events(conn: &mut Conn, events: &[NewEvent]) -> Result<(), StoreError> {
+pub(crate) async fn insert_events(
+    conn: &mut impl Db,
+    events: &[NewEvent],
+) -> Result<(), StoreError> {
     // 6 parameters a row: far below either backend's bind limit.
     for chunk in events.chunks(256) {
-        let mut insert = sqlx::QueryBuilder::<<Conn as sqlx::Connection>::Database>::new(
-            "INSERT INTO job_events (job_id, attempt_id, kind, actor, detail, at) ",
+        let mut sql = String::from(
+            "INSERT INTO job_events (job_id, attempt_id, kind, actor, detail, at) VALUES ",
         );
-        insert.push_values(chunk, |mut row, ev| {
-            row.push_bind(&ev.job_id)
-                .push_bind(&ev.attempt_id)
-                .push_bind(ev.kind.as_str())
-                .push_bind(&ev.actor)
-                .push_bind(&ev.detail)
-                .push_bind(ev.at);
-        });
+        let mut args = Vec::with_capacity(chunk.len() * 6);
+        for (i, ev) in chunk.iter().enumerate() {
+            let n = i * 6;
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            sql.push_str(&format!(
+                "(${}, ${}, ${}, ${}, ${}, ${})",
+                n + 1,
+                n + 2,
+                n + 3,
+                n + 4,
+                n + 5,
+                n + 6
+            ));
+            args.extend([
+                (&ev.job_id).arg(),
+                (&ev.attempt_id).arg(),
+                ev.kind.as_str().arg(),
+                (&ev.actor).arg(),
+                (&ev.detail).arg(),
+                ev.at.arg(),
+            ]);
+        }
         // Its text varies with the chunk's size: not kept among the
         // connection's prepared statements, where it would push out
         // the job path's own.
-        insert.build().persistent(false).execute(&mut *conn).await?;
+        conn.execute_once(&sql, &args).await?;
     }
     Ok(())
 }
@@ -51,42 +69,42 @@ pub(crate) async fn record_event(conn: &mut impl Db, event: NewEvent) -> Result<
 }
 
 pub(crate) async fn record_events(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     events: Vec<NewEvent>,
 ) -> Result<(), StoreError> {
     insert_events(conn, &events).await
 }
 
 pub(crate) async fn list_events(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     job_id: &str,
 ) -> Result<Vec<JobEvent>, StoreError> {
-    let rows: Vec<EventRow> = sqlx::query_as(
-        "SELECT id, job_id, attempt_id, kind, actor, detail, at FROM job_events \
+    let rows: Vec<EventRow> = conn
+        .fetch_all(
+            "SELECT id, job_id, attempt_id, kind, actor, detail, at FROM job_events \
          WHERE job_id = $1 ORDER BY id",
-    )
-    .bind(job_id)
-    .fetch_all(&mut *conn)
-    .await?;
+            args![job_id],
+        )
+        .await?;
     Ok(rows.into_iter().map(JobEvent::from).collect())
 }
 
 pub(crate) async fn has_event(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     job_id: &str,
     kind: &str,
 ) -> Result<bool, StoreError> {
-    let found: Option<(i64,)> =
-        sqlx::query_as("SELECT id FROM job_events WHERE job_id = $1 AND kind = $2 LIMIT 1")
-            .bind(job_id)
-            .bind(kind)
-            .fetch_optional(&mut *conn)
-            .await?;
+    let found: Option<(i64,)> = conn
+        .fetch_optional(
+            "SELECT id FROM job_events WHERE job_id = $1 AND kind = $2 LIMIT 1",
+            args![job_id, kind],
+        )
+        .await?;
     Ok(found.is_some())
 }
 
 pub(super) async fn decision_event(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     job_id: &str,
     attempt_id: Option<&str>,
     kind: EventKind,

@@ -1,48 +1,44 @@
 //! Hedging shares (migration 0011); the type is in `store::hedging`.
 
-use super::Conn;
 use crate::domain::Millis;
 use crate::store::hedging::HedgingShare;
+use crate::store::sql::db::{args, Db};
 use crate::store::StoreError;
 
 /// Write this instance's shares (one per route), and delete every share
 /// written before `forget_before`.
 pub(crate) async fn put_hedging_shares(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     shares: Vec<HedgingShare>,
     forget_before: Millis,
 ) -> Result<(), StoreError> {
     for share in &shares {
-        sqlx::query(
+        conn.execute(
             "INSERT INTO hedging_shares (instance, route, written_at, body) VALUES ($1, $2, $3, $4) \
              ON CONFLICT (instance, route) DO UPDATE SET written_at = excluded.written_at, \
              body = excluded.body",
-        )
-        .bind(&share.instance)
-        .bind(&share.route)
-        .bind(share.written_at)
-        .bind(&share.body)
-        .execute(&mut *conn)
-        .await?;
+            args![&share.instance, &share.route, share.written_at, &share.body],
+        ).await?;
     }
-    sqlx::query("DELETE FROM hedging_shares WHERE written_at < $1")
-        .bind(forget_before)
-        .execute(&mut *conn)
-        .await?;
+    conn.execute(
+        "DELETE FROM hedging_shares WHERE written_at < $1",
+        args![forget_before],
+    )
+    .await?;
     Ok(())
 }
 
 /// Every share written at or after `since`, by route then instance.
 pub(crate) async fn hedging_shares(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     since: Millis,
 ) -> Result<Vec<HedgingShare>, StoreError> {
-    let rows: Vec<HedgingShare> = sqlx::query_as(
-        "SELECT instance, route, written_at, body FROM hedging_shares WHERE written_at >= $1 \
+    let rows: Vec<HedgingShare> = conn
+        .fetch_all(
+            "SELECT instance, route, written_at, body FROM hedging_shares WHERE written_at >= $1 \
          ORDER BY route, instance",
-    )
-    .bind(since)
-    .fetch_all(&mut *conn)
-    .await?;
+            args![since],
+        )
+        .await?;
     Ok(rows)
 }

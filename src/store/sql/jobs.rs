@@ -3,12 +3,12 @@
 
 use super::attempts::{finish_attempt, live_attempts};
 use super::events::{decision_event, insert_event};
-use super::Conn;
 use crate::domain::attempt::AttemptOutcome;
 use crate::domain::job::NewJob;
 use crate::domain::{AttemptState, Job, Millis};
 use crate::store::rows::{job_columns, JobRow};
 use crate::store::sql::db::{args, Arg, Db, IntoArg};
+use crate::store::sql::Dialect;
 use crate::store::{
     event, AttemptResolution, CreateOutcome, FinishAttempt, JobResolution, JobTransition, NewEvent,
     Refusal, ReviewItem, StoreError,
@@ -97,63 +97,68 @@ pub(crate) async fn get_job(conn: &mut impl Db, id: &str) -> Result<Option<Job>,
     row.map(Job::try_from).transpose()
 }
 
-pub(crate) async fn count_jobs(conn: &mut Conn) -> Result<i64, StoreError> {
-    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM jobs")
-        .fetch_one(&mut *conn)
-        .await?;
+pub(crate) async fn count_jobs(conn: &mut impl Db) -> Result<i64, StoreError> {
+    let (n,): (i64,) = conn.fetch_one("SELECT COUNT(*) FROM jobs", args![]).await?;
     Ok(n)
 }
 
-pub(crate) async fn claim_jobs(
-    conn: &mut Conn,
+/// The claim of runnable jobs (`claim_jobs`), with the dialect's lock
+/// (`$lock`) on the rows it takes; `$1` the claimer, `$2` now, `$3` lease
+/// until, `$4` limit, `$5` whether the claimer's own leases are taken again.
+macro_rules! claim_jobs_sql {
+    ($lock:literal) => {
+        concat!(
+            "UPDATE jobs SET lease_owner = $1, lease_until = CASE ",
+            "WHEN lease_owner = $1 AND lease_until > $3 THEN lease_until ELSE $3 END ",
+            "WHERE id IN (",
+            "SELECT id FROM jobs WHERE next_run_at IS NOT NULL AND next_run_at <= $2 ",
+            "AND (lease_until IS NULL OR lease_until < $2 OR ($5 AND lease_owner = $1)) ",
+            "AND state IN (",
+            $crate::job_states_taking_attempts!(),
+            ") ",
+            "ORDER BY next_run_at LIMIT $4",
+            $lock,
+            ") RETURNING ",
+            $crate::store::rows::job_columns!()
+        )
+    };
+}
+pub(crate) use claim_jobs_sql;
+
+pub(crate) async fn claim_jobs<C: Db>(
+    conn: &mut C,
     owner: &str,
     now: Millis,
     lease_until: Millis,
     limit: i64,
     reclaim_own: bool,
 ) -> Result<Vec<Job>, StoreError> {
-    let rows: Vec<JobRow> = sqlx::query_as(concat!(
-        "UPDATE jobs SET lease_owner = $1, lease_until = CASE ",
-        "WHEN lease_owner = $1 AND lease_until > $3 THEN lease_until ELSE $3 END ",
-        "WHERE id IN (",
-        "SELECT id FROM jobs WHERE next_run_at IS NOT NULL AND next_run_at <= $2 ",
-        "AND (lease_until IS NULL OR lease_until < $2 OR ($5 AND lease_owner = $1)) ",
-        "AND state IN (",
-        job_states_taking_attempts!(),
-        ") ",
-        "ORDER BY next_run_at LIMIT $4",
-        skip_locked!(),
-        ") RETURNING ",
-        job_columns!()
-    ))
-    .bind(owner)
-    .bind(now)
-    .bind(lease_until)
-    .bind(limit)
-    .bind(reclaim_own)
-    .fetch_all(&mut *conn)
-    .await?;
+    let rows: Vec<JobRow> = conn
+        .fetch_all(
+            C::Sql::CLAIM_JOBS,
+            args![owner, now, lease_until, limit, reclaim_own],
+        )
+        .await?;
     rows.into_iter().map(Job::try_from).collect()
 }
 
 pub(crate) async fn renew_lease(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     job_id: &str,
     owner: &str,
     lease_until: Millis,
 ) -> Result<bool, StoreError> {
-    let n = sqlx::query("UPDATE jobs SET lease_until = $3 WHERE id = $1 AND lease_owner = $2")
-        .bind(job_id)
-        .bind(owner)
-        .bind(lease_until)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected();
+    let n = conn
+        .execute(
+            "UPDATE jobs SET lease_until = $3 WHERE id = $1 AND lease_owner = $2",
+            args![job_id, owner, lease_until],
+        )
+        .await?;
     Ok(n == 1)
 }
 
 pub(crate) async fn transition_job(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     job_id: &str,
     lease_owner: Option<&str>,
     transition: JobTransition,
@@ -162,18 +167,14 @@ pub(crate) async fn transition_job(
     // One statement per transition; all share the guard "the job takes
     // attempts and, when fenced, is still ours" (a job in review waits
     // for a human: no engine step moves it).
-    let (query, kind, detail) = match &transition {
+    let (sql, args, kind, detail): (&str, Vec<Arg<'_>>, _, _) = match &transition {
         JobTransition::Backoff { next_run_at, lease_until, reason } => (
-            sqlx::query(concat!(
+            concat!(
                 "UPDATE jobs SET state = 'pending', next_run_at = $3, lease_until = $4, updated_at = $5 \
                  WHERE id = $1 AND ($2 IS NULL OR lease_owner = $2) \
                  AND state IN (", job_states_taking_attempts!(), ")",
-            ))
-            .bind(job_id)
-            .bind(lease_owner)
-            .bind(*next_run_at)
-            .bind(*lease_until)
-            .bind(at),
+            ),
+            vec![job_id.arg(), lease_owner.arg(), (*next_run_at).arg(), (*lease_until).arg(), at.arg()],
             Some(event::RETRY_SCHEDULED),
             serde_json::json!({ "next_run_at": next_run_at, "reason": reason }),
         ),
@@ -182,56 +183,46 @@ pub(crate) async fn transition_job(
             // driver recording it unknown and this step; its wake-up
             // found the job still held and did nothing. Only a live
             // attempt may park the job; without one it is runnable now.
-            sqlx::query(concat!(
+            concat!(
                 "UPDATE jobs SET next_run_at = CASE WHEN EXISTS (SELECT 1 FROM attempts \
                  WHERE job_id = $1 AND state IN (", attempt_states_live!(), ")) THEN NULL ELSE $3 END, \
                  lease_owner = NULL, lease_until = NULL, updated_at = $3 \
                  WHERE id = $1 AND ($2 IS NULL OR lease_owner = $2) \
                  AND state IN (", job_states_taking_attempts!(), ")",
-            ))
-            .bind(job_id)
-            .bind(lease_owner)
-            .bind(at),
+            ),
+            vec![job_id.arg(), lease_owner.arg(), at.arg()],
             Some(event::BLOCKED_ON_UNKNOWN),
             serde_json::json!({}),
         ),
         JobTransition::Fail { reason } => (
-            sqlx::query(concat!(
+            concat!(
                 "UPDATE jobs SET state = 'failed', version = version + 1, last_error = $3, \
                  next_run_at = NULL, lease_owner = NULL, lease_until = NULL, updated_at = $4 \
                  WHERE id = $1 AND ($2 IS NULL OR lease_owner = $2) \
                  AND state IN (", job_states_taking_attempts!(), ")",
-            ))
-            .bind(job_id)
-            .bind(lease_owner)
-            .bind(reason)
-            .bind(at),
+            ),
+            vec![job_id.arg(), lease_owner.arg(), reason.arg(), at.arg()],
             Some(event::JOB_FAILED),
             serde_json::json!({ "reason": reason }),
         ),
         JobTransition::Review { reason } => (
-            sqlx::query(concat!(
+            concat!(
                 "UPDATE jobs SET state = 'needs_review', last_error = $3, \
                  next_run_at = NULL, lease_owner = NULL, lease_until = NULL, updated_at = $4 \
                  WHERE id = $1 AND ($2 IS NULL OR lease_owner = $2) \
                  AND state IN (", job_states_taking_attempts!(), ")",
-            ))
-            .bind(job_id)
-            .bind(lease_owner)
-            .bind(reason)
-            .bind(at),
+            ),
+            vec![job_id.arg(), lease_owner.arg(), reason.arg(), at.arg()],
             Some(event::NEEDS_REVIEW),
             serde_json::json!({ "reason": reason }),
         ),
         JobTransition::Release { next_run_at } => (
-            sqlx::query(concat!(
+            concat!(
                 "UPDATE jobs SET next_run_at = $3, lease_owner = NULL, lease_until = NULL \
                  WHERE id = $1 AND ($2 IS NULL OR lease_owner = $2) \
                  AND state IN (", job_states_taking_attempts!(), ")",
-            ))
-            .bind(job_id)
-            .bind(lease_owner)
-            .bind(*next_run_at),
+            ),
+            vec![job_id.arg(), lease_owner.arg(), (*next_run_at).arg()],
             None,
             serde_json::json!({}),
         ),
@@ -242,7 +233,7 @@ pub(crate) async fn transition_job(
         // sees it. SQLite writes are already serialised.
         locked_job(conn, job_id).await?;
     }
-    let applied = query.execute(&mut *conn).await?.rows_affected() == 1;
+    let applied = conn.execute(sql, &args).await? == 1;
     if let (true, Some(kind)) = (applied, kind) {
         insert_event(
             conn,
@@ -262,54 +253,54 @@ pub(crate) async fn transition_job(
     Ok(applied)
 }
 
-pub(crate) async fn wake_job(conn: &mut Conn, job_id: &str, at: Millis) -> Result<(), StoreError> {
-    sqlx::query(concat!(
-        "UPDATE jobs SET next_run_at = $2, updated_at = $2 \
+pub(crate) async fn wake_job(
+    conn: &mut impl Db,
+    job_id: &str,
+    at: Millis,
+) -> Result<(), StoreError> {
+    conn.execute(
+        concat!(
+            "UPDATE jobs SET next_run_at = $2, updated_at = $2 \
          WHERE id = $1 AND next_run_at IS NULL AND state IN (",
-        job_states_taking_attempts!(),
-        ")"
-    ))
-    .bind(job_id)
-    .bind(at)
-    .execute(&mut *conn)
+            job_states_taking_attempts!(),
+            ")"
+        ),
+        args![job_id, at],
+    )
     .await?;
     Ok(())
 }
 
-async fn locked_job(conn: &mut Conn, job_id: &str) -> Result<Option<Job>, StoreError> {
-    let row: Option<JobRow> = sqlx::query_as(concat!(
-        "SELECT ",
-        job_columns!(),
-        " FROM jobs WHERE id = $1",
-        for_update!()
-    ))
-    .bind(job_id)
-    .fetch_optional(&mut *conn)
-    .await?;
+async fn locked_job<C: Db>(conn: &mut C, job_id: &str) -> Result<Option<Job>, StoreError> {
+    let row: Option<JobRow> = conn
+        .fetch_optional(C::Sql::LOCKED_JOB, args![job_id])
+        .await?;
     row.map(Job::try_from).transpose()
 }
 
 /// Start a fresh retry budget now: the job is `pending` and runnable.
-pub(super) async fn restart(conn: &mut Conn, job_id: &str, at: Millis) -> Result<(), StoreError> {
-    sqlx::query(
+pub(super) async fn restart(
+    conn: &mut impl Db,
+    job_id: &str,
+    at: Millis,
+) -> Result<(), StoreError> {
+    conn.execute(
         "UPDATE jobs SET state = 'pending', next_run_at = $2, budget_start = attempt_count, \
          lease_owner = NULL, lease_until = NULL, updated_at = $2 WHERE id = $1",
+        args![job_id, at],
     )
-    .bind(job_id)
-    .bind(at)
-    .execute(&mut *conn)
     .await?;
     Ok(())
 }
 
-pub(super) async fn reload(conn: &mut Conn, job_id: &str) -> Result<Job, StoreError> {
+pub(super) async fn reload(conn: &mut impl Db, job_id: &str) -> Result<Job, StoreError> {
     get_job(conn, job_id)
         .await?
         .ok_or(StoreError::NotFound("job"))
 }
 
 pub(crate) async fn cancel_job(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     job_id: &str,
     actor: &str,
     reason: &str,
@@ -322,13 +313,11 @@ pub(crate) async fn cancel_job(
         return Ok(Err(Refusal::Finished(job.state.as_str())));
     }
     // The version bump makes every in-flight attempt's CAS fail.
-    sqlx::query(
+    conn.execute(
         "UPDATE jobs SET state = 'cancelled', version = version + 1, next_run_at = NULL, \
          lease_owner = NULL, lease_until = NULL, updated_at = $2 WHERE id = $1",
+        args![job_id, at],
     )
-    .bind(job_id)
-    .bind(at)
-    .execute(&mut *conn)
     .await?;
     decision_event(
         conn,
@@ -344,7 +333,7 @@ pub(crate) async fn cancel_job(
 }
 
 pub(crate) async fn request_retry(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     job_id: &str,
     actor: &str,
     at: Millis,
@@ -373,7 +362,7 @@ pub(crate) async fn request_retry(
 }
 
 pub(crate) async fn resolve_job(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     job_id: &str,
     resolution: JobResolution,
     actor: &str,
@@ -388,17 +377,12 @@ pub(crate) async fn resolve_job(
     }
     let action = match &resolution {
         JobResolution::Complete { result } => {
-            sqlx::query(
+            conn.execute(
                 "UPDATE jobs SET state = 'succeeded', result = $2, completed_by = $3, version = version + 1, \
                  next_run_at = NULL, lease_owner = NULL, lease_until = NULL, updated_at = $4 \
                  WHERE id = $1 AND completed_by IS NULL",
-            )
-            .bind(job_id)
-            .bind(result)
-            .bind(format!("resolution:{actor}"))
-            .bind(at)
-            .execute(&mut *conn)
-            .await?;
+                args![job_id, result, &format!("resolution:{actor}"), at],
+            ).await?;
             "complete"
         }
         JobResolution::Retry => {
@@ -409,13 +393,11 @@ pub(crate) async fn resolve_job(
             "retry"
         }
         JobResolution::Close => {
-            sqlx::query(
+            conn.execute(
                 "UPDATE jobs SET state = 'cancelled', version = version + 1, next_run_at = NULL, \
                  lease_owner = NULL, lease_until = NULL, updated_at = $2 WHERE id = $1",
+                args![job_id, at],
             )
-            .bind(job_id)
-            .bind(at)
-            .execute(&mut *conn)
             .await?;
             "close"
         }
@@ -427,23 +409,25 @@ pub(crate) async fn resolve_job(
 }
 
 pub(crate) async fn list_review(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     limit: i64,
 ) -> Result<Vec<ReviewItem>, StoreError> {
     // One statement: each item's last attempt time comes from a
     // subquery over the attempts' (job_id, seq) index, not a round
     // trip per item (200 round trips took 550 ms on PostgreSQL).
-    let rows: Vec<crate::store::rows::ReviewRow> = sqlx::query_as(concat!(
+    let rows: Vec<crate::store::rows::ReviewRow> = conn
+        .fetch_all(
+            concat!(
         "SELECT ",
         job_columns!(),
         ", (SELECT MAX(a.started_at) FROM attempts a WHERE a.job_id = jobs.id) AS last_attempt_at",
         " FROM jobs WHERE state = ",
         job_state_awaiting_decision!(),
         " ORDER BY updated_at LIMIT $1"
-    ))
-    .bind(limit)
-    .fetch_all(&mut *conn)
-    .await?;
+    ),
+            args![limit],
+        )
+        .await?;
     rows.into_iter()
         .map(|row| {
             Ok(ReviewItem {
@@ -454,21 +438,17 @@ pub(crate) async fn list_review(
         .collect()
 }
 
-pub(crate) async fn resolve_attempt(
-    conn: &mut Conn,
+pub(crate) async fn resolve_attempt<C: Db>(
+    conn: &mut C,
     attempt_id: &str,
     resolution: AttemptResolution,
     actor: &str,
     reason: &str,
     at: Millis,
 ) -> Result<Result<Job, Refusal>, StoreError> {
-    let row: Option<(String, String)> = sqlx::query_as(concat!(
-        "SELECT job_id, state FROM attempts WHERE id = $1",
-        for_update!()
-    ))
-    .bind(attempt_id)
-    .fetch_optional(&mut *conn)
-    .await?;
+    let row: Option<(String, String)> = conn
+        .fetch_optional(C::Sql::LOCKED_ATTEMPT, args![attempt_id])
+        .await?;
     let Some((job_id, state)) = row else {
         return Ok(Err(Refusal::NotFound));
     };
@@ -488,11 +468,11 @@ pub(crate) async fn resolve_attempt(
             "executed"
         }
         AttemptResolution::NotExecuted => {
-            sqlx::query("UPDATE attempts SET state = 'cancelled', finished_at = $2 WHERE id = $1")
-                .bind(attempt_id)
-                .bind(at)
-                .execute(&mut *conn)
-                .await?;
+            conn.execute(
+                "UPDATE attempts SET state = 'cancelled', finished_at = $2 WHERE id = $1",
+                args![attempt_id, at],
+            )
+            .await?;
             "not_executed"
         }
     };

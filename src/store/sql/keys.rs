@@ -2,136 +2,118 @@
 //! limits set at run time with their audit trail, the change counter,
 //! the instance heartbeat, and usage by owner and day.
 
-use super::Conn;
 use crate::domain::Millis;
 use crate::store::rows::ApiKeyRow;
 use crate::store::sql::db::{args, Db};
+use crate::store::sql::Dialect;
 use crate::store::tenants::{
     KeyRecord, OwnerLimitsRow, OwnerLoad, Rotation, TenantAuditEntry, UsageRow,
 };
 use crate::store::{ApiKey, StoreError};
 
-pub(crate) async fn insert_api_key(conn: &mut Conn, key: ApiKey) -> Result<(), StoreError> {
-    sqlx::query(
+pub(crate) async fn insert_api_key(conn: &mut impl Db, key: ApiKey) -> Result<(), StoreError> {
+    conn.execute(
         "INSERT INTO api_keys (id, owner_id, key_hash, prefix, is_admin, created_at, expires_at, revoked_at, \
          limits, family_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-    )
-    .bind(&key.id)
-    .bind(&key.owner_id)
-    .bind(&key.key_hash)
-    .bind(&key.prefix)
-    .bind(key.is_admin)
-    .bind(key.created_at)
-    .bind(key.expires_at)
-    .bind(key.revoked_at)
-    .bind(&key.limits)
-    .bind(&key.family_id)
-    .execute(&mut *conn)
-    .await?;
+        args![&key.id, &key.owner_id, &key.key_hash, &key.prefix, key.is_admin, key.created_at, key.expires_at, key.revoked_at, &key.limits, &key.family_id],
+    ).await?;
     Ok(())
 }
 
 pub(crate) async fn find_api_key(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     key_hash: &str,
 ) -> Result<Option<ApiKey>, StoreError> {
-    let row: Option<ApiKeyRow> = sqlx::query_as(
-        "SELECT id, owner_id, key_hash, prefix, is_admin, created_at, expires_at, revoked_at, \
+    let row: Option<ApiKeyRow> = conn
+        .fetch_optional(
+            "SELECT id, owner_id, key_hash, prefix, is_admin, created_at, expires_at, revoked_at, \
          limits, family_id FROM api_keys WHERE key_hash = $1",
-    )
-    .bind(key_hash)
-    .fetch_optional(&mut *conn)
-    .await?;
+            args![key_hash],
+        )
+        .await?;
     Ok(row.map(ApiKey::from))
 }
 
-pub(crate) async fn bump_tenant_changes(conn: &mut Conn) -> Result<(), StoreError> {
-    sqlx::query("UPDATE tenant_changes SET version = version + 1 WHERE id = 1")
-        .execute(&mut *conn)
-        .await?;
+pub(crate) async fn bump_tenant_changes(conn: &mut impl Db) -> Result<(), StoreError> {
+    conn.execute(
+        "UPDATE tenant_changes SET version = version + 1 WHERE id = 1",
+        args![],
+    )
+    .await?;
     Ok(())
 }
 
-pub(crate) async fn tenant_changes(conn: &mut Conn) -> Result<i64, StoreError> {
-    let (v,): (i64,) = sqlx::query_as("SELECT version FROM tenant_changes WHERE id = 1")
-        .fetch_one(&mut *conn)
+pub(crate) async fn tenant_changes(conn: &mut impl Db) -> Result<i64, StoreError> {
+    let (v,): (i64,) = conn
+        .fetch_one("SELECT version FROM tenant_changes WHERE id = 1", args![])
         .await?;
     Ok(v)
 }
 
 pub(crate) async fn insert_tenant_audit(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     subject: &str,
     action: &str,
     actor: &str,
     detail: Option<&str>,
     at: Millis,
 ) -> Result<(), StoreError> {
-    sqlx::query(
+    conn.execute(
         "INSERT INTO tenant_audit (subject, action, actor, detail, at) VALUES ($1, $2, $3, $4, $5)",
+        args![subject, action, actor, detail, at],
     )
-    .bind(subject)
-    .bind(action)
-    .bind(actor)
-    .bind(detail)
-    .bind(at)
-    .execute(&mut *conn)
     .await?;
     Ok(())
 }
 
 pub(crate) async fn tenant_audit(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     limit: i64,
 ) -> Result<Vec<TenantAuditEntry>, StoreError> {
-    Ok(sqlx::query_as(
+    conn.fetch_all(
         "SELECT id, subject, action, actor, detail, at FROM tenant_audit ORDER BY id DESC LIMIT $1",
+        args![limit],
     )
-    .bind(limit)
-    .fetch_all(&mut *conn)
-    .await?)
+    .await
 }
 
 pub(crate) async fn list_api_keys(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     owner: Option<&str>,
 ) -> Result<Vec<KeyRecord>, StoreError> {
-    Ok(sqlx::query_as(
+    conn.fetch_all(
         "SELECT id, owner_id, prefix, is_admin, created_at, expires_at, revoked_at, \
          last_used_at, replaced_by, limits, COALESCE(family_id, id) AS family FROM api_keys \
          WHERE ($1 IS NULL OR owner_id = $1) ORDER BY owner_id, created_at, id",
+        args![owner],
     )
-    .bind(owner)
-    .fetch_all(&mut *conn)
-    .await?)
+    .await
 }
 
 pub(crate) async fn get_api_key(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     id: &str,
 ) -> Result<Option<KeyRecord>, StoreError> {
-    Ok(sqlx::query_as(
+    conn.fetch_optional(
         "SELECT id, owner_id, prefix, is_admin, created_at, expires_at, revoked_at, \
          last_used_at, replaced_by, limits, COALESCE(family_id, id) AS family FROM api_keys WHERE id = $1",
-    )
-    .bind(id)
-    .fetch_optional(&mut *conn)
-    .await?)
+        args![id],
+    ).await
 }
 
 /// Revoke a key now; false when it does not exist or was revoked already.
 pub(crate) async fn revoke_api_key(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     id: &str,
     actor: &str,
     at: Millis,
 ) -> Result<bool, StoreError> {
-    let n = sqlx::query("UPDATE api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL")
-        .bind(id)
-        .bind(at)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected();
+    let n = conn
+        .execute(
+            "UPDATE api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL",
+            args![id, at],
+        )
+        .await?;
     if n == 0 {
         return Ok(false);
     }
@@ -143,24 +125,25 @@ pub(crate) async fn revoke_api_key(
 /// Insert the new key and cut the old one's life to the grace
 /// period, in one commit; false when the old key is not live.
 pub(crate) async fn rotate_api_key(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     rotation: Rotation,
     actor: &str,
 ) -> Result<bool, StoreError> {
     let at = rotation.new.created_at;
-    let n = sqlx::query(
-        "UPDATE api_keys SET replaced_by = $2, \
+    let n = conn
+        .execute(
+            "UPDATE api_keys SET replaced_by = $2, \
          expires_at = CASE WHEN expires_at IS NULL OR expires_at > $3 THEN $3 ELSE expires_at END \
          WHERE id = $1 AND revoked_at IS NULL AND replaced_by IS NULL \
          AND (expires_at IS NULL OR expires_at > $4)",
-    )
-    .bind(&rotation.old_id)
-    .bind(&rotation.new.id)
-    .bind(rotation.old_expires_at)
-    .bind(at)
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
+            args![
+                &rotation.old_id,
+                &rotation.new.id,
+                rotation.old_expires_at,
+                at
+            ],
+        )
+        .await?;
     if n == 0 {
         return Ok(false);
     }
@@ -186,38 +169,37 @@ pub(crate) async fn rotate_api_key(
 /// Record when keys were last used: one statement per key, never
 /// moving the time back.
 pub(crate) async fn touch_api_keys(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     used: Vec<(String, Millis)>,
 ) -> Result<(), StoreError> {
     for (id, at) in &used {
-        sqlx::query(
+        conn.execute(
             "UPDATE api_keys SET last_used_at = $2 WHERE id = $1 \
              AND (last_used_at IS NULL OR last_used_at < $2)",
+            args![id, *at],
         )
-        .bind(id)
-        .bind(*at)
-        .execute(&mut *conn)
         .await?;
     }
     Ok(())
 }
 
 pub(crate) async fn set_owner_limits(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     row: OwnerLimitsRow,
 ) -> Result<(), StoreError> {
-    sqlx::query(
+    conn.execute(
         "INSERT INTO owner_limits (owner_id, limits, changed_by, reason, changed_at) \
          VALUES ($1, $2, $3, $4, $5) ON CONFLICT (owner_id) DO UPDATE SET \
          limits = excluded.limits, changed_by = excluded.changed_by, \
          reason = excluded.reason, changed_at = excluded.changed_at",
+        args![
+            &row.owner_id,
+            &row.limits,
+            &row.changed_by,
+            &row.reason,
+            row.changed_at
+        ],
     )
-    .bind(&row.owner_id)
-    .bind(&row.limits)
-    .bind(&row.changed_by)
-    .bind(&row.reason)
-    .bind(row.changed_at)
-    .execute(&mut *conn)
     .await?;
     bump_tenant_changes(conn).await?;
     let detail = serde_json::json!({ "limits": row.limits, "reason": row.reason }).to_string();
@@ -233,45 +215,43 @@ pub(crate) async fn set_owner_limits(
     Ok(())
 }
 
-pub(crate) async fn owner_limits(conn: &mut Conn) -> Result<Vec<OwnerLimitsRow>, StoreError> {
-    Ok(sqlx::query_as(
+pub(crate) async fn owner_limits(conn: &mut impl Db) -> Result<Vec<OwnerLimitsRow>, StoreError> {
+    conn.fetch_all(
         "SELECT owner_id, limits, changed_by, reason, changed_at FROM owner_limits ORDER BY owner_id",
-    )
-    .fetch_all(&mut *conn)
-    .await?)
+        args![],
+    ).await
 }
 
 /// Heartbeat this instance and count those seen since `since`.
 pub(crate) async fn heartbeat(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     instance: &str,
     at: Millis,
     since: Millis,
 ) -> Result<i64, StoreError> {
-    sqlx::query(
+    conn.execute(
         "INSERT INTO instances (id, seen_at) VALUES ($1, $2) \
          ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at",
+        args![instance, at],
     )
-    .bind(instance)
-    .bind(at)
-    .execute(&mut *conn)
     .await?;
     // Long-gone instances are forgotten.
-    sqlx::query("DELETE FROM instances WHERE seen_at < $1")
-        .bind(at - 3_600_000)
-        .execute(&mut *conn)
-        .await?;
-    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM instances WHERE seen_at >= $1")
-        .bind(since)
-        .fetch_one(&mut *conn)
+    conn.execute(
+        "DELETE FROM instances WHERE seen_at < $1",
+        args![at - 3_600_000],
+    )
+    .await?;
+    let (n,): (i64,) = conn
+        .fetch_one(
+            "SELECT COUNT(*) FROM instances WHERE seen_at >= $1",
+            args![since],
+        )
         .await?;
     Ok(n)
 }
 
-pub(crate) async fn leave_instances(conn: &mut Conn, instance: &str) -> Result<(), StoreError> {
-    sqlx::query("DELETE FROM instances WHERE id = $1")
-        .bind(instance)
-        .execute(&mut *conn)
+pub(crate) async fn leave_instances(conn: &mut impl Db, instance: &str) -> Result<(), StoreError> {
+    conn.execute("DELETE FROM instances WHERE id = $1", args![instance])
         .await?;
     Ok(())
 }
@@ -280,7 +260,7 @@ pub(crate) async fn leave_instances(conn: &mut Conn, instance: &str) -> Result<(
 /// `(owner_id, key_id)` serves the owner's count by its prefix and the
 /// key's by both, and `usage_daily`'s primary key).
 pub(crate) async fn owner_load(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     owner: &str,
     key: Option<&str>,
     day: i64,
@@ -290,7 +270,9 @@ pub(crate) async fn owner_load(
         Option<i64>,
         i64,
         Option<i64>,
-    ) = sqlx::query_as(concat!(
+    ) = conn
+        .fetch_one(
+            concat!(
         "SELECT (SELECT COUNT(*) FROM jobs WHERE owner_id = $1 AND state IN (",
         crate::job_states_taking_attempts!(),
         ")), (SELECT CAST(SUM(prompt_tokens + completion_tokens) AS BIGINT) FROM usage_daily \
@@ -299,12 +281,10 @@ pub(crate) async fn owner_load(
         crate::job_states_taking_attempts!(),
         ")), (SELECT CAST(SUM(prompt_tokens + completion_tokens) AS BIGINT) FROM usage_daily \
               WHERE owner_id = $1 AND day = $2 AND key_id = $3)"
-    ))
-    .bind(owner)
-    .bind(day)
-    .bind(key)
-    .fetch_one(&mut *conn)
-    .await?;
+    ),
+            args![owner, day, key],
+        )
+        .await?;
     Ok(OwnerLoad {
         active_jobs,
         tokens_today: tokens_today.unwrap_or(0),
@@ -314,7 +294,7 @@ pub(crate) async fn owner_load(
 }
 
 pub(crate) async fn set_key_limits(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     id: &str,
     limits: Option<String>,
     actor: &str,
@@ -322,17 +302,14 @@ pub(crate) async fn set_key_limits(
     at: Millis,
 ) -> Result<bool, StoreError> {
     let limits = limits.as_deref();
-    let n = sqlx::query(
-        "UPDATE api_keys SET limits = $2 WHERE COALESCE(family_id, id) = \
+    let n = conn
+        .execute(
+            "UPDATE api_keys SET limits = $2 WHERE COALESCE(family_id, id) = \
          (SELECT COALESCE(family_id, id) FROM api_keys WHERE id = $1 AND revoked_at IS NULL \
           AND (expires_at IS NULL OR expires_at > $3))",
-    )
-    .bind(id)
-    .bind(limits)
-    .bind(at)
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
+            args![id, limits, at],
+        )
+        .await?;
     if n == 0 {
         return Ok(false);
     }
@@ -351,11 +328,11 @@ pub(crate) async fn set_key_limits(
 }
 
 pub(crate) async fn usage(
-    conn: &mut Conn,
+    conn: &mut impl Db,
     owner: Option<&str>,
     from_day: i64,
 ) -> Result<Vec<UsageRow>, StoreError> {
-    Ok(sqlx::query_as(
+    conn.fetch_all(
         "SELECT owner_id, day, route, provider, kind, CAST(SUM(attempts) AS BIGINT) AS attempts, \
          CAST(SUM(won) AS BIGINT) AS won, CAST(SUM(prompt_tokens) AS BIGINT) AS prompt_tokens, \
          CAST(SUM(completion_tokens) AS BIGINT) AS completion_tokens, \
@@ -363,11 +340,9 @@ pub(crate) async fn usage(
          WHERE ($1 IS NULL OR owner_id = $1) AND day >= $2 \
          GROUP BY owner_id, day, route, provider, kind \
          ORDER BY owner_id, day, route, provider, kind",
+        args![owner, from_day],
     )
-    .bind(owner)
-    .bind(from_day)
-    .fetch_all(&mut *conn)
-    .await?)
+    .await
 }
 
 /// What an attempt's usage JSON adds to its owner's day: prompt,
@@ -382,8 +357,8 @@ pub(crate) fn usage_counts(usage: &str, won: bool) -> (i64, i64, i64) {
 
 /// Add an attempt's reported usage to its owner's day, in the commit
 /// that records it. `usage` is the attempt's usage JSON.
-pub(crate) async fn add_usage(
-    conn: &mut impl Db,
+pub(crate) async fn add_usage<C: Db>(
+    conn: &mut C,
     attempt_id: &str,
     usage: Option<&str>,
     won: bool,
@@ -392,7 +367,7 @@ pub(crate) async fn add_usage(
     let Some(usage) = usage else { return Ok(()) };
     let (prompt, completion, discarded) = usage_counts(usage, won);
     conn.execute(
-        concat!(usage_insert!(), "WHERE a.id = $1", usage_on_conflict!()),
+        C::Sql::ADD_USAGE,
         args![
             attempt_id,
             crate::store::tenants::day_of(at),

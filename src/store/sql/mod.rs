@@ -1,32 +1,79 @@
-//! The SQL of every [`Store`](super::Store) query, one file per resource,
-//! compiled once per dialect: [`sqlite`] and [`postgres`] each name their
-//! connection type (`Conn`) and define the dialect's fragments as macros,
-//! then declare the same resource files (`jobs.rs`, `attempts.rs`,
-//! `events.rs`, `keys.rs`, `switches.rs`, `contract_runs.rs`,
-//! `console.rs`, `hedging.rs`, `webhooks.rs`) with `#[path]`, written out
-//! in each, so rustfmt reaches them. Those two files are the only place the
-//! dialects differ; see the table in the [store's docs](super).
+//! The SQL of every [`Store`](super::Store) query, one file per resource
+//! (`jobs.rs`, `attempts.rs`, `events.rs`, `keys.rs`, `switches.rs`,
+//! `contract_runs.rs`, `console.rs`, `hedging.rs`, `webhooks.rs`), each
+//! compiled once and written against [`db::Db`], so it runs on either
+//! database.
+//!
+//! Where the two databases need different SQL (a row lock, a claim that
+//! passes over locked rows, a collation, a rollup's shard), the query takes
+//! its connection's [`Dialect`] statement, and each dialect's file
+//! ([`sqlite`], [`postgres`]) writes that statement out once. Those files
+//! also hold each backend's own create and winning finish.
 //!
 //! A backend calls `ops::NAME(connection, arguments…)`, where `ops` is its
 //! dialect's module here: every query is re-exported from it under its
 //! name (the name of the store trait method that calls it).
 
+pub(crate) mod attempts;
+pub(crate) mod console;
+pub(crate) mod contract_runs;
 pub(crate) mod db;
+pub(crate) mod events;
+pub(crate) mod hedging;
+pub(crate) mod jobs;
+pub(crate) mod keys;
+pub(crate) mod postgres;
+pub(crate) mod sqlite;
+pub(crate) mod switches;
+pub(crate) mod webhooks;
+
+/// The statements that differ between the databases, each written out by
+/// both dialects (`sql/sqlite.rs`, `sql/postgres.rs`). A query reaches its
+/// connection's as `C::Sql::NAME` (`Db::Sql`).
+pub(crate) trait Dialect: Send + Sync + 'static {
+    /// The job a start's guard decides about (invariant 4): its state,
+    /// version and attempt count, `$1` the job; locked until the commit.
+    const GUARDED_JOB: &'static str;
+    /// The attempt a finish records: its job, state and read version, `$1`
+    /// the attempt; locked until the commit.
+    const FINISHING_ATTEMPT: &'static str;
+    /// The job an engine step or a decision acts on (`JobRow`), `$1` the
+    /// job; locked until the commit.
+    const LOCKED_JOB: &'static str;
+    /// The attempt an admin settles: its job and state, `$1` the attempt;
+    /// locked until the commit.
+    const LOCKED_ATTEMPT: &'static str;
+    /// The claim of runnable jobs (`jobs::claim_jobs_sql!`).
+    const CLAIM_JOBS: &'static str;
+    /// The claim of due webhook deliveries (`webhooks::claim_deliveries_sql!`).
+    const CLAIM_DELIVERIES: &'static str;
+    /// An attempt's usage added to its owner's day (`usage_insert!`,
+    /// `$1` the attempt).
+    const ADD_USAGE: &'static str;
+    /// How many jobs (up to 2,000) have a key in `[$1, $2)`, read on the
+    /// key's index in its byte order.
+    const KEY_PREFIX_FEW: &'static str;
+    /// The console's list with a key prefix few keys have, read by key
+    /// (`console::list_jobs_sql!`).
+    const LIST_JOBS_BY_KEY: &'static str;
+    /// …and with a prefix most keys have, read newest first, filtered.
+    const LIST_JOBS_SCANNING_KEYS: &'static str;
+}
 
 /// The usage of one attempt added to its owner's day (`keys.rs`
 /// `add_usage`, and inside a finish in `attempts.rs`): the insert's head
 /// (columns, then the `SELECT` of the owner's row from the attempt and its
 /// job, whose `WHERE` the caller writes), as a literal for `concat!`.
 /// Arguments: `$2` day, `$3` won (0/1), `$4` prompt, `$5` completion and
-/// `$6` discarded tokens. The row's shard is the dialect's `rollup_shard!`
-/// of the attempt's id (migration 0009).
+/// `$6` discarded tokens. `$shard` is the dialect's shard of the row
+/// (migration 0009), an expression of the attempt's id `a.id`.
 macro_rules! usage_insert {
-    () => {
+    ($shard:expr) => {
         concat!(
             "INSERT INTO usage_daily (owner_id, day, key_id, route, provider, kind, shard, \
              attempts, won, prompt_tokens, completion_tokens, discarded_tokens) \
              SELECT j.owner_id, $2, COALESCE(j.key_id, ''), j.route, a.provider, a.kind, ",
-            rollup_shard!("a.id"),
+            $shard,
             ", 1, $3, $4, $5, $6 FROM attempts a JOIN jobs j ON j.id = a.job_id "
         )
     };
@@ -71,7 +118,7 @@ macro_rules! cas_won {
             " AND version = ",
             $version,
             " AND completed_by IS NULL RETURNING ",
-            crate::store::rows::job_columns!()
+            $crate::store::rows::job_columns!()
         )
     };
 }
@@ -94,9 +141,4 @@ macro_rules! attempt_won {
     };
 }
 
-// Both include the same resource files: each is compiled once per dialect,
-// on purpose.
-#[allow(clippy::duplicate_mod)]
-pub(crate) mod postgres;
-#[allow(clippy::duplicate_mod)]
-pub(crate) mod sqlite;
+pub(crate) use {attempt_won, cas_won, insert_job, usage_insert, usage_on_conflict};

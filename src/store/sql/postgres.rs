@@ -1,90 +1,129 @@
-//! The SQL compiled for PostgreSQL. A guarded step locks the row it decides
+//! PostgreSQL's statements ([`Postgres`]). A guarded step locks the row it decides
 //! about with `FOR UPDATE` inside its READ COMMITTED transaction, so every
 //! later statement of that transaction sees what the previous holder
 //! committed; dispatchers claim with `SKIP LOCKED`.
 //!
 //! Its own ways of a job's create (`create_job`: one statement of writable
 //! CTEs) and of a succeeded attempt's win (`finish_won_alone`) are here,
-//! after the resource files they build on.
+//! beside them.
 
-pub(crate) type Conn = sqlx::PgConnection;
-
-// The dialect's fragments, literals for `concat!`. They are defined before
-// the resource modules below, so that those see them.
-
-/// The row lock of a guarded step.
-macro_rules! for_update {
-    () => {
-        " FOR UPDATE"
-    };
-}
-
-/// Concurrent claims pass over each other's locked rows.
-macro_rules! skip_locked {
-    () => {
-        " FOR UPDATE SKIP LOCKED"
-    };
-}
-
-/// The idempotency key as its index (`jobs_by_key`) compares it, in byte
-/// order (the index is built with `COLLATE "C"`).
-macro_rules! key_indexed {
-    () => {
-        "idempotency_key COLLATE \"C\""
-    };
-}
-
-/// The same comparison where SQLite keeps it off the index: the same text
-/// here (unary `+` is not defined on text); the planner picks the plan.
-macro_rules! key_unindexed {
-    () => {
-        "idempotency_key COLLATE \"C\""
-    };
-}
-
-/// The shard of a rollup row (`usage_daily`, `attempt_hours`; migration
-/// 0009) that the attempt with id `$id` adds to: one of 16, by the id's hash: concurrent finishes of one owner (or provider) upsert different rows, not one row each waits on.
-macro_rules! rollup_shard {
-    ($id:literal) => {
-        concat!("(hashtext(", $id, ") & 15)")
-    };
-}
-
-// The resource files, compiled here for this dialect (and in the other
-// dialect's file for that one), their queries re-exported.
-#[path = "attempts.rs"]
-pub(crate) mod attempts;
-#[path = "console.rs"]
-pub(crate) mod console;
-#[path = "contract_runs.rs"]
-pub(crate) mod contract_runs;
-#[path = "events.rs"]
-pub(crate) mod events;
-#[path = "hedging.rs"]
-pub(crate) mod hedging;
-#[path = "jobs.rs"]
-pub(crate) mod jobs;
-#[path = "keys.rs"]
-pub(crate) mod keys;
-#[path = "switches.rs"]
-pub(crate) mod switches;
-#[path = "webhooks.rs"]
-pub(crate) mod webhooks;
-
-pub(crate) use self::{
-    attempts::*, console::*, contract_runs::*, events::*, hedging::*, jobs::*, keys::*,
-    switches::*, webhooks::*,
-};
-
-use self::attempts::started_event;
-use self::jobs::{create_outcome, created_event, job_args};
-use self::keys::usage_counts;
+use super::attempts::started_event;
+use super::console::list_jobs_sql;
 use super::db::{args, Db};
+use super::db::{Arg, Row};
+use super::jobs::claim_jobs_sql;
+use super::jobs::{create_outcome, created_event, job_args};
+use super::keys::usage_counts;
+use super::webhooks::claim_deliveries_sql;
+use super::{attempt_won, cas_won, insert_job, usage_insert, usage_on_conflict, Dialect};
 use crate::domain::attempt::AttemptOutcome;
 use crate::domain::job::NewJob;
 use crate::domain::Job;
 use crate::store::rows::JobRow;
 use crate::store::{event, CreateOutcome, FinishAttempt, FinishOutcome, StoreError};
+
+pub(crate) use super::{
+    attempts::*, console::*, contract_runs::*, events::*, hedging::*, jobs::*, keys::*,
+    switches::*, webhooks::*,
+};
+
+/// PostgreSQL's statements.
+pub(crate) struct Postgres;
+
+/// The shard of a rollup row (`usage_daily`, `attempt_hours`; migration
+/// 0009) that attempt `a.id` adds to: one of 16, by the id's hash, so
+/// concurrent finishes of one owner (or provider) upsert different rows,
+/// not one row each waits on.
+macro_rules! rollup_shard {
+    () => {
+        "(hashtext(a.id) & 15)"
+    };
+}
+
+impl Dialect for Postgres {
+    const GUARDED_JOB: &'static str =
+        "SELECT state, version, attempt_count FROM jobs WHERE id = $1 FOR UPDATE";
+    const FINISHING_ATTEMPT: &'static str =
+        "SELECT job_id, state, read_version FROM attempts WHERE id = $1 FOR UPDATE";
+    const LOCKED_JOB: &'static str = concat!(
+        "SELECT ",
+        crate::store::rows::job_columns!(),
+        " FROM jobs WHERE id = $1 FOR UPDATE"
+    );
+    const LOCKED_ATTEMPT: &'static str =
+        "SELECT job_id, state FROM attempts WHERE id = $1 FOR UPDATE";
+    // Concurrent claimers pass over each other's locked rows.
+    const CLAIM_JOBS: &'static str = claim_jobs_sql!(" FOR UPDATE SKIP LOCKED");
+    const CLAIM_DELIVERIES: &'static str = claim_deliveries_sql!(" FOR UPDATE SKIP LOCKED");
+    const ADD_USAGE: &'static str = concat!(
+        usage_insert!(rollup_shard!()),
+        "WHERE a.id = $1",
+        usage_on_conflict!()
+    );
+    // `jobs_by_key` is built `COLLATE "C"` (byte order); unary `+` is not
+    // defined on text, so both lists compare the same way and the planner
+    // picks the plan.
+    const KEY_PREFIX_FEW: &'static str = "SELECT COUNT(*) FROM (SELECT 1 FROM jobs \
+         WHERE idempotency_key COLLATE \"C\" >= $1 AND idempotency_key COLLATE \"C\" < $2 \
+         LIMIT 2000) matching";
+    const LIST_JOBS_BY_KEY: &'static str = list_jobs_sql!(
+        "AND idempotency_key COLLATE \"C\" >= $10 AND idempotency_key COLLATE \"C\" < $11"
+    );
+    const LIST_JOBS_SCANNING_KEYS: &'static str = Self::LIST_JOBS_BY_KEY;
+}
+
+/// Bind `args` to a sqlx query, with their types.
+fn bind_sqlx<'q>(
+    mut query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    args: &[Arg<'q>],
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    for arg in args {
+        query = match *arg {
+            Arg::Int(value) => query.bind(value),
+            Arg::Bool(value) => query.bind(value),
+            Arg::Text(value) => query.bind(value),
+        };
+    }
+    query
+}
+
+/// sqlx's PostgreSQL connection: the statement is prepared (and kept) by
+/// sqlx, the arguments bound with their types.
+impl Db for sqlx::PgConnection {
+    type Sql = Postgres;
+
+    async fn execute(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<u64, StoreError> {
+        let query = bind_sqlx(sqlx::query(sql), args);
+        Ok(query.execute(&mut *self).await?.rows_affected())
+    }
+
+    async fn execute_once(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<u64, StoreError> {
+        let query = bind_sqlx(sqlx::query(sql), args).persistent(false);
+        Ok(query.execute(&mut *self).await?.rows_affected())
+    }
+
+    async fn fetch_optional<R: Row>(
+        &mut self,
+        sql: &str,
+        args: &[Arg<'_>],
+    ) -> Result<Option<R>, StoreError> {
+        let query = bind_sqlx(sqlx::query(sql), args);
+        match query.fetch_optional(&mut *self).await? {
+            Some(row) => Ok(Some(R::decode(&row)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn fetch_all<R: Row>(
+        &mut self,
+        sql: &str,
+        args: &[Arg<'_>],
+    ) -> Result<Vec<R>, StoreError> {
+        let query = bind_sqlx(sqlx::query(sql), args);
+        let rows = query.fetch_all(&mut *self).await?;
+        rows.iter().map(|row| R::decode(row)).collect()
+    }
+}
 
 /// Insert the job unless (owner, key) exists (the UNIQUE constraint
 /// decides), with its `created` event and its primary attempt, in one
@@ -166,15 +205,13 @@ pub(crate) async fn finish_won_alone(
             concat!(
                 "WITH bid AS (SELECT job_id, read_version FROM attempts WHERE id = $1 AND state IN (",
                 crate::attempt_states_that_may_succeed!(),
-                ")",
-                for_update!(),
-                "), won AS (",
+                ") FOR UPDATE), won AS (",
                 cas_won!("(SELECT job_id FROM bid)", "(SELECT read_version FROM bid)", "$7", "$1", "$8"),
                 "), attempt AS (",
                 attempt_won!("$1", "$7", "$9", "$10", "$8"),
                 " AND EXISTS (SELECT 1 FROM won)",
                 "), usage AS (",
-                usage_insert!(),
+                usage_insert!(rollup_shard!()),
                 "WHERE a.id = $1 AND $9 IS NOT NULL AND EXISTS (SELECT 1 FROM won)",
                 usage_on_conflict!(),
                 "), event AS (",

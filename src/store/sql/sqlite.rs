@@ -1,83 +1,138 @@
-//! The SQL compiled for SQLite. Every write runs inside `BEGIN IMMEDIATE`
+//! SQLite's statements ([`Sqlite`]). Every write runs inside `BEGIN IMMEDIATE`
 //! (the write queue), which already excludes every other writer, in this
 //! process or another: no row lock is needed and claims never race.
 //!
 //! Its own way of a job's create is here (`create_job`: four statements in
-//! the write queue's transaction), after the resource files it builds on.
+//! the write queue's transaction).
 
-pub(crate) type Conn = sqlx::SqliteConnection;
+use super::attempts::insert_started_attempt;
+use super::console::list_jobs_sql;
+use super::db::Db;
+use super::db::{Arg, Row};
+use super::insert_job;
+use super::jobs::claim_jobs_sql;
+use super::jobs::{create_outcome, created_event, job_args};
+use super::webhooks::claim_deliveries_sql;
+use super::{usage_insert, usage_on_conflict, Dialect};
+use crate::domain::job::NewJob;
+use crate::store::{CreateOutcome, StoreError};
 
-// The dialect's fragments, literals for `concat!`. They are defined before
-// the resource modules below, so that those see them.
-
-/// The row lock of a guarded step: none (`BEGIN IMMEDIATE` excludes every writer).
-macro_rules! for_update {
-    () => {
-        ""
-    };
-}
-
-/// Concurrent claims passing over each other: none (writes are serialised).
-macro_rules! skip_locked {
-    () => {
-        ""
-    };
-}
-
-/// The idempotency key as its index (`jobs_by_key`) compares it, in byte
-/// order: SQLite's BINARY collation already is.
-macro_rules! key_indexed {
-    () => {
-        "idempotency_key"
-    };
-}
-
-/// The same comparison, kept off that index (unary `+`).
-macro_rules! key_unindexed {
-    () => {
-        "+idempotency_key"
-    };
-}
-
-/// The shard of a rollup row (`usage_daily`, `attempt_hours`; migration
-/// 0009) that the attempt with id `$id` adds to: always 0: writes are serialised by the write lock anyway.
-macro_rules! rollup_shard {
-    ($id:literal) => {
-        "0"
-    };
-}
-
-// The resource files, compiled here for this dialect (and in the other
-// dialect's file for that one), their queries re-exported.
-#[path = "attempts.rs"]
-pub(crate) mod attempts;
-#[path = "console.rs"]
-pub(crate) mod console;
-#[path = "contract_runs.rs"]
-pub(crate) mod contract_runs;
-#[path = "events.rs"]
-pub(crate) mod events;
-#[path = "hedging.rs"]
-pub(crate) mod hedging;
-#[path = "jobs.rs"]
-pub(crate) mod jobs;
-#[path = "keys.rs"]
-pub(crate) mod keys;
-#[path = "switches.rs"]
-pub(crate) mod switches;
-#[path = "webhooks.rs"]
-pub(crate) mod webhooks;
-
-pub(crate) use self::{
+pub(crate) use super::{
     attempts::*, console::*, contract_runs::*, events::*, hedging::*, jobs::*, keys::*,
     switches::*, webhooks::*,
 };
 
-use self::attempts::insert_started_attempt;
-use self::jobs::{create_outcome, created_event, job_args};
-use super::db::Db;
-use crate::domain::job::NewJob;
-use crate::store::{CreateOutcome, StoreError};
+/// SQLite's statements.
+pub(crate) struct Sqlite;
+
+impl Dialect for Sqlite {
+    // No row lock: `BEGIN IMMEDIATE` already excludes every other writer.
+    const GUARDED_JOB: &'static str =
+        "SELECT state, version, attempt_count FROM jobs WHERE id = $1";
+    const FINISHING_ATTEMPT: &'static str =
+        "SELECT job_id, state, read_version FROM attempts WHERE id = $1";
+    const LOCKED_JOB: &'static str = concat!(
+        "SELECT ",
+        crate::store::rows::job_columns!(),
+        " FROM jobs WHERE id = $1"
+    );
+    const LOCKED_ATTEMPT: &'static str = "SELECT job_id, state FROM attempts WHERE id = $1";
+    // Claims never race: writes are serialised.
+    const CLAIM_JOBS: &'static str = claim_jobs_sql!("");
+    const CLAIM_DELIVERIES: &'static str = claim_deliveries_sql!("");
+    // One shard: writes are serialised by the write lock anyway.
+    const ADD_USAGE: &'static str =
+        concat!(usage_insert!("0"), "WHERE a.id = $1", usage_on_conflict!());
+    // SQLite's BINARY collation already is byte order, the order of
+    // `jobs_by_key`; unary `+` keeps the scanning list off that index.
+    const KEY_PREFIX_FEW: &'static str = "SELECT COUNT(*) FROM (SELECT 1 FROM jobs \
+         WHERE idempotency_key >= $1 AND idempotency_key < $2 LIMIT 2000) matching";
+    const LIST_JOBS_BY_KEY: &'static str =
+        list_jobs_sql!("AND idempotency_key >= $10 AND idempotency_key < $11");
+    const LIST_JOBS_SCANNING_KEYS: &'static str =
+        list_jobs_sql!("AND +idempotency_key >= $10 AND +idempotency_key < $11");
+}
+
+/// rusqlite: a direct call into SQLite on the calling thread. The statement
+/// is prepared once and kept in the connection's cache. Its futures are
+/// ready at their first poll.
+impl Db for rusqlite::Connection {
+    type Sql = Sqlite;
+
+    async fn execute(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<u64, StoreError> {
+        let mut statement = self.prepare_cached(sql)?;
+        bind(&mut statement, args)?;
+        Ok(statement.raw_execute()? as u64)
+    }
+
+    async fn execute_once(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<u64, StoreError> {
+        let mut statement = self.prepare(sql)?;
+        bind(&mut statement, args)?;
+        Ok(statement.raw_execute()? as u64)
+    }
+
+    async fn fetch_optional<R: Row>(
+        &mut self,
+        sql: &str,
+        args: &[Arg<'_>],
+    ) -> Result<Option<R>, StoreError> {
+        let mut statement = self.prepare_cached(sql)?;
+        bind(&mut statement, args)?;
+        let mut rows = statement.raw_query();
+        let first = match rows.next()? {
+            Some(row) => Some(R::decode(row)?),
+            None => None,
+        };
+        // Step a RETURNING statement to its end: SQLite applies the
+        // change of every row before it answers the first, but the
+        // statement is only done (and its changes counted) once stepped
+        // out.
+        while rows.next()?.is_some() {}
+        Ok(first)
+    }
+
+    async fn fetch_all<R: Row>(
+        &mut self,
+        sql: &str,
+        args: &[Arg<'_>],
+    ) -> Result<Vec<R>, StoreError> {
+        let mut statement = self.prepare_cached(sql)?;
+        bind(&mut statement, args)?;
+        let mut rows = statement.raw_query();
+        let mut all = Vec::new();
+        while let Some(row) = rows.next()? {
+            all.push(R::decode(row)?);
+        }
+        Ok(all)
+    }
+}
+/// Bind `$N` to `args[N - 1]`, as sqlx does. SQLite numbers a statement's
+/// parameters in the order they first appear (`$11` before `$7` is
+/// parameter 7), so each is bound by its name, not its index.
+fn bind(statement: &mut rusqlite::Statement<'_>, args: &[Arg<'_>]) -> rusqlite::Result<()> {
+    for index in 1..=statement.parameter_count() {
+        let position = statement
+            .parameter_name(index)
+            .and_then(|name| name.strip_prefix('$'))
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or(index);
+        match position.checked_sub(1).and_then(|i| args.get(i)) {
+            Some(arg) => statement.raw_bind_parameter(index, arg)?,
+            None => return Err(rusqlite::Error::InvalidParameterCount(position, args.len())),
+        }
+    }
+    Ok(())
+}
+
+impl rusqlite::ToSql for Arg<'_> {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        match self {
+            Arg::Int(value) => value.to_sql(),
+            Arg::Bool(value) => value.to_sql(),
+            Arg::Text(value) => value.to_sql(),
+        }
+    }
+}
 
 /// Insert the job unless (owner, key) exists (the UNIQUE constraint
 /// decides), with its `created` event and its primary attempt, as four
@@ -99,7 +154,7 @@ async fn insert_job_statement_by_statement(
 ) -> Result<bool, StoreError> {
     let inserted = conn.execute(insert_job!(), &job_args(job)).await? == 1;
     if inserted {
-        events::insert_event(conn, &created_event(job)).await?;
+        super::events::insert_event(conn, &created_event(job)).await?;
         if let Some(primary) = &job.primary {
             // The job was created by this very statement: it takes
             // attempts and has none, so the guard of `start_attempt`

@@ -102,6 +102,7 @@ mod events;
 pub mod faulty;
 mod forward;
 pub mod hedging;
+mod ids;
 mod jobs;
 pub mod postgres;
 mod rows;

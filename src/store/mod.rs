@@ -136,7 +136,7 @@ pub enum StoreError {
     NotFound(&'static str),
     #[error("attempt {attempt_id} is {state}; it cannot become {wanted}")]
     InvalidTransition {
-        attempt_id: String,
+        attempt_id: crate::domain::AttemptId,
         state: String,
         wanted: &'static str,
     },

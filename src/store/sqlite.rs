@@ -32,7 +32,7 @@ use super::{
 };
 use crate::domain::attempt::NewAttempt;
 use crate::domain::job::NewJob;
-use crate::domain::{Attempt, GuardRefusal, Job, Millis};
+use crate::domain::{Attempt, AttemptId, GuardRefusal, Job, JobId, Millis, OwnerId};
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
@@ -574,12 +574,16 @@ impl JobStore for SqliteStore {
             .await
     }
 
-    async fn find_job_by_key(&self, owner_id: &str, key: &str) -> Result<Option<Job>, StoreError> {
+    async fn find_job_by_key(
+        &self,
+        owner_id: &OwnerId,
+        key: &str,
+    ) -> Result<Option<Job>, StoreError> {
         self.read
             .raw(|c| db::now(ops::find_job_by_key(c, owner_id, key)))
     }
 
-    async fn get_job(&self, id: &str) -> Result<Option<Job>, StoreError> {
+    async fn get_job(&self, id: &JobId) -> Result<Option<Job>, StoreError> {
         self.read.raw(|c| db::now(ops::get_job(c, id)))
     }
 
@@ -606,7 +610,7 @@ impl JobStore for SqliteStore {
 
     async fn renew_lease(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         owner: &str,
         lease_until: Millis,
     ) -> Result<bool, StoreError> {
@@ -620,7 +624,7 @@ impl JobStore for SqliteStore {
 
     async fn transition_job(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         lease_owner: Option<&str>,
         transition: JobTransition,
         at: Millis,
@@ -635,7 +639,7 @@ impl JobStore for SqliteStore {
         .await
     }
 
-    async fn wake_job(&self, job_id: &str, at: Millis) -> Result<(), StoreError> {
+    async fn wake_job(&self, job_id: &JobId, at: Millis) -> Result<(), StoreError> {
         let job_id = job_id.to_string();
         self.write(move |c| Box::pin(async move { ops::wake_job(c, &job_id, at).await }))
             .await
@@ -643,7 +647,7 @@ impl JobStore for SqliteStore {
 
     async fn cancel_job(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         actor: &str,
         reason: &str,
         at: Millis,
@@ -659,7 +663,7 @@ impl JobStore for SqliteStore {
 
     async fn request_retry(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         actor: &str,
         at: Millis,
     ) -> Result<Result<Job, Refusal>, StoreError> {
@@ -673,7 +677,7 @@ impl JobStore for SqliteStore {
 
     async fn resolve_job(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         resolution: JobResolution,
         actor: &str,
         reason: &str,
@@ -697,7 +701,7 @@ impl JobStore for SqliteStore {
 
 #[async_trait]
 impl AttemptStore for SqliteStore {
-    async fn list_attempts(&self, job_id: &str) -> Result<Vec<Attempt>, StoreError> {
+    async fn list_attempts(&self, job_id: &JobId) -> Result<Vec<Attempt>, StoreError> {
         ops::list_attempts(&mut *self.read.get().await?, job_id).await
     }
 
@@ -716,10 +720,15 @@ impl AttemptStore for SqliteStore {
 
     async fn list_unknown_attempts(
         &self,
-        after: Option<(Millis, &str)>,
+        after: Option<(Millis, &AttemptId)>,
         limit: i64,
     ) -> Result<Vec<Attempt>, StoreError> {
-        ops::list_unknown_attempts(&mut *self.read.get().await?, after, limit).await
+        ops::list_unknown_attempts(
+            &mut *self.read.get().await?,
+            after.map(|(at, id)| (at, id.as_str())),
+            limit,
+        )
+        .await
     }
 
     async fn list_stale_started(
@@ -732,7 +741,7 @@ impl AttemptStore for SqliteStore {
 
     async fn resolve_attempt(
         &self,
-        attempt_id: &str,
+        attempt_id: &AttemptId,
         resolution: AttemptResolution,
         actor: &str,
         reason: &str,
@@ -762,11 +771,11 @@ impl EventStore for SqliteStore {
             .await
     }
 
-    async fn list_events(&self, job_id: &str) -> Result<Vec<JobEvent>, StoreError> {
+    async fn list_events(&self, job_id: &JobId) -> Result<Vec<JobEvent>, StoreError> {
         ops::list_events(&mut *self.read.get().await?, job_id).await
     }
 
-    async fn has_event(&self, job_id: &str, kind: &str) -> Result<bool, StoreError> {
+    async fn has_event(&self, job_id: &JobId, kind: &str) -> Result<bool, StoreError> {
         ops::has_event(&mut *self.read.get().await?, job_id, kind).await
     }
 }
@@ -782,8 +791,8 @@ impl KeyStore for SqliteStore {
         ops::find_api_key(&mut *self.read.get().await?, key_hash).await
     }
 
-    async fn list_api_keys(&self, owner: Option<&str>) -> Result<Vec<KeyRecord>, StoreError> {
-        ops::list_api_keys(&mut *self.read.get().await?, owner).await
+    async fn list_api_keys(&self, owner: Option<&OwnerId>) -> Result<Vec<KeyRecord>, StoreError> {
+        ops::list_api_keys(&mut *self.read.get().await?, owner.map(OwnerId::as_str)).await
     }
 
     async fn get_api_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError> {
@@ -844,7 +853,7 @@ impl KeyStore for SqliteStore {
 
     async fn owner_load(
         &self,
-        owner: &str,
+        owner: &OwnerId,
         key: Option<&str>,
         day: i64,
     ) -> Result<OwnerLoad, StoreError> {
@@ -868,8 +877,17 @@ impl KeyStore for SqliteStore {
         .await
     }
 
-    async fn usage(&self, owner: Option<&str>, from_day: i64) -> Result<Vec<UsageRow>, StoreError> {
-        ops::usage(&mut *self.read.get().await?, owner, from_day).await
+    async fn usage(
+        &self,
+        owner: Option<&OwnerId>,
+        from_day: i64,
+    ) -> Result<Vec<UsageRow>, StoreError> {
+        ops::usage(
+            &mut *self.read.get().await?,
+            owner.map(OwnerId::as_str),
+            from_day,
+        )
+        .await
     }
 }
 
@@ -972,9 +990,9 @@ impl WebhookStore for SqliteStore {
 
     async fn list_webhook_endpoints(
         &self,
-        owner: Option<&str>,
+        owner: Option<&OwnerId>,
     ) -> Result<Vec<WebhookEndpoint>, StoreError> {
-        ops::list_webhook_endpoints(&mut *self.read.get().await?, owner).await
+        ops::list_webhook_endpoints(&mut *self.read.get().await?, owner.map(OwnerId::as_str)).await
     }
 
     async fn get_webhook_endpoint(&self, id: &str) -> Result<Option<WebhookEndpoint>, StoreError> {
@@ -1186,10 +1204,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(&dir.path().join("t.db")).await.unwrap();
         store.migrate().await.unwrap();
-        assert_eq!(store.find_job_by_key("alice", "k").await.unwrap(), None);
+        assert_eq!(
+            store.find_job_by_key(&"alice".into(), "k").await.unwrap(),
+            None
+        );
         assert_eq!(store.count_jobs().await.unwrap(), 0);
         store.close().await;
-        let by_key = store.find_job_by_key("alice", "k").await;
+        let by_key = store.find_job_by_key(&"alice".into(), "k").await;
         assert!(matches!(by_key, Err(StoreError::Closed)), "{by_key:?}");
         let count = store.count_jobs().await;
         assert!(matches!(count, Err(StoreError::Closed)), "{count:?}");

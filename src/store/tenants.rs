@@ -3,7 +3,7 @@
 //! counter running servers poll, the instance heartbeat, and usage by
 //! owner and day: the types; their SQL is in `sql/keys.rs`.
 
-use crate::domain::Millis;
+use crate::domain::{Millis, OwnerId};
 use crate::store::StoreError;
 use async_trait::async_trait;
 use serde::Serialize;
@@ -12,7 +12,7 @@ use serde::Serialize;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
 pub struct KeyRecord {
     pub id: String,
-    pub owner_id: String,
+    pub owner_id: OwnerId,
     /// The first characters of the key, to recognise it (`oj_1a2b3c4d`).
     pub prefix: String,
     pub is_admin: bool,
@@ -51,7 +51,7 @@ pub struct TenantAuditEntry {
 /// Limits an admin set for an owner at run time (JSON of the fields set).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
 pub struct OwnerLimitsRow {
-    pub owner_id: String,
+    pub owner_id: OwnerId,
     pub limits: String,
     pub changed_by: String,
     pub reason: String,
@@ -61,7 +61,7 @@ pub struct OwnerLimitsRow {
 /// Tokens of one (owner, UTC day, route, provider, attempt kind).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
 pub struct UsageRow {
-    pub owner_id: String,
+    pub owner_id: OwnerId,
     /// Days since the Unix epoch (UTC).
     pub day: i64,
     pub route: String,
@@ -98,7 +98,7 @@ pub fn day_of(at: Millis) -> i64 {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiKey {
     pub id: String,
-    pub owner_id: String,
+    pub owner_id: OwnerId,
     pub key_hash: String,
     /// The first characters of the key, shown by `keys list`.
     pub prefix: String,
@@ -131,7 +131,7 @@ pub trait KeyStore: Send + Sync {
 
     async fn find_api_key(&self, key_hash: &str) -> Result<Option<ApiKey>, StoreError>;
 
-    async fn list_api_keys(&self, owner: Option<&str>) -> Result<Vec<KeyRecord>, StoreError>;
+    async fn list_api_keys(&self, owner: Option<&OwnerId>) -> Result<Vec<KeyRecord>, StoreError>;
 
     async fn get_api_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError>;
 
@@ -165,7 +165,7 @@ pub trait KeyStore: Send + Sync {
     /// in one read.
     async fn owner_load(
         &self,
-        owner: &str,
+        owner: &OwnerId,
         key: Option<&str>,
         day: i64,
     ) -> Result<OwnerLoad, StoreError>;
@@ -182,5 +182,9 @@ pub trait KeyStore: Send + Sync {
     ) -> Result<bool, StoreError>;
 
     /// Usage rows from `from_day` on, of `owner` or of everyone.
-    async fn usage(&self, owner: Option<&str>, from_day: i64) -> Result<Vec<UsageRow>, StoreError>;
+    async fn usage(
+        &self,
+        owner: Option<&OwnerId>,
+        from_day: i64,
+    ) -> Result<Vec<UsageRow>, StoreError>;
 }

@@ -148,7 +148,7 @@ pub(crate) async fn finish_attempt(
     }
     let at = finish.at;
     let event_for = |kind: EventKind, detail: Option<String>| NewEvent {
-        job_id: job_id.clone(),
+        job_id: job_id.clone().into(),
         attempt_id: Some(finish.attempt_id.clone()),
         kind,
         actor: finish.actor.clone(),

@@ -35,13 +35,17 @@
 //! ## Adding a query
 //!
 //! 1. Declare it in its resource's trait, with a doc comment:
-//!    `async fn my_query(&self, job_id: &str, limit: i64) -> Result<Vec<Job>, StoreError>;`
+//!    `async fn my_query(&self, job_id: &JobId, limit: i64) -> Result<Vec<Job>, StoreError>;`
+//!    (a job's, an attempt's or an owner's id by its type, `JobId`,
+//!    `AttemptId` or `OwnerId`: [`crate::domain::ids`]).
 //! 2. Write `pub(crate) async fn my_query(conn: &mut Conn, job_id: &str,
 //!    limit: i64) -> Result<Vec<Job>, StoreError>` in that resource's file
 //!    under `sql/` (`jobs.rs`, `attempts.rs`, `events.rs`, `keys.rs`,
 //!    `switches.rs`, `contract_runs.rs`, `console.rs`, `hedging.rs`,
 //!    `webhooks.rs`).
-//! 3. Implement it in both backends' impl of that trait: `sqlite.rs` (a
+//! 3. Implement it in both backends' impl of that trait, passing an id as
+//!    the text it is (`&JobId` derefs to `&str`; an `Option<&OwnerId>` as
+//!    `owner.map(OwnerId::as_str)`): `sqlite.rs` (a
 //!    read: `ops::my_query(&mut *self.read.get().await?, …)`; a write:
 //!    through `self.write`, its borrowed arguments made owned first, since
 //!    the write waits in the queue) and `postgres.rs` (a pooled connection,

@@ -3,6 +3,7 @@
 use crate::app::{shutdown_signal, Application};
 use crate::clock::SystemClock;
 use crate::config::{Config, Overrides};
+use crate::domain::JobId;
 use crate::http::views::{AttemptView, JobView};
 use crate::store::{self, Store};
 use anyhow::Context;
@@ -77,7 +78,7 @@ pub async fn migrate(db: &DbArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn show_job(db: &DbArgs, id: &str, attempts: bool) -> anyhow::Result<()> {
+pub async fn show_job(db: &DbArgs, id: &JobId, attempts: bool) -> anyhow::Result<()> {
     let config = db.load(None)?;
     let store = open_store(&config).await?;
     let result = show_job_in(store.as_ref(), id, attempts).await;
@@ -85,7 +86,7 @@ pub async fn show_job(db: &DbArgs, id: &str, attempts: bool) -> anyhow::Result<(
     result
 }
 
-async fn show_job_in(store: &dyn Store, id: &str, attempts: bool) -> anyhow::Result<()> {
+async fn show_job_in(store: &dyn Store, id: &JobId, attempts: bool) -> anyhow::Result<()> {
     let job = store
         .get_job(id)
         .await?

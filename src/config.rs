@@ -684,7 +684,10 @@ mod tests {
         let limits: crate::domain::limits::LimitsConfig =
             toml::from_str(&uncommented.replace("[limits.", "[")).unwrap();
         assert_eq!(limits.default.tokens_per_day, Some(5_000_000));
-        assert_eq!(limits.for_owner("acme").tokens_per_day, Some(20_000_000));
+        assert_eq!(
+            limits.for_owner(&"acme".into()).tokens_per_day,
+            Some(20_000_000)
+        );
         limits.check().unwrap();
     }
 

@@ -5,6 +5,7 @@
 use crate::app::Application;
 use crate::clock::SystemClock;
 use crate::config::{Config, Overrides, RouteConfig};
+use crate::domain::JobId;
 use crate::sim::{SimHandle, SimServer};
 use crate::store::Store;
 use anyhow::Context;
@@ -184,7 +185,7 @@ impl Demo {
     }
 
     /// The job's event log as a timeline relative to its creation.
-    async fn timeline(&self, job_id: &str) -> anyhow::Result<()> {
+    async fn timeline(&self, job_id: &JobId) -> anyhow::Result<()> {
         let job = self.store.get_job(job_id).await?.context("job vanished")?;
         let attempts = self.store.list_attempts(job_id).await?;
         let label: HashMap<&str, String> = attempts
@@ -242,7 +243,7 @@ impl Demo {
         Ok(())
     }
 
-    fn ledger(&self, job_id: &str, provider: &str) -> u64 {
+    fn ledger(&self, job_id: &JobId, provider: &str) -> u64 {
         self.sim
             .ledger()
             .executions(&crate::providers::stable_key(job_id, provider))
@@ -274,15 +275,15 @@ impl Demo {
             job = response.json().await?;
         }
         statuses.sort_unstable();
-        let id = job["id"].as_str().unwrap_or_default();
+        let id = JobId::from(job["id"].as_str().unwrap_or_default());
         println!(
             "   answers: {statuses:?} -> one job {id}, state {}",
             job["state"]
         );
-        self.timeline(id).await?;
+        self.timeline(&id).await?;
         println!(
             "   provider ledger: the key executed {} time(s)",
-            self.ledger(id, "primary")
+            self.ledger(&id, "primary")
         );
         Ok(())
     }
@@ -310,7 +311,7 @@ impl Demo {
         let (_, job) = self
             .submit("order-44", "Summarise order 44", "solo", 3)
             .await?;
-        let id = job["id"].as_str().unwrap_or_default().to_string();
+        let id = JobId::from(job["id"].as_str().unwrap_or_default());
         println!(
             "   after the timeout: state {}, blocked_on {}",
             job["state"], job["blocked_on"]
@@ -343,7 +344,7 @@ impl Demo {
         let (_, job) = self
             .submit("order-45", "Summarise order 45", "default", 5)
             .await?;
-        let id = job["id"].as_str().unwrap_or_default().to_string();
+        let id = JobId::from(job["id"].as_str().unwrap_or_default());
         // Let the primary's late answer arrive and lose.
         for _ in 0..100 {
             let attempts = self.store.list_attempts(&id).await?;
@@ -387,7 +388,7 @@ impl Demo {
         let (_, job) = self
             .submit("order-47", "Summarise order 47", "learned", 5)
             .await?;
-        let id = job["id"].as_str().unwrap_or_default().to_string();
+        let id = JobId::from(job["id"].as_str().unwrap_or_default());
         self.timeline(&id).await?;
         let attempts = self.store.list_attempts(&id).await?;
         let first = attempts.first().map_or(0, |a| a.started_at);
@@ -412,7 +413,7 @@ impl Demo {
         let (_, job) = self
             .submit("order-46", "Summarise order 46", "solo", 5)
             .await?;
-        let id = job["id"].as_str().unwrap_or_default().to_string();
+        let id = JobId::from(job["id"].as_str().unwrap_or_default());
         let job = self.job(&id, "succeeded").await?;
         self.timeline(&id).await?;
         println!(

@@ -8,7 +8,7 @@ use crate::config::RouteConfig;
 use crate::domain::fingerprint::{canonical_json, fingerprint};
 use crate::domain::job::NewJob;
 use crate::domain::request::IdempotencyKey;
-use crate::domain::{new_id, Attempt, Job, JobRequest, RequestError};
+use crate::domain::{Attempt, Job, JobId, JobRequest, OwnerId, RequestError};
 use crate::engine::{Engine, Watch};
 use crate::keys::Caller;
 use crate::replays::{body_digest, Replays};
@@ -46,7 +46,7 @@ pub enum SubmitError {
     #[error(transparent)]
     Request(#[from] RequestError),
     #[error("Idempotency-Key {key:?} was already used with a different request (job {job_id})")]
-    KeyReused { key: String, job_id: String },
+    KeyReused { key: String, job_id: JobId },
     #[error(transparent)]
     Store(#[from] StoreError),
     /// Refused by the owner's concurrent-jobs limit or token budget; nothing written.
@@ -156,7 +156,7 @@ pub async fn submit(
     }
     let now = clock.now_ms();
     check_new_job(store.as_ref(), now, admission, request.params.max_tokens).await?;
-    let (id, stored_request) = (new_id(), canonical_json(&normalised));
+    let (id, stored_request) = (JobId::new(), canonical_json(&normalised));
     // Created, claimed and its primary attempt started in one commit where
     // the route allows: this process drives it at once.
     let prestart = engine.and_then(|e| {
@@ -258,11 +258,16 @@ const READ_BACK_TRIES: u32 = 5;
 /// `201` and driven now. Not found (or the database still down): the error
 /// stands; the client retries, and a job that did commit is picked up by
 /// the next holder of its lease.
-async fn read_back_created(store: &dyn Store, id: &str, owner: &str, key: &str) -> Option<Job> {
+async fn read_back_created(
+    store: &dyn Store,
+    id: &JobId,
+    owner: &OwnerId,
+    key: &str,
+) -> Option<Job> {
     let mut delay = Duration::from_millis(20);
     for _ in 0..READ_BACK_TRIES {
         match store.find_job_by_key(owner, key).await {
-            Ok(Some(job)) if job.id == id => {
+            Ok(Some(job)) if job.id == *id => {
                 tracing::warn!(job_id = %job.id, "create's acknowledgement was lost; the job was committed and is driven now");
                 return Some(job);
             }
@@ -312,7 +317,7 @@ impl Replay<'_> {
                 job_id: job.id.clone(),
                 attempt_id: None,
                 kind: event::CONFLICT,
-                actor: self.caller.owner_id.clone(),
+                actor: self.caller.owner_id.to_string(),
                 detail: Some(detail),
                 at: self.clock.now_ms(),
             })
@@ -329,7 +334,7 @@ impl Replay<'_> {
 pub async fn find_for(
     store: &dyn Store,
     caller: &Caller,
-    id: &str,
+    id: &JobId,
 ) -> Result<Option<Job>, StoreError> {
     Ok(store
         .get_job(id)

@@ -10,7 +10,7 @@
 use crate::clock::Clock;
 use crate::domain::limits::Limits;
 use crate::domain::reason::check_reason;
-use crate::domain::{new_id, Millis};
+use crate::domain::{new_id, Millis, OwnerId};
 use crate::store::tenants::{KeyRecord, Rotation};
 use crate::store::{ApiKey, Store, StoreError};
 use rand::RngCore;
@@ -27,7 +27,7 @@ const MAX_LIFETIME: Duration = Duration::from_secs(10 * 366 * 86_400);
 /// Who is calling: the owner (tenant) of the key, never a header the client chooses.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Caller {
-    pub owner_id: String,
+    pub owner_id: OwnerId,
     pub is_admin: bool,
     /// The key used, for `last used` and the audit trail.
     pub key_id: String,
@@ -109,7 +109,7 @@ fn new_secret() -> String {
 }
 
 fn new_row(
-    owner: &str,
+    owner: &OwnerId,
     admin: bool,
     key: &str,
     now: Millis,
@@ -117,7 +117,7 @@ fn new_row(
 ) -> ApiKey {
     ApiKey {
         id: new_id(),
-        owner_id: owner.to_string(),
+        owner_id: owner.clone(),
         key_hash: hash_key(key),
         prefix: key.chars().take(SHOWN_CHARS).collect(),
         is_admin: admin,
@@ -161,7 +161,9 @@ pub async fn create_key(
 }
 
 /// Create a key, expiring `expires_in` from now when given, with limits of
-/// its own (in addition to its owner's) when any field is set.
+/// its own (in addition to its owner's) when any field is set. `owner` is
+/// the name as an admin typed it: checked here, where it becomes an
+/// [`OwnerId`].
 pub async fn create(
     store: &dyn Store,
     clock: &dyn Clock,
@@ -175,14 +177,14 @@ pub async fn create(
     }
     let limits = stored_limits(&limits)?;
     let secret = new_secret();
-    let mut row = new_row(owner, admin, &secret, clock.now_ms(), expires_in);
+    let mut row = new_row(&owner.into(), admin, &secret, clock.now_ms(), expires_in);
     row.limits = limits;
     let record = KeyRecord::from(&row);
     store.insert_api_key(row).await?;
     Ok(CreatedKey { secret, record })
 }
 
-pub async fn list(store: &dyn Store, owner: Option<&str>) -> Result<Vec<KeyRecord>, KeyError> {
+pub async fn list(store: &dyn Store, owner: Option<&OwnerId>) -> Result<Vec<KeyRecord>, KeyError> {
     Ok(store.list_api_keys(owner).await?)
 }
 

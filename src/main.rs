@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use onejob::cli::{self, DbArgs};
+use onejob::domain::{AttemptId, JobId, OwnerId};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -76,7 +77,7 @@ enum Command {
         db: DbArgs,
         /// Only this owner [default: every owner]
         #[arg(long)]
-        owner: Option<String>,
+        owner: Option<OwnerId>,
         /// Days back, today included
         #[arg(long, default_value_t = 7)]
         days: u32,
@@ -112,7 +113,7 @@ enum WebhooksCommand {
         #[command(flatten)]
         db: DbArgs,
         #[arg(long)]
-        owner: String,
+        owner: OwnerId,
         /// https://… (http and private addresses only with allow_private_networks)
         #[arg(long)]
         url: String,
@@ -127,7 +128,7 @@ enum WebhooksCommand {
         #[command(flatten)]
         db: DbArgs,
         #[arg(long)]
-        owner: Option<String>,
+        owner: Option<OwnerId>,
     },
     /// Delete an endpoint and its deliveries.
     Delete {
@@ -169,7 +170,7 @@ enum ReviewCommand {
     Resolve {
         #[command(flatten)]
         db: DbArgs,
-        job_id: String,
+        job_id: JobId,
         #[arg(long, value_parser = ["complete", "retry", "close"])]
         action: String,
         #[arg(long)]
@@ -181,7 +182,7 @@ enum ReviewCommand {
     ResolveAttempt {
         #[command(flatten)]
         db: DbArgs,
-        attempt_id: String,
+        attempt_id: AttemptId,
         #[arg(long, value_parser = ["executed", "not_executed"])]
         outcome: String,
         #[arg(long)]
@@ -301,7 +302,7 @@ enum KeysCommand {
         #[command(flatten)]
         db: DbArgs,
         #[arg(long)]
-        owner: Option<String>,
+        owner: Option<OwnerId>,
     },
     /// Refuse a key from now on (every running server within a second).
     Revoke {
@@ -332,7 +333,7 @@ enum LimitsCommand {
     Set {
         #[command(flatten)]
         db: DbArgs,
-        owner: String,
+        owner: OwnerId,
         #[arg(long)]
         requests_per_second: Option<f64>,
         #[arg(long)]
@@ -353,13 +354,13 @@ enum JobsCommand {
     Show {
         #[command(flatten)]
         db: DbArgs,
-        id: String,
+        id: JobId,
     },
     /// A job's attempts, oldest first.
     Attempts {
         #[command(flatten)]
         db: DbArgs,
-        id: String,
+        id: JobId,
     },
 }
 
@@ -440,7 +441,7 @@ fn main() -> ExitCode {
                     description,
                 } => cli::webhooks::create(&db, &owner, &url, events, description).await,
                 WebhooksCommand::List { db, owner } => {
-                    cli::webhooks::list(&db, owner.as_deref()).await
+                    cli::webhooks::list(&db, owner.as_ref()).await
                 }
                 WebhooksCommand::Delete { db, id } => cli::webhooks::delete(&db, &id).await,
                 WebhooksCommand::Rotate { db, id } => cli::webhooks::rotate(&db, &id).await,
@@ -470,7 +471,7 @@ fn main() -> ExitCode {
                     limits,
                     reason,
                 } => cli::tenants::set_key_limits(&db, &id, limits.limits(), &reason).await,
-                KeysCommand::List { db, owner } => cli::tenants::list(&db, owner.as_deref()).await,
+                KeysCommand::List { db, owner } => cli::tenants::list(&db, owner.as_ref()).await,
                 KeysCommand::Revoke { db, id } => cli::tenants::revoke(&db, &id).await,
                 KeysCommand::Rotate { db, id, grace } => {
                     cli::tenants::rotate(&db, &id, &grace).await
@@ -497,7 +498,7 @@ fn main() -> ExitCode {
                 }
             },
             Command::Usage { db, owner, days } => {
-                cli::tenants::usage(&db, owner.as_deref(), days).await
+                cli::tenants::usage(&db, owner.as_ref(), days).await
             }
             Command::Jobs {
                 command: JobsCommand::Show { db, id },

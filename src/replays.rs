@@ -15,7 +15,7 @@
 //! flush in one commit. A crash loses at most the replays counted since the
 //! last flush (they were never acknowledged as anything but replays).
 
-use crate::domain::{Attempt, Job, Millis};
+use crate::domain::{Attempt, Job, JobId, Millis, OwnerId};
 use crate::store::{event, NewEvent, Store};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -128,7 +128,7 @@ impl FinishedJobs {
         }
     }
 
-    pub fn get(&self, owner: &str, key: &str) -> Option<Remembered> {
+    pub fn get(&self, owner: &OwnerId, key: &str) -> Option<Remembered> {
         let slot = slot(owner, key);
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(hit) = g.young.get(&slot) {
@@ -153,7 +153,7 @@ impl FinishedJobs {
 
     /// [`Self::remember`] and [`Self::remember_winner`] in one.
     pub fn remember_with_winner(&self, job: &Job, body_digest: Option<[u8; 32]>, winner: &Attempt) {
-        if job.completed_by.as_ref() != Some(&winner.id) {
+        if job.completed_by.as_deref() != Some(winner.id.as_str()) {
             return self.remember(job, body_digest);
         }
         let winner = Attempt {
@@ -215,7 +215,7 @@ impl Generations {
 /// Replays counted per job between flushes.
 #[derive(Default)]
 pub struct ReplayAudit {
-    pending: Mutex<HashMap<String, Counted>>,
+    pending: Mutex<HashMap<JobId, Counted>>,
 }
 
 struct Counted {
@@ -227,7 +227,7 @@ struct Counted {
 
 impl ReplayAudit {
     /// Count one replay of `job_id` by `actor` at `at`.
-    pub fn record(&self, job_id: &str, actor: &str, at: Millis) {
+    pub fn record(&self, job_id: &JobId, actor: &str, at: Millis) {
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         match pending.get_mut(job_id) {
             Some(c) => {
@@ -237,7 +237,7 @@ impl ReplayAudit {
             }
             None => {
                 pending.insert(
-                    job_id.to_string(),
+                    job_id.clone(),
                     Counted {
                         actor: actor.to_string(),
                         count: 1,
@@ -252,7 +252,7 @@ impl ReplayAudit {
     /// Write what was counted since the last flush, in one commit. On a
     /// failure the counts are lost (logged); the replays were answered.
     pub async fn flush(&self, store: &dyn Store) {
-        let drained: Vec<(String, Counted)> = {
+        let drained: Vec<(JobId, Counted)> = {
             let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
             if pending.is_empty() {
                 return;
@@ -298,7 +298,7 @@ mod tests {
 
     fn job(key: &str, state: JobState, result: &str) -> Job {
         Job {
-            id: format!("job-{key}"),
+            id: format!("job-{key}").into(),
             owner_id: "acme".into(),
             idempotency_key: key.into(),
             fingerprint: "f".into(),
@@ -327,12 +327,15 @@ mod tests {
         jobs.remember(&job("c", JobState::Failed, "x"), None);
         jobs.remember(&job("d", JobState::Running, "x"), None);
         jobs.remember(&job("e", JobState::NeedsReview, "x"), None);
-        assert!(jobs.get("acme", "a").is_some());
-        assert!(jobs.get("acme", "b").is_some());
-        assert!(jobs.get("acme", "c").is_none());
-        assert!(jobs.get("acme", "d").is_none());
-        assert!(jobs.get("acme", "e").is_none());
-        assert!(jobs.get("other-owner", "a").is_none(), "keys are per owner");
+        assert!(jobs.get(&"acme".into(), "a").is_some());
+        assert!(jobs.get(&"acme".into(), "b").is_some());
+        assert!(jobs.get(&"acme".into(), "c").is_none());
+        assert!(jobs.get(&"acme".into(), "d").is_none());
+        assert!(jobs.get(&"acme".into(), "e").is_none());
+        assert!(
+            jobs.get(&"other-owner".into(), "a").is_none(),
+            "keys are per owner"
+        );
     }
 
     #[test]
@@ -343,12 +346,21 @@ mod tests {
         for i in 0..10_000 {
             jobs.remember(&job(&format!("k{i:05}"), JobState::Succeeded, "x"), None);
             if i % 20 == 0 {
-                assert!(jobs.get("acme", "hot").is_some(), "a replayed job stays");
+                assert!(
+                    jobs.get(&"acme".into(), "hot").is_some(),
+                    "a replayed job stays"
+                );
             }
         }
         assert!(jobs.len() <= 100, "held {}", jobs.len());
-        assert!(jobs.get("acme", "k00000").is_none(), "the oldest went");
-        assert!(jobs.get("acme", "k09999").is_some(), "the newest stays");
+        assert!(
+            jobs.get(&"acme".into(), "k00000").is_none(),
+            "the oldest went"
+        );
+        assert!(
+            jobs.get(&"acme".into(), "k09999").is_some(),
+            "the newest stays"
+        );
     }
 
     #[test]
@@ -357,7 +369,7 @@ mod tests {
         let digest = body_digest(b"{\"messages\":[]}");
         jobs.remember(&job("a", JobState::Succeeded, "x"), Some(digest));
         jobs.remember(&job("a", JobState::Succeeded, "x"), None);
-        let hit = jobs.get("acme", "a").expect("remembered");
+        let hit = jobs.get(&"acme".into(), "a").expect("remembered");
         assert!(hit.same_body(&digest));
         assert!(!hit.same_body(&body_digest(b"{}")));
     }

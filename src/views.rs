@@ -1,13 +1,13 @@
 //! What the API shows of jobs and attempts.
 
 use crate::clock::rfc3339;
-use crate::domain::{Attempt, AttemptState, ErrorKind, Job, JobState};
+use crate::domain::{Attempt, AttemptId, AttemptState, ErrorKind, Job, JobId, JobState};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
 #[derive(Debug, Serialize)]
 pub struct JobView {
-    pub id: String,
+    pub id: JobId,
     pub state: JobState,
     pub version: i64,
     pub route: String,
@@ -45,7 +45,7 @@ impl JobView {
 
 #[derive(Debug, Serialize)]
 pub struct AttemptView {
-    pub id: String,
+    pub id: AttemptId,
     pub seq: i64,
     pub provider: String,
     pub kind: crate::domain::AttemptKind,

@@ -9,6 +9,7 @@ mod common;
 
 use common::world::{route, start_world, ProviderSpec, World};
 use common::{chat_body, Backend};
+use onejob::domain::JobId;
 use serde_json::json;
 use std::time::Duration;
 
@@ -358,7 +359,7 @@ async fn an_admin_sees_a_hedged_job_switches_a_provider_and_resolves_a_review_it
     assert_eq!((status, location.as_str()), (303, "/ui/review"));
     let job = world.job(&stuck).await;
     assert_eq!(job["state"], "cancelled");
-    let events = world.store.list_events(&stuck).await.unwrap();
+    let events = world.store.list_events(&JobId::from(&stuck)).await.unwrap();
     let resolved = events.iter().find(|e| e.kind == "resolved").unwrap();
     assert_eq!(resolved.actor, "admin:ops");
     assert!(resolved

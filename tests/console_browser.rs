@@ -12,6 +12,7 @@ mod common;
 use common::webdriver::Browser;
 use common::world::{route, start_world, ProviderSpec};
 use common::{chat_body, Backend};
+use onejob::domain::JobId;
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -245,7 +246,7 @@ async fn an_admin_works_the_console_in_a_browser() {
     })
     .await;
     assert_eq!(world.job(&stuck).await["state"], "cancelled");
-    let events = world.store.list_events(&stuck).await.unwrap();
+    let events = world.store.list_events(&JobId::from(&stuck)).await.unwrap();
     let resolved = events.iter().find(|e| e.kind == "resolved").unwrap();
     assert_eq!(resolved.actor, "admin:ops");
     assert!(resolved

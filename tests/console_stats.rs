@@ -12,7 +12,7 @@ mod common;
 use common::{Backend, TestDb};
 use onejob::domain::attempt::{NewAttempt, Success, Usage};
 use onejob::domain::job::NewJob;
-use onejob::domain::{new_id, AttemptKind};
+use onejob::domain::{AttemptId, AttemptKind, JobId};
 use onejob::store::console::{histogram_percentile, WindowStats};
 use onejob::store::{AttemptOutcome, CreateOutcome, FinishAttempt, FinishOutcome, Store};
 use std::collections::BTreeMap;
@@ -25,11 +25,17 @@ const USAGE: Usage = Usage {
     completion_tokens: 5,
 };
 
-async fn start(store: &dyn Store, job: &str, provider: &str, kind: AttemptKind, at: i64) -> String {
+async fn start(
+    store: &dyn Store,
+    job: &JobId,
+    provider: &str,
+    kind: AttemptKind,
+    at: i64,
+) -> AttemptId {
     store
         .start_attempt(NewAttempt {
-            id: new_id(),
-            job_id: job.to_string(),
+            id: AttemptId::new(),
+            job_id: job.clone(),
             provider: provider.into(),
             kind,
             max_hedges: 1,
@@ -42,10 +48,15 @@ async fn start(store: &dyn Store, job: &str, provider: &str, kind: AttemptKind, 
         .id
 }
 
-async fn finish(store: &dyn Store, attempt: &str, end: AttemptOutcome, at: i64) -> FinishOutcome {
+async fn finish(
+    store: &dyn Store,
+    attempt: &AttemptId,
+    end: AttemptOutcome,
+    at: i64,
+) -> FinishOutcome {
     store
         .finish_attempt(FinishAttempt {
-            attempt_id: attempt.to_string(),
+            attempt_id: attempt.clone(),
             outcome: end,
             at,
             actor: "engine".into(),
@@ -101,7 +112,7 @@ async fn the_overview_over_a_week_counts_every_attempt_once_and_its_latency(back
     {
         let job = match store
             .create_job(NewJob {
-                id: new_id(),
+                id: JobId::new(),
                 owner_id: "alice".into(),
                 idempotency_key: format!("order-{i}"),
                 fingerprint: "f".into(),

@@ -9,6 +9,7 @@ mod common;
 
 use common::world::{route, start_world, write_provider, ProviderSpec};
 use common::{chat_body, Backend};
+use onejob::domain::JobId;
 use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::time::Duration;
@@ -234,7 +235,7 @@ async fn review_resolutions_are_audited(backend: Backend) {
         (status, body["error"]["code"].as_str()),
         (409, Some("job_finished"))
     );
-    let events = world.store.list_events(&id).await.unwrap();
+    let events = world.store.list_events(&JobId::from(&id)).await.unwrap();
     let resolved = events.iter().find(|e| e.kind == "resolved").unwrap();
     assert_eq!(resolved.actor, "admin:ops");
     assert!(resolved

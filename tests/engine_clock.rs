@@ -19,7 +19,7 @@ use common::{Backend, TestDb};
 use onejob::clock::Clock;
 use onejob::config::{Config, Overrides, RouteConfig};
 use onejob::domain::request::IdempotencyKey;
-use onejob::domain::{Attempt, AttemptKind, AttemptState, Job, JobState, Millis};
+use onejob::domain::{Attempt, AttemptId, AttemptKind, AttemptState, Job, JobId, JobState, Millis};
 use onejob::engine::{Engine, Gate};
 use onejob::keys::Caller;
 use onejob::metrics::Metrics;
@@ -188,7 +188,7 @@ impl Bench {
 
     async fn submit(&self, key: &str) -> Job {
         let caller = Caller {
-            owner_id: OWNER.to_string(),
+            owner_id: OWNER.into(),
             is_admin: false,
             key_id: "k".to_string(),
             key_family: "k".to_string(),
@@ -209,7 +209,7 @@ impl Bench {
             &caller,
             &IdempotencyKey::parse(key.as_bytes()).unwrap(),
             body.to_string().as_bytes(),
-            &Admission::unlimited(OWNER),
+            &Admission::unlimited(&OWNER.into()),
         )
         .await
         .unwrap()
@@ -219,7 +219,7 @@ impl Bench {
     /// Let simulated time pass until `check` holds (at most `limit` of it).
     async fn until(
         &self,
-        id: &str,
+        id: &JobId,
         limit: Duration,
         check: impl Fn(&Job, &[Attempt]) -> bool,
     ) -> (Job, Vec<Attempt>) {
@@ -238,7 +238,7 @@ impl Bench {
         }
     }
 
-    fn executions(&self, job_id: &str, provider: &str) -> u32 {
+    fn executions(&self, job_id: &JobId, provider: &str) -> u32 {
         self.providers[provider].executions(&stable_key(job_id, provider))
     }
 
@@ -481,12 +481,11 @@ struct LeftBehind<'a> {
 impl LeftBehind<'_> {
     /// Write the job (if `job_id` is `None`) and the attempt; the job's id
     /// and the attempt's.
-    async fn write(&self, store: &SyncStore, job_id: Option<&str>) -> (String, String) {
+    async fn write(&self, store: &SyncStore, job_id: Option<&JobId>) -> (JobId, AttemptId) {
         use onejob::domain::attempt::NewAttempt;
         use onejob::domain::job::NewJob;
-        use onejob::domain::new_id;
         let job_id = match job_id {
-            Some(id) => id.to_string(),
+            Some(id) => id.clone(),
             None => {
                 let request = serde_json::json!({
                     "messages": [{"content": self.content, "role": "user"}],
@@ -495,7 +494,7 @@ impl LeftBehind<'_> {
                 })
                 .to_string();
                 let job = NewJob {
-                    id: new_id(),
+                    id: JobId::new(),
                     owner_id: OWNER.into(),
                     idempotency_key: self.key.into(),
                     fingerprint: "f".into(),
@@ -513,7 +512,7 @@ impl LeftBehind<'_> {
         };
         let attempt = store
             .start_attempt(NewAttempt {
-                id: new_id(),
+                id: AttemptId::new(),
                 job_id: job_id.clone(),
                 provider: self.provider.into(),
                 kind: self.kind,
@@ -528,7 +527,7 @@ impl LeftBehind<'_> {
     }
 }
 
-async fn orphaned_attempt(bench: &Bench, key: &str, finished: bool) -> (String, String) {
+async fn orphaned_attempt(bench: &Bench, key: &str, finished: bool) -> (JobId, AttemptId) {
     use onejob::store::{AttemptOutcome, FinishAttempt, JobTransition};
     let now = bench.clock.now_ms();
     let mut left = LeftBehind {

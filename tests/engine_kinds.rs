@@ -20,6 +20,7 @@ mod common;
 use common::world::{route, set_window, start_world, ProviderSpec, World};
 use common::Backend;
 use onejob::config::{Config, RouteConfig};
+use onejob::domain::JobId;
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -291,7 +292,7 @@ async fn healthy_answer(world: &World, text: &str) -> String {
 /// What the simulator generated for the job at the fallback (given a
 /// prefill, only the rest of the answer).
 fn fallback_output(world: &World, job_id: &str) -> String {
-    let key = onejob::providers::stable_key(job_id, "fallback");
+    let key = onejob::providers::stable_key(&JobId::from(job_id), "fallback");
     world.sim.ledger().answer(&key).unwrap().output
 }
 

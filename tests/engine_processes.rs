@@ -11,6 +11,7 @@ use common::world::{distrust_keys_in, provider_dir, ProviderSpec};
 use common::{chat_body, postgres_admin_url, Backend, TestDb};
 use futures::StreamExt;
 use onejob::clock::SystemClock;
+use onejob::domain::JobId;
 use onejob::domain::{AttemptKind, AttemptState, JobState};
 use onejob::providers::stable_key;
 use onejob::sim::{SimHandle, SimServer};
@@ -60,11 +61,13 @@ async fn submit(
 
 /// What the simulator saw for a job's key at `provider`.
 fn executions(sim: &SimHandle, job_id: &str, provider: &str) -> u64 {
-    sim.ledger().executions(&stable_key(job_id, provider))
+    sim.ledger()
+        .executions(&stable_key(&JobId::from(job_id), provider))
 }
 
 fn deliveries(sim: &SimHandle, job_id: &str, provider: &str) -> u64 {
-    sim.ledger().deliveries(&stable_key(job_id, provider))
+    sim.ledger()
+        .deliveries(&stable_key(&JobId::from(job_id), provider))
 }
 
 const JOBS: usize = 500;
@@ -153,8 +156,12 @@ async fn a_server_killed_mid_flight_loses_nothing_and_runs_nothing_twice(backend
     let mut retried = 0;
     let mut hedged = 0;
     for id in &ids {
-        let job = store.get_job(id).await.unwrap().expect("the job exists");
-        let attempts = store.list_attempts(id).await.unwrap();
+        let job = store
+            .get_job(&JobId::from(id))
+            .await
+            .unwrap()
+            .expect("the job exists");
+        let attempts = store.list_attempts(&JobId::from(id)).await.unwrap();
         assert!(
             matches!(job.state, JobState::Succeeded | JobState::NeedsReview),
             "job {id} is {:?}",
@@ -304,8 +311,8 @@ async fn three_servers_on_one_postgres_share_the_work_and_make_one_job_per_key()
     let mut actors: BTreeMap<String, usize> = BTreeMap::new();
     for (_, answers) in per_key {
         let id = &answers[0].1;
-        let job = store.get_job(id).await.unwrap().unwrap();
-        let attempts = store.list_attempts(id).await.unwrap();
+        let job = store.get_job(&JobId::from(id)).await.unwrap().unwrap();
+        let attempts = store.list_attempts(&JobId::from(id)).await.unwrap();
         let winners: Vec<_> = attempts
             .iter()
             .filter(|a| a.state == AttemptState::Succeeded)
@@ -314,7 +321,7 @@ async fn three_servers_on_one_postgres_share_the_work_and_make_one_job_per_key()
         assert_eq!(job.completed_by.as_deref(), Some(winners[0].id.as_str()));
         assert_eq!(executions(&sim, id, "primary"), 1, "job {id}");
         assert_eq!(deliveries(&sim, id, "primary"), 1, "job {id} sent once");
-        let events = store.list_events(id).await.unwrap();
+        let events = store.list_events(&JobId::from(id)).await.unwrap();
         let won = events
             .iter()
             .find(|e| e.kind == "attempt_succeeded")
@@ -399,7 +406,7 @@ async fn every_201_survives_a_kill_the_moment_it_arrives(backend: Backend) {
     }
     assert!(server.is_none(), "no create was answered 201");
     for id in &acknowledged {
-        let job = store.get_job(id).await.unwrap();
+        let job = store.get_job(&JobId::from(id)).await.unwrap();
         assert!(
             job.is_some(),
             "job {id} was answered 201 and is not in the database"

@@ -5,6 +5,7 @@
 mod common;
 
 use common::{chat_body, error_code, spawn_app, Backend};
+use onejob::domain::JobId;
 use serde_json::{json, Value};
 use std::collections::HashSet;
 
@@ -56,7 +57,7 @@ async fn double_click_creates_exactly_one_job(backend: Backend) {
     assert_eq!(ids.len(), 1, "every answer names the same job");
     assert_eq!(app.store.count_jobs().await.unwrap(), 1);
     let id = ids.into_iter().next().unwrap();
-    let events = app.store.list_events(&id).await.unwrap();
+    let events = app.store.list_events(&JobId::from(&id)).await.unwrap();
     assert_eq!(events.iter().filter(|e| e.kind == "created").count(), 1);
     app.stop().await;
 }
@@ -69,7 +70,7 @@ async fn same_key_with_other_payload_is_a_conflict(backend: Backend) {
     assert_eq!(first.status(), 201);
     let job: Value = first.json().await.unwrap();
     let id = job["id"].as_str().unwrap();
-    let before = app.store.get_job(id).await.unwrap().unwrap();
+    let before = app.store.get_job(&JobId::from(id)).await.unwrap().unwrap();
 
     let conflict = app
         .post_job(&app.key, "order-7", &chat_body("refund order 8"))
@@ -79,14 +80,14 @@ async fn same_key_with_other_payload_is_a_conflict(backend: Backend) {
     assert_eq!(error_code(conflict).await, "idempotency_key_reused");
 
     assert_eq!(
-        app.store.get_job(id).await.unwrap().unwrap(),
+        app.store.get_job(&JobId::from(id)).await.unwrap().unwrap(),
         before,
         "the stored job is unchanged"
     );
     assert_eq!(app.store.count_jobs().await.unwrap(), 1, "no job was added");
     let kinds: Vec<String> = app
         .store
-        .list_events(id)
+        .list_events(&JobId::from(id))
         .await
         .unwrap()
         .into_iter()

@@ -11,7 +11,7 @@ use common::{Backend, TestDb};
 use onejob::config::DatabaseUrl;
 use onejob::domain::attempt::NewAttempt;
 use onejob::domain::job::NewJob;
-use onejob::domain::{new_id, AttemptKind, AttemptState, JobState};
+use onejob::domain::{new_id, AttemptId, AttemptKind, AttemptState, JobId, JobState, OwnerId};
 use onejob::store::{
     AttemptOutcome, AttemptResolution, CreateOutcome, FinishAttempt, JobResolution, JobTransition,
     Store,
@@ -74,13 +74,13 @@ async fn exec(db: &TestDb, sql: &str, binds: &[&str]) {
 }
 
 /// A job of `OWNER` in `state`, runnable (as far as its row goes) and free.
-async fn job_in(db: &TestDb, store: &dyn Store, state: JobState) -> String {
+async fn job_in(db: &TestDb, store: &dyn Store, state: JobState) -> JobId {
     job_of(db, store, state, OWNER).await
 }
 
-async fn job_of(db: &TestDb, store: &dyn Store, state: JobState, owner: &str) -> String {
+async fn job_of(db: &TestDb, store: &dyn Store, state: JobState, owner: &str) -> JobId {
     let job = NewJob {
-        id: new_id(),
+        id: JobId::new(),
         owner_id: owner.into(),
         idempotency_key: new_id(),
         fingerprint: "f".into(),
@@ -104,8 +104,8 @@ async fn job_of(db: &TestDb, store: &dyn Store, state: JobState, owner: &str) ->
 }
 
 /// An attempt row of `job_id` on `provider` in `state`.
-async fn attempt_in(db: &TestDb, job_id: &str, provider: &str, state: AttemptState) -> String {
-    let id = new_id();
+async fn attempt_in(db: &TestDb, job_id: &JobId, provider: &str, state: AttemptState) -> AttemptId {
+    let id = AttemptId::new();
     exec(
         db,
         "INSERT INTO attempts (id, job_id, seq, provider, kind, state, read_version, started_at) \
@@ -122,10 +122,10 @@ async fn attempt_in(db: &TestDb, job_id: &str, provider: &str, state: AttemptSta
     id
 }
 
-fn new_attempt(job_id: &str, provider: &str, kind: AttemptKind) -> NewAttempt {
+fn new_attempt(job_id: &JobId, provider: &str, kind: AttemptKind) -> NewAttempt {
     NewAttempt {
-        id: new_id(),
-        job_id: job_id.to_string(),
+        id: AttemptId::new(),
+        job_id: job_id.clone(),
         provider: provider.into(),
         kind,
         max_hedges: 1,
@@ -165,7 +165,7 @@ async fn every_job_state_is_accepted_exactly_where_the_predicates_say(backend: B
     for state in JobState::ALL {
         let takes = state.takes_attempts();
 
-        let owner = format!("owner-{}", state.as_str());
+        let owner = OwnerId::from(format!("owner-{}", state.as_str()));
         let depth_before = store.review_queue_depth().await.unwrap();
         let id = job_of(&db, s, state, &owner).await;
         let claimed = store

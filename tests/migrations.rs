@@ -6,6 +6,7 @@
 //! updates and deletes, and new events take ids after the old ones.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
+use onejob::domain::JobId;
 use onejob::store::prelude::*;
 use onejob::store::sqlite::SqliteStore;
 use onejob::store::{event, NewEvent};
@@ -63,7 +64,7 @@ async fn an_event_log_from_before_migration_0012_keeps_its_ids_and_stays_append_
 
     let store = SqliteStore::open(&file).await.unwrap();
     store.migrate().await.unwrap();
-    let events = store.list_events("job-1").await.unwrap();
+    let events = store.list_events(&JobId::from("job-1")).await.unwrap();
     let kept: Vec<(i64, &str, i64)> = events
         .iter()
         .map(|e| (e.id, e.kind.as_str(), e.at))
@@ -87,7 +88,7 @@ async fn an_event_log_from_before_migration_0012_keeps_its_ids_and_stays_append_
         })
         .await
         .unwrap();
-    let events = store.list_events("job-1").await.unwrap();
+    let events = store.list_events(&JobId::from("job-1")).await.unwrap();
     assert_eq!(events.len(), 4);
     assert_eq!(events[3].id, 8, "a new event's id follows the old ones");
     store.close().await;

@@ -7,6 +7,7 @@ mod common;
 
 use common::world::{route, start_faulty_world, start_world, ProviderSpec, World};
 use common::{chat_body, Backend};
+use onejob::domain::JobId;
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -44,7 +45,7 @@ async fn replay_events(world: &World, job_id: &str, expected: u64) -> Vec<Value>
     loop {
         let events: Vec<Value> = world
             .store
-            .list_events(job_id)
+            .list_events(&JobId::from(job_id))
             .await
             .unwrap()
             .into_iter()
@@ -120,7 +121,7 @@ async fn replays_of_a_finished_job_come_from_memory_and_are_audited(backend: Bac
     let (status, _, error) = post_raw(&world, "order-42", &other).await;
     assert_eq!(status, 409);
     assert_eq!(error["error"]["code"], "idempotency_key_reused");
-    let events = world.store.list_events(&id).await.unwrap();
+    let events = world.store.list_events(&JobId::from(&id)).await.unwrap();
     assert!(
         events.iter().any(|e| e.kind == "conflict"),
         "the conflict is in the event log: {events:?}"
@@ -159,7 +160,12 @@ async fn a_late_losers_error_leaves_a_succeeded_job_unchanged(backend: Backend) 
     assert_eq!(status, 201);
     assert_eq!(job["state"], "succeeded", "{job}");
     let id = job["id"].as_str().unwrap().to_string();
-    let won = world.store.get_job(&id).await.unwrap().unwrap();
+    let won = world
+        .store
+        .get_job(&JobId::from(&id))
+        .await
+        .unwrap()
+        .unwrap();
 
     // The primary's answer arrives broken after the hedge won: the outcome
     // is unknown, then reconciled (it executed) and discarded. Its error is
@@ -172,7 +178,12 @@ async fn a_late_losers_error_leaves_a_succeeded_job_unchanged(backend: Backend) 
         .await;
     let primary = attempts.iter().find(|a| a["kind"] == "primary").unwrap();
     assert!(!primary["error_kind"].is_null(), "{primary}");
-    let after = world.store.get_job(&id).await.unwrap().unwrap();
+    let after = world
+        .store
+        .get_job(&JobId::from(&id))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(after, won, "the succeeded job's row did not change");
     assert_eq!(after.last_error, None);
     world.stop().await;
@@ -251,7 +262,11 @@ async fn a_chat_replay_names_its_winner_without_reading_the_attempts_again(backe
     );
     // The attempt the answers named is the row the store holds.
     let job_id = job_id.expect("the job is named");
-    let stored = world.store.list_attempts(&job_id).await.unwrap();
+    let stored = world
+        .store
+        .list_attempts(&JobId::from(&job_id))
+        .await
+        .unwrap();
     let won = stored
         .iter()
         .find(|a| a.id == attempt)

@@ -11,6 +11,7 @@ mod common;
 use common::world::{distrust_keys, route, set_window, start_world, ProviderSpec, World};
 use common::{chat_body, Backend};
 use onejob::domain::AttemptState;
+use onejob::domain::JobId;
 use serde_json::Value;
 use std::time::Duration;
 
@@ -99,7 +100,7 @@ async fn an_unknown_ending_is_hedged_to_the_fallback_at_once(backend: Backend) {
         assert_eq!(world.executions(&id, "fallback"), 1, "{fault}");
         let events: Vec<String> = world
             .store
-            .list_events(&id)
+            .list_events(&JobId::from(&id))
             .await
             .unwrap()
             .into_iter()
@@ -165,7 +166,7 @@ async fn a_rate_limit_retries_the_same_provider_no_sooner_than_retry_after(backe
         (Some("rate_limited"), Some("primary"), Some("retry"))
     );
     assert_eq!(job["completed_by"], attempts[1]["id"]);
-    let stored = world.store.list_attempts(&id).await.unwrap();
+    let stored = world.store.list_attempts(&JobId::from(&id)).await.unwrap();
     let waited = stored[1].started_at - stored[0].finished_at.unwrap();
     assert!(
         waited >= 1_000,
@@ -303,7 +304,7 @@ async fn a_content_filter_fails_the_job_after_one_attempt(backend: Backend) {
     let (job, attempts) = world.until(&id, WAIT, |j, _| state(j) == "failed").await;
     assert_eq!(attempts.len(), 1, "{attempts:?}");
     assert_eq!(attempts[0]["error_kind"], "content_policy");
-    let stored = world.store.list_attempts(&id).await.unwrap();
+    let stored = world.store.list_attempts(&JobId::from(&id)).await.unwrap();
     assert_eq!(stored[0].state, AttemptState::Failed);
     let last_error = job["last_error"].as_str().unwrap();
     assert!(

@@ -10,6 +10,7 @@ mod common;
 use common::world::{route, set_window, start_world, ProviderSpec, World};
 use common::Backend;
 use onejob::clock::SystemClock;
+use onejob::domain::JobId;
 use serde_json::{json, Value};
 
 on_both_backends!(
@@ -348,8 +349,17 @@ async fn another_owners_response_is_not_found_like_an_unknown_one(backend: Backe
         })
         .await;
     assert_eq!(job["state"], "succeeded", "bob's cancel cancelled nothing");
-    let row = world.store.get_job(&job_id).await.unwrap().unwrap();
-    let events = world.store.list_events(&job_id).await.unwrap();
+    let row = world
+        .store
+        .get_job(&JobId::from(&job_id))
+        .await
+        .unwrap()
+        .unwrap();
+    let events = world
+        .store
+        .list_events(&JobId::from(&job_id))
+        .await
+        .unwrap();
     assert!(
         !events.iter().any(|e| e.actor == "bob"),
         "bob left no trace on alice's job: {events:?}"
@@ -715,7 +725,7 @@ async fn cancel_delete_and_input_items_answer_in_openai_shapes(backend: Backend)
     }
     let job_id = done.headers["x-onejob-job-id"].to_str().unwrap();
     assert_eq!(world.job(job_id).await["state"], "succeeded");
-    let events = world.store.list_events(job_id).await.unwrap();
+    let events = world.store.list_events(&JobId::from(job_id)).await.unwrap();
     assert!(events
         .iter()
         .any(|e| e.kind == "response_deleted" && e.actor == "alice"));

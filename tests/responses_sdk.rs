@@ -12,6 +12,7 @@ use common::python::{cases_of, cases_with, python};
 use common::world::{provider_dir, route, start_world, ProviderSpec, World};
 use common::{Backend, TestDb};
 use onejob::clock::SystemClock;
+use onejob::domain::JobId;
 use onejob::domain::{AttemptState, JobState};
 use onejob::providers::stable_key;
 use onejob::sim::SimServer;
@@ -29,7 +30,12 @@ fn spec(name: &'static str, model: &'static str) -> ProviderSpec {
 }
 
 async fn request_of(world: &World, job_id: &str) -> Value {
-    let job = world.store.get_job(job_id).await.unwrap().unwrap();
+    let job = world
+        .store
+        .get_job(&JobId::from(job_id))
+        .await
+        .unwrap()
+        .unwrap();
     serde_json::from_str(&job.request).unwrap()
 }
 
@@ -330,7 +336,7 @@ async fn a_background_response_survives_a_kill_9_of_its_server(backend: Backend)
         ["background_start"],
     )
     .await;
-    let job_id = started["job_id"].as_str().unwrap().to_string();
+    let job_id = JobId::from(started["job_id"].as_str().unwrap());
 
     // Kill A while its attempt is at the provider.
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -7,7 +7,7 @@ mod common;
 use common::{Backend, TestDb};
 use onejob::domain::attempt::NewAttempt;
 use onejob::domain::job::NewJob;
-use onejob::domain::{new_id, AttemptKind, AttemptState, JobState};
+use onejob::domain::{AttemptId, AttemptKind, AttemptState, JobId, JobState};
 use onejob::store::{AttemptOutcome, FinishAttempt, JobTransition, Store};
 use std::process::{Command, Output};
 
@@ -26,9 +26,9 @@ fn onejob(db: &TestDb, args: &[&str]) -> Output {
 }
 
 /// A job whose only attempt is unknown and that went to review.
-async fn job_in_review(store: &dyn Store) -> (String, String) {
+async fn job_in_review(store: &dyn Store) -> (JobId, AttemptId) {
     let job = NewJob {
-        id: new_id(),
+        id: JobId::new(),
         owner_id: "alice".into(),
         idempotency_key: "invoice-7:send".into(),
         fingerprint: "f".into(),
@@ -42,7 +42,7 @@ async fn job_in_review(store: &dyn Store) -> (String, String) {
     let job_id = job.id.clone();
     store.create_job(job).await.unwrap();
     let attempt = NewAttempt {
-        id: new_id(),
+        id: AttemptId::new(),
         job_id: job_id.clone(),
         provider: "sim".into(),
         kind: AttemptKind::Primary,
@@ -81,7 +81,7 @@ async fn review_queue_from_the_command_line(backend: Backend) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let row = stdout
         .lines()
-        .find(|l| l.starts_with(&job_id))
+        .find(|l| l.starts_with(job_id.as_str()))
         .unwrap_or_else(|| panic!("{stdout}"));
     assert!(
         row.contains("alice")

@@ -20,6 +20,7 @@ mod common;
 
 use common::world::{route, start_faulty_world, ProviderSpec, World};
 use common::{chat_body, Backend};
+use onejob::domain::{JobId, OwnerId};
 use onejob::store::faulty::{FaultyStore, HoldPoint};
 use serde_json::Value;
 use std::sync::Arc;
@@ -169,7 +170,7 @@ async fn a_lost_acknowledgement_of_the_answer_is_read_back_not_run_again(backend
     assert_eq!(job["version"], 1, "{job}");
     assert_eq!(world.executions(id, "sim"), 1);
     // The result was recorded once: one success event, no race.
-    let events = world.store.list_events(id).await.unwrap();
+    let events = world.store.list_events(&JobId::from(id)).await.unwrap();
     let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
     assert_eq!(
         kinds.iter().filter(|k| **k == "attempt_succeeded").count(),
@@ -277,7 +278,7 @@ async fn a_submit_dropped_after_its_commit_has_its_job_driven_at_once(backend: B
     drop_after_commit(&world, &faulty, "create_job", request).await;
     let job = world
         .store
-        .find_job_by_key("alice", "gone-1")
+        .find_job_by_key(&OwnerId::from("alice"), "gone-1")
         .await
         .unwrap()
         .expect("the job was committed");

@@ -8,7 +8,7 @@ mod common;
 
 use common::{Backend, TestDb};
 use onejob::domain::job::NewJob;
-use onejob::domain::new_id;
+use onejob::domain::{JobId, OwnerId};
 use onejob::store::faulty::{FaultyStore, HoldPoint};
 use onejob::store::prelude::*;
 use onejob::store::{CreateOutcome, Store};
@@ -24,7 +24,7 @@ on_both_backends!(
 
 fn new_job(key: &str) -> NewJob {
     NewJob {
-        id: new_id(),
+        id: JobId::new(),
         owner_id: "alice".into(),
         idempotency_key: key.into(),
         fingerprint: "f".into(),
@@ -61,7 +61,11 @@ async fn a_failure_after_commit_has_written_the_row(backend: Backend) {
     let (_db, store) = faulty(backend).await;
     store.fail_next_after_commit("create_job", 1);
     assert!(store.create_job(new_job("k")).await.is_err());
-    assert!(store.find_job_by_key("alice", "k").await.unwrap().is_some());
+    assert!(store
+        .find_job_by_key(&OwnerId::from("alice"), "k")
+        .await
+        .unwrap()
+        .is_some());
     // The client's retry finds the job the lost answer had created.
     let again = store.create_job(new_job("k")).await.unwrap();
     assert!(matches!(again, CreateOutcome::Existing(_)), "{again:?}");
@@ -72,7 +76,7 @@ async fn a_blip_fails_every_call_until_it_ends(backend: Backend) {
     store.set_down(true);
     assert!(store.ping().await.unwrap_err().is_transient());
     assert!(store.create_job(new_job("k")).await.is_err());
-    assert!(store.get_job("nope").await.is_err());
+    assert!(store.get_job(&JobId::from("nope")).await.is_err());
     store.set_down(false);
     store.ping().await.unwrap();
     assert_eq!(store.count_jobs().await.unwrap(), 0);
@@ -89,7 +93,11 @@ async fn a_held_call_parks_after_the_commit_until_released(backend: Backend) {
         .await
         .expect("the call parks");
     // Committed, and its caller has not been answered.
-    assert!(store.find_job_by_key("alice", "k").await.unwrap().is_some());
+    assert!(store
+        .find_job_by_key(&OwnerId::from("alice"), "k")
+        .await
+        .unwrap()
+        .is_some());
     assert!(!call.is_finished());
     store.release("create_job");
     let created = call.await.unwrap().unwrap();

@@ -7,7 +7,7 @@ mod common;
 use common::{Backend, TestDb};
 use onejob::domain::attempt::NewAttempt;
 use onejob::domain::job::NewJob;
-use onejob::domain::{new_id, AttemptKind, AttemptState, GuardRefusal, JobState};
+use onejob::domain::{new_id, AttemptId, AttemptKind, AttemptState, GuardRefusal, JobId, JobState};
 use onejob::store::{
     AttemptOutcome, CreateOutcome, FinishAttempt, FinishOutcome, JobTransition, Store,
 };
@@ -24,9 +24,9 @@ on_both_backends!(
     forty_concurrent_wins_of_one_owner_add_up_across_shards,
 );
 
-async fn new_job(store: &dyn Store) -> String {
+async fn new_job(store: &dyn Store) -> JobId {
     let job = NewJob {
-        id: new_id(),
+        id: JobId::new(),
         owner_id: "alice".into(),
         idempotency_key: new_id(),
         fingerprint: "f".into(),
@@ -43,10 +43,10 @@ async fn new_job(store: &dyn Store) -> String {
     }
 }
 
-fn attempt(job_id: &str, kind: AttemptKind, max_hedges: i64) -> NewAttempt {
+fn attempt(job_id: &JobId, kind: AttemptKind, max_hedges: i64) -> NewAttempt {
     NewAttempt {
-        id: new_id(),
-        job_id: job_id.to_string(),
+        id: AttemptId::new(),
+        job_id: job_id.clone(),
         // A hedge goes to a provider with no live attempt of the job (invariant 4).
         provider: if kind == AttemptKind::Hedge {
             "sim-backup"
@@ -61,9 +61,9 @@ fn attempt(job_id: &str, kind: AttemptKind, max_hedges: i64) -> NewAttempt {
     }
 }
 
-fn finish(attempt_id: &str, end: AttemptOutcome) -> FinishAttempt {
+fn finish(attempt_id: &AttemptId, end: AttemptOutcome) -> FinishAttempt {
     FinishAttempt {
-        attempt_id: attempt_id.to_string(),
+        attempt_id: attempt_id.clone(),
         outcome: end,
         at: 3,
         actor: "engine".into(),
@@ -75,7 +75,7 @@ fn succeeded(output: &str) -> AttemptOutcome {
 }
 
 /// Race `n` retry inserts; returns how many the guard let through.
-async fn race_retries(store: &Arc<dyn Store>, job_id: &str, n: usize) -> usize {
+async fn race_retries(store: &Arc<dyn Store>, job_id: &JobId, n: usize) -> usize {
     let mut tasks = Vec::new();
     for _ in 0..n {
         let store = store.clone();
@@ -225,7 +225,7 @@ async fn reverse_order_finish_lets_the_later_attempt_lose(backend: Backend) {
         .expect("the race is logged");
     assert_eq!(lost_race.attempt_id.as_deref(), Some(a.id.as_str()));
     assert!(
-        lost_race.detail.as_deref().unwrap().contains(&b.id),
+        lost_race.detail.as_deref().unwrap().contains(b.id.as_str()),
         "{:?}",
         lost_race.detail
     );
@@ -315,7 +315,7 @@ async fn an_unknown_settled_before_its_driver_blocks_leaves_the_job_runnable(bac
     let db = TestDb::new(backend).await;
     let store = db.store().await;
     let job = NewJob {
-        id: new_id(),
+        id: JobId::new(),
         owner_id: "alice".into(),
         idempotency_key: new_id(),
         fingerprint: "f".into(),
@@ -376,7 +376,7 @@ async fn an_unknown_settled_before_its_driver_blocks_leaves_the_job_runnable(bac
 async fn a_create_with_its_primary_writes_four_rows_once(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store: Arc<dyn Store> = db.store().await;
-    let id = new_id();
+    let id = JobId::new();
     let mut primary = attempt(&id, AttemptKind::Primary, 0);
     primary.started_at = 7;
     let job = NewJob {
@@ -401,7 +401,7 @@ async fn a_create_with_its_primary_writes_four_rows_once(backend: Backend) {
     let again: Vec<_> = (0..20)
         .map(|i| {
             let (store, mut job) = (store.clone(), job.clone());
-            job.id = format!("other-{i}");
+            job.id = format!("other-{i}").into();
             tokio::spawn(async move { store.create_job(job).await.unwrap() })
         })
         .collect();
@@ -478,7 +478,7 @@ async fn forty_concurrent_wins_of_one_owner_add_up_across_shards(backend: Backen
         .map(|_| {
             let store = store.clone();
             tokio::spawn(async move {
-                let id = new_id();
+                let id = JobId::new();
                 let mut primary = attempt(&id, AttemptKind::Primary, 0);
                 primary.started_at = at;
                 let job = NewJob {
@@ -508,7 +508,7 @@ async fn forty_concurrent_wins_of_one_owner_add_up_across_shards(backend: Backen
     for win in wins {
         assert!(matches!(win.await.unwrap(), FinishOutcome::Won { .. }));
     }
-    let usage = store.usage(Some("alice"), 0).await.unwrap();
+    let usage = store.usage(Some(&"alice".into()), 0).await.unwrap();
     let totals: Vec<_> = usage
         .iter()
         .map(|u| (u.attempts, u.won, u.prompt_tokens, u.completion_tokens))

@@ -10,6 +10,7 @@ mod common;
 use axum::routing::post;
 use common::world::{route, start_world, ProviderSpec};
 use common::{chat_body, Backend};
+use onejob::domain::JobId;
 use serde_json::Value;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -189,7 +190,7 @@ async fn a_job_is_one_trace_with_a_span_per_attempt_continuing_the_clients_trace
     // attempt's span: a provider that traces joins the same trace there.
     for attempt in &attempts {
         let provider = attempt["provider"].as_str().unwrap();
-        let key = onejob::providers::stable_key(&id, provider);
+        let key = onejob::providers::stable_key(&JobId::from(&id), provider);
         let received = world.sim.ledger().traceparents(&key);
         assert!(
             !received.is_empty(),

@@ -9,6 +9,7 @@ use common::world::{route, serve, start_world, ProviderSpec};
 use common::{chat_body, error_code, test_config, Backend, TestDb};
 use onejob::clock::SystemClock;
 use onejob::config::Config;
+use onejob::domain::JobId;
 use onejob::tenants::limits::Limits;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -130,7 +131,7 @@ async fn key_id(address: &str, admin: &str, secret: &str) -> String {
 
 async fn job_row(db: &TestDb, id: &str) -> (String, i64, i64) {
     let store = db.store().await;
-    let job = store.get_job(id).await.unwrap().unwrap();
+    let job = store.get_job(&JobId::from(id)).await.unwrap().unwrap();
     store.close().await;
     (job.state.as_str().to_string(), job.version, job.updated_at)
 }
@@ -331,7 +332,7 @@ async fn an_expired_key_is_refused_and_last_use_is_recorded(backend: Backend) {
 }
 
 fn limits(config: &mut Config, owner: &str, l: Limits) {
-    config.limits.owners.insert(owner.to_string(), l);
+    config.limits.owners.insert(owner.into(), l);
 }
 
 async fn the_rate_limit_answers_429_with_retry_after_and_lets_the_next_window_through(

@@ -17,6 +17,7 @@ use onejob::app::Application;
 use onejob::clock::{Clock, SystemClock};
 use onejob::config::{Config, DatabaseUrl};
 use onejob::domain::attempt::NewAttempt;
+use onejob::domain::{AttemptId, JobId};
 use onejob::domain::{AttemptKind, Millis};
 use onejob::metrics::Metrics;
 use onejob::store::{AttemptOutcome, FinishAttempt, JobTransition, Store};
@@ -399,7 +400,7 @@ async fn jobs_ending_in_failure_review_cancel_or_unknown_are_delivered_with_thei
     assert!(h
         .store
         .transition_job(
-            &failed,
+            &JobId::from(&failed),
             None,
             JobTransition::Fail {
                 reason: "the provider refused".into()
@@ -413,8 +414,8 @@ async fn jobs_ending_in_failure_review_cancel_or_unknown_are_delivered_with_thei
     let attempt = h
         .store
         .start_attempt(NewAttempt {
-            id: onejob::domain::new_id(),
-            job_id: reviewed.clone(),
+            id: AttemptId::new(),
+            job_id: JobId::from(&reviewed),
             provider: "sim".into(),
             kind: AttemptKind::Primary,
             max_hedges: 1,
@@ -436,7 +437,7 @@ async fn jobs_ending_in_failure_review_cancel_or_unknown_are_delivered_with_thei
     assert!(h
         .store
         .transition_job(
-            &reviewed,
+            &JobId::from(&reviewed),
             None,
             JobTransition::Review {
                 reason: "nobody can settle it".into()
@@ -451,7 +452,7 @@ async fn jobs_ending_in_failure_review_cancel_or_unknown_are_delivered_with_thei
     let resolved = h.job(&h.alice, "wh-resolved").await;
     h.store
         .resolve_job(
-            &resolved,
+            &JobId::from(&resolved),
             onejob::store::JobResolution::Complete {
                 result: "{\"ok\":true}".into(),
             },

@@ -12,6 +12,7 @@ use common::receiver::{Behaviour, Receiver};
 use common::webdriver::Browser;
 use common::world::{route, start_world, ProviderSpec};
 use common::{chat_body, Backend};
+use onejob::domain::OwnerId;
 use std::time::{Duration, Instant};
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -108,7 +109,7 @@ async fn an_admin_manages_webhooks_in_the_console() {
     assert!(secret.starts_with("whsec_"), "{secret}");
     let endpoints = world
         .store
-        .list_webhook_endpoints(Some("alice"))
+        .list_webhook_endpoints(Some(&OwnerId::from("alice")))
         .await
         .unwrap();
     assert_eq!(endpoints.len(), 1);

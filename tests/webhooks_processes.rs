@@ -13,6 +13,7 @@ use common::world::{provider_dir, ProviderSpec};
 use common::{postgres_admin_url, Backend, TestDb};
 use onejob::clock::SystemClock;
 use onejob::config::DatabaseUrl;
+use onejob::domain::OwnerId;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -213,7 +214,7 @@ async fn three_instances_on_one_postgres_deliver_a_thousand_events_once_each() {
     hooks
         .create(
             onejob::webhooks::endpoints::Actor {
-                owner_id: "alice",
+                owner_id: &OwnerId::from("alice"),
                 is_admin: false,
             },
             onejob::webhooks::endpoints::NewEndpoint {

@@ -37,6 +37,7 @@ use clap::Parser;
 use onejob::app::Application;
 use onejob::clock::SystemClock;
 use onejob::config::{Config, DatabaseUrl, Overrides};
+use onejob::domain::OwnerId;
 use onejob::sim::SimServer;
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -353,7 +354,7 @@ async fn main() -> anyhow::Result<()> {
         hooks
             .create(
                 onejob::webhooks::endpoints::Actor {
-                    owner_id: "hooked",
+                    owner_id: &OwnerId::from("hooked"),
                     is_admin: false,
                 },
                 onejob::webhooks::endpoints::NewEndpoint {

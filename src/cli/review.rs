@@ -4,6 +4,7 @@
 use super::{open_store, DbArgs};
 use crate::clock::{rfc3339, Clock, SystemClock};
 use crate::domain::reason::check_reason;
+use crate::domain::{AttemptId, JobId};
 use crate::jobs;
 use crate::store::Refusal;
 use anyhow::{anyhow, Context};
@@ -65,7 +66,7 @@ pub async fn list(db: &DbArgs) -> anyhow::Result<()> {
 
 pub async fn resolve_job(
     db: &DbArgs,
-    job_id: &str,
+    job_id: &JobId,
     action: &str,
     result: Option<&str>,
     why: &str,
@@ -91,7 +92,7 @@ pub async fn resolve_job(
 
 pub async fn resolve_attempt(
     db: &DbArgs,
-    attempt_id: &str,
+    attempt_id: &AttemptId,
     outcome: &str,
     result: Option<&str>,
     why: &str,

@@ -6,6 +6,7 @@ use super::providers::table;
 use super::{open_store, DbArgs};
 use crate::clock::{rfc3339, Clock, SystemClock};
 use crate::domain::reason::check_reason;
+use crate::domain::OwnerId;
 use crate::keys::{self, key_state};
 use crate::store::tenants::OwnerLimitsRow;
 use crate::tenants::limits::Limits;
@@ -73,7 +74,7 @@ pub async fn create(
 }
 
 /// `onejob keys list [--owner NAME]`.
-pub async fn list(db: &DbArgs, owner: Option<&str>) -> anyhow::Result<()> {
+pub async fn list(db: &DbArgs, owner: Option<&OwnerId>) -> anyhow::Result<()> {
     let config = db.load(None)?;
     let store = open_store(&config).await?;
     let listed = keys::list(store.as_ref(), owner).await;
@@ -95,7 +96,7 @@ pub async fn list(db: &DbArgs, owner: Option<&str>) -> anyhow::Result<()> {
     let time = |t: Option<i64>| t.map(rfc3339).unwrap_or_else(|| "-".into());
     for k in listed? {
         rows.push([
-            k.owner_id.clone(),
+            k.owner_id.to_string(),
             k.id.clone(),
             format!("{}…", k.prefix),
             key_state(&k, now).to_string(),
@@ -202,7 +203,7 @@ pub async fn show_limits(db: &DbArgs) -> anyhow::Result<()> {
 /// `onejob limits set OWNER --reason TEXT [--requests-per-second N] …`.
 pub async fn set_limits(
     db: &DbArgs,
-    owner: &str,
+    owner: &OwnerId,
     limits: Limits,
     reason: &str,
 ) -> anyhow::Result<()> {
@@ -213,7 +214,7 @@ pub async fn set_limits(
     let config = db.load(None)?;
     let store = open_store(&config).await?;
     let row = OwnerLimitsRow {
-        owner_id: owner.to_string(),
+        owner_id: owner.clone(),
         limits: serde_json::to_string(&limits)?,
         changed_by: actor(),
         reason: reason.to_string(),
@@ -230,7 +231,7 @@ pub async fn set_limits(
 }
 
 /// `onejob usage [--owner NAME] [--days N]`.
-pub async fn usage(db: &DbArgs, owner: Option<&str>, days: u32) -> anyhow::Result<()> {
+pub async fn usage(db: &DbArgs, owner: Option<&OwnerId>, days: u32) -> anyhow::Result<()> {
     let config = db.load(None)?;
     let store = open_store(&config).await?;
     let report = usage::report(store.as_ref(), &SystemClock, owner, days).await;
@@ -251,7 +252,7 @@ pub async fn usage(db: &DbArgs, owner: Option<&str>, days: u32) -> anyhow::Resul
     .map(String::from)];
     for l in &report.lines {
         rows.push([
-            l.owner.clone(),
+            l.owner.to_string(),
             l.day.clone(),
             l.route.clone(),
             l.provider.clone(),

@@ -6,14 +6,19 @@
 use super::providers::table;
 use super::{open_store, DbArgs};
 use crate::clock::{rfc3339, Clock, SystemClock};
+use crate::domain::OwnerId;
 use crate::webhooks::endpoints::{Actor, NewEndpoint, Webhooks};
 use crate::webhooks::secrets::SecretKey;
+use std::sync::LazyLock;
 
 /// The CLI acts as the admin: every owner's endpoints.
-const ADMIN: Actor<'static> = Actor {
-    owner_id: "",
-    is_admin: true,
-};
+fn admin() -> Actor<'static> {
+    static NO_OWNER: LazyLock<OwnerId> = LazyLock::new(|| OwnerId::from(""));
+    Actor {
+        owner_id: &NO_OWNER,
+        is_admin: true,
+    }
+}
 
 /// The configured store and webhook settings, for one command.
 struct Opened {
@@ -54,7 +59,7 @@ pub fn keygen() -> anyhow::Result<()> {
 /// the secret alone on the last line.
 pub async fn create(
     db: &DbArgs,
-    owner: &str,
+    owner: &OwnerId,
     url: &str,
     events: Vec<String>,
     description: Option<String>,
@@ -63,10 +68,10 @@ pub async fn create(
         url: url.to_string(),
         events: (!events.is_empty()).then_some(events),
         description,
-        owner: Some(owner.to_string()),
+        owner: Some(owner.clone()),
     };
     let opened = Opened::new(db).await?;
-    let created = opened.hooks().create(ADMIN, new).await;
+    let created = opened.hooks().create(admin(), new).await;
     let (endpoint, secret) = opened.close(created).await?;
     println!(
         "created webhook endpoint {} for owner {} ({}); its secret is shown once, store it now:",
@@ -79,14 +84,14 @@ pub async fn create(
 }
 
 /// `onejob webhooks list [--owner NAME]`.
-pub async fn list(db: &DbArgs, owner: Option<&str>) -> anyhow::Result<()> {
+pub async fn list(db: &DbArgs, owner: Option<&OwnerId>) -> anyhow::Result<()> {
     let opened = Opened::new(db).await?;
-    let listed = opened.hooks().list(ADMIN, owner).await;
+    let listed = opened.hooks().list(admin(), owner).await;
     let endpoints = opened.close(listed).await?;
     let mut rows = vec![["OWNER", "ID", "ENABLED", "EVENTS", "CREATED", "URL"].map(String::from)];
     for e in endpoints {
         rows.push([
-            e.owner_id.clone(),
+            e.owner_id.to_string(),
             e.id.clone(),
             match (&e.enabled, &e.disabled_reason) {
                 (true, _) => "yes".to_string(),
@@ -105,7 +110,7 @@ pub async fn list(db: &DbArgs, owner: Option<&str>) -> anyhow::Result<()> {
 /// `onejob webhooks delete ID`.
 pub async fn delete(db: &DbArgs, id: &str) -> anyhow::Result<()> {
     let opened = Opened::new(db).await?;
-    let deleted = opened.hooks().delete(ADMIN, id).await;
+    let deleted = opened.hooks().delete(admin(), id).await;
     opened.close(deleted).await?;
     println!("webhook endpoint {id} deleted, with its deliveries");
     Ok(())
@@ -114,7 +119,7 @@ pub async fn delete(db: &DbArgs, id: &str) -> anyhow::Result<()> {
 /// `onejob webhooks rotate ID`; the new secret alone on the last line.
 pub async fn rotate(db: &DbArgs, id: &str) -> anyhow::Result<()> {
     let opened = Opened::new(db).await?;
-    let rotated = opened.hooks().rotate(ADMIN, id).await;
+    let rotated = opened.hooks().rotate(admin(), id).await;
     let (endpoint, secret) = opened.close(rotated).await?;
     println!(
         "rotated the secret of webhook endpoint {}; the old one signs too until {}. The new one, shown once:",
@@ -131,7 +136,7 @@ pub async fn rotate(db: &DbArgs, id: &str) -> anyhow::Result<()> {
 /// `onejob webhooks deliveries ID [--limit N]`: newest first, with each try.
 pub async fn deliveries(db: &DbArgs, id: &str, limit: i64) -> anyhow::Result<()> {
     let opened = Opened::new(db).await?;
-    let listed = opened.hooks().deliveries(ADMIN, id, limit).await;
+    let listed = opened.hooks().deliveries(admin(), id, limit).await;
     let rows = opened.close(listed).await?;
     let now = SystemClock.now_ms();
     let mut out = vec![[
@@ -161,7 +166,7 @@ pub async fn deliveries(db: &DbArgs, id: &str, limit: i64) -> anyhow::Result<()>
         out.push([
             d.id.clone(),
             d.event_type.clone(),
-            d.job_id.clone(),
+            d.job_id.to_string(),
             d.state.as_str().to_string(),
             d.tries.to_string(),
             rfc3339(d.created_at),
@@ -177,7 +182,7 @@ pub async fn redeliver(db: &DbArgs, endpoint_id: &str, delivery_id: &str) -> any
     let opened = Opened::new(db).await?;
     let redelivered = opened
         .hooks()
-        .redeliver(ADMIN, endpoint_id, delivery_id)
+        .redeliver(admin(), endpoint_id, delivery_id)
         .await;
     let d = opened.close(redelivered).await?;
     println!(

@@ -1,7 +1,7 @@
 //! Attempts: one try of a job on one provider, and the guard that decides
 //! whether another may start (invariant 4).
 
-use super::{ErrorKind, Millis};
+use super::{AttemptId, ErrorKind, JobId, Millis};
 use serde::Serialize;
 use std::time::Duration;
 
@@ -292,8 +292,8 @@ pub fn may_start(
 /// An attempt row as stored.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Attempt {
-    pub id: String,
-    pub job_id: String,
+    pub id: AttemptId,
+    pub job_id: JobId,
     pub seq: i64,
     pub provider: String,
     pub kind: AttemptKind,
@@ -312,8 +312,8 @@ pub struct Attempt {
 /// A request to start an attempt; the store assigns `seq` and `read_version`.
 #[derive(Debug, Clone)]
 pub struct NewAttempt {
-    pub id: String,
-    pub job_id: String,
+    pub id: AttemptId,
+    pub job_id: JobId,
     pub provider: String,
     pub kind: AttemptKind,
     pub max_hedges: i64,

@@ -2,7 +2,7 @@
 //! answer has none ([`Unanswered`]).
 
 use super::attempt::NewAttempt;
-use super::{Attempt, AttemptState, ErrorKind, Millis};
+use super::{Attempt, AttemptState, ErrorKind, JobId, Millis, OwnerId};
 use serde::Serialize;
 
 /// Where a job is in its life. Terminal states never change again except by
@@ -54,8 +54,8 @@ impl JobState {
 /// the hot path never decodes and re-encodes them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Job {
-    pub id: String,
-    pub owner_id: String,
+    pub id: JobId,
+    pub owner_id: OwnerId,
     pub idempotency_key: String,
     pub fingerprint: String,
     pub request: String,
@@ -88,8 +88,8 @@ impl Job {
 /// caller, the store writes what it is given.
 #[derive(Debug, Clone)]
 pub struct NewJob {
-    pub id: String,
-    pub owner_id: String,
+    pub id: JobId,
+    pub owner_id: OwnerId,
     pub idempotency_key: String,
     pub fingerprint: String,
     pub request: String,

@@ -6,6 +6,7 @@
 //! means unlimited. A key may carry limits of its own, checked besides its
 //! owner's. The rules are pure; [`crate::tenants`] enforces them.
 
+use super::OwnerId;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -36,7 +37,7 @@ pub struct LimitsConfig {
     #[serde(default)]
     pub default: Limits,
     #[serde(default)]
-    pub owners: BTreeMap<String, Limits>,
+    pub owners: BTreeMap<OwnerId, Limits>,
 }
 
 impl Limits {
@@ -105,7 +106,7 @@ impl LimitsConfig {
     }
 
     /// The config file's limits for `owner` (without run-time changes).
-    pub fn for_owner(&self, owner: &str) -> Limits {
+    pub fn for_owner(&self, owner: &OwnerId) -> Limits {
         match self.owners.get(owner) {
             Some(own) => own.over(self.default),
             None => self.default,
@@ -124,10 +125,10 @@ mod tests {
              [owners.big]\ntokens_per_day = 5000\n",
         )
         .unwrap();
-        let big = config.for_owner("big");
+        let big = config.for_owner(&"big".into());
         assert_eq!(big.requests_per_second, Some(10.0));
         assert_eq!(big.tokens_per_day, Some(5000));
-        assert_eq!(config.for_owner("small").tokens_per_day, Some(1000));
+        assert_eq!(config.for_owner(&"small".into()).tokens_per_day, Some(1000));
         assert!(config.check().is_ok());
     }
 

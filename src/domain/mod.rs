@@ -9,6 +9,7 @@ pub mod error_kind;
 pub mod event_kind;
 pub mod fingerprint;
 pub mod hedging;
+pub mod ids;
 pub mod job;
 pub mod lifecycle;
 pub mod limits;
@@ -19,6 +20,7 @@ pub mod retry;
 pub use attempt::{Attempt, AttemptKind, AttemptState, GuardRefusal, LiveAttempts};
 pub use error_kind::ErrorKind;
 pub use event_kind::EventKind;
+pub use ids::{AttemptId, JobId, OwnerId};
 pub use job::{Job, JobState};
 pub use request::{JobRequest, RequestError};
 

@@ -14,7 +14,7 @@ use super::Inner;
 use crate::config::RouteConfig;
 use crate::domain::attempt::NewAttempt;
 use crate::domain::ErrorKind;
-use crate::domain::{new_id, Attempt, AttemptKind, GuardRefusal, Job};
+use crate::domain::{Attempt, AttemptId, AttemptKind, GuardRefusal, Job};
 use crate::metrics::Metrics;
 use crate::providers::catalog::ProviderEntry;
 use crate::providers::stream::Delta;
@@ -106,7 +106,7 @@ pub(super) async fn start(
     kind: AttemptKind,
 ) -> Result<Attempt, GuardRefusal> {
     let new = NewAttempt {
-        id: new_id(),
+        id: AttemptId::new(),
         job_id: job.id.clone(),
         provider: entry.name.clone(),
         kind,

@@ -17,7 +17,7 @@ use crate::config::RouteConfig;
 use crate::domain::attempt::NewAttempt;
 use crate::domain::retry::backoff;
 use crate::domain::ErrorKind;
-use crate::domain::{Attempt, AttemptKind, AttemptState, Job, Millis};
+use crate::domain::{Attempt, AttemptKind, AttemptState, Job, JobId, Millis};
 use crate::metrics::Metrics;
 use crate::providers::AttemptOutcome;
 use crate::store::{FinishAttempt, JobTransition};
@@ -66,7 +66,7 @@ pub(crate) fn spawn(inner: Arc<Inner>, job: Job, prestart: Option<super::Prestar
 /// so the dispatcher may take the job again and waiters hear of it.
 struct Driving {
     inner: Arc<Inner>,
-    job_id: String,
+    job_id: JobId,
 }
 
 impl Drop for Driving {
@@ -547,7 +547,7 @@ impl<'a> Driver<'a> {
 /// Apply a job transition as this process's lease holder. Applied twice
 /// (its first commit's answer lost) is harmless: the second finds the lease
 /// released or the same step taken.
-async fn transition(inner: &Inner, job_id: &str, t: JobTransition) -> bool {
+async fn transition(inner: &Inner, job_id: &JobId, t: JobTransition) -> bool {
     let now = inner.clock.now_ms();
     let applied = retrying(inner, job_id, Fence::Store, "a job transition", |_| {
         inner
@@ -565,14 +565,14 @@ async fn transition(inner: &Inner, job_id: &str, t: JobTransition) -> bool {
 }
 
 /// The job goes to the review queue (invariant 7).
-async fn to_review(inner: &Inner, job_id: &str, reason: String) {
+async fn to_review(inner: &Inner, job_id: &JobId, reason: String) {
     if transition(inner, job_id, JobTransition::Review { reason }).await {
         Metrics::inc(&inner.metrics.jobs_to_review);
     }
 }
 
 /// The job fails for good.
-async fn to_failed(inner: &Inner, job_id: &str, reason: String) {
+async fn to_failed(inner: &Inner, job_id: &JobId, reason: String) {
     if transition(inner, job_id, JobTransition::Fail { reason }).await {
         Metrics::inc(&inner.metrics.jobs_failed);
     }

@@ -16,7 +16,7 @@
 use super::Inner;
 use crate::domain::attempt::AttemptOutcome;
 use crate::domain::attempt::NewAttempt;
-use crate::domain::{Attempt, AttemptState, GuardRefusal};
+use crate::domain::{Attempt, AttemptState, GuardRefusal, JobId};
 use crate::store::{FinishAttempt, FinishOutcome, StoreError};
 use std::future::Future;
 use std::time::Duration;
@@ -38,7 +38,7 @@ pub(super) enum Fence {
 /// is told whether it is a retry (so it can read back a lost commit).
 pub(super) async fn retrying<T, F, Fut>(
     inner: &Inner,
-    job_id: &str,
+    job_id: &JobId,
     fence: Fence,
     what: &str,
     mut step: F,
@@ -59,10 +59,10 @@ where
             Err(e) => e,
         };
         if tokio::time::Instant::now() >= give_up {
-            tracing::error!(error = %error, job_id, "{what}: the store stayed unavailable for a whole lease; giving up");
+            tracing::error!(error = %error, job_id = job_id.as_str(), "{what}: the store stayed unavailable for a whole lease; giving up");
             return Err(error);
         }
-        tracing::warn!(error = %error, job_id, "{what} failed; retrying");
+        tracing::warn!(error = %error, job_id = job_id.as_str(), "{what} failed; retrying");
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(cap);
         retry = true;
@@ -74,7 +74,7 @@ where
                 .await
             {
                 tracing::info!(
-                    job_id,
+                    job_id = job_id.as_str(),
                     "{what}: the lease was lost meanwhile; the new holder takes over"
                 );
                 return Err(error);
@@ -115,7 +115,7 @@ pub(super) async fn start_attempt(
 /// answer lost is read back from the attempt's state.
 pub(super) async fn finish_attempt(
     inner: &Inner,
-    job_id: &str,
+    job_id: &JobId,
     finish: FinishAttempt,
 ) -> Result<FinishOutcome, StoreError> {
     retrying(

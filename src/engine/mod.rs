@@ -39,7 +39,7 @@ use crate::config::{Config, RouteConfig};
 use crate::contracts::Contract;
 use crate::domain::attempt::NewAttempt;
 use crate::domain::breaker::{Breaker, BreakerPolicy, BreakerState};
-use crate::domain::{new_id, Attempt, AttemptKind, Job, Millis};
+use crate::domain::{Attempt, AttemptId, AttemptKind, Job, JobId, Millis, OwnerId};
 use crate::metrics::Metrics;
 use crate::providers::catalog::Catalog;
 use crate::store::Store;
@@ -82,7 +82,7 @@ pub struct Handed {
 /// Dropped unused, it takes its registration back.
 pub struct Watch {
     inner: Arc<Inner>,
-    job_id: String,
+    job_id: JobId,
     rx: Option<oneshot::Receiver<Option<Arc<Handed>>>>,
 }
 
@@ -124,14 +124,14 @@ pub(crate) struct Inner {
     pub(crate) hedging: hedging::Hedging,
     breakers: Mutex<HashMap<String, Breaker>>,
     /// Jobs this process is driving now; a job is never driven twice here.
-    active: Mutex<HashSet<String>>,
+    active: Mutex<HashSet<JobId>>,
     slots: Semaphore,
     wake: Notify,
     /// Who waits for a job to settle; told with the settled job when its
     /// driver has it (the winner's commit), else only woken to read it.
-    waiters: Mutex<HashMap<String, Vec<Waiter>>>,
+    waiters: Mutex<HashMap<JobId, Vec<Waiter>>>,
     /// Streamed jobs' events, by (owner, idempotency key).
-    hubs: Mutex<HashMap<(String, String), Arc<stream::StreamHub>>>,
+    hubs: Mutex<HashMap<(OwnerId, String), Arc<stream::StreamHub>>>,
     /// Turned true by [`Engine::kill`]: every task of this engine stops.
     killed: watch::Sender<bool>,
 }
@@ -218,8 +218,8 @@ impl Engine {
     /// [`NewJob::primary`]: crate::domain::job::NewJob::primary
     pub fn prestart(
         &self,
-        job_id: &str,
-        owner: &str,
+        job_id: &JobId,
+        owner: &OwnerId,
         key: &str,
         request: &str,
         route: &RouteConfig,
@@ -239,8 +239,8 @@ impl Engine {
             return None;
         };
         let attempt = NewAttempt {
-            id: new_id(),
-            job_id: job_id.to_string(),
+            id: AttemptId::new(),
+            job_id: job_id.clone(),
             provider: entry.name.clone(),
             kind: AttemptKind::Primary,
             max_hedges: i64::from(route.max_hedges),
@@ -285,7 +285,7 @@ impl Engine {
     /// Wait until the job reaches a state a caller can act on (finished, in
     /// review, or blocked on an unknown attempt), at most `limit`. Works for
     /// jobs driven by other processes too (it re-reads the job periodically).
-    pub async fn wait_for(&self, job_id: &str, limit: Duration) -> Option<Job> {
+    pub async fn wait_for(&self, job_id: &JobId, limit: Duration) -> Option<Job> {
         self.wait_settled(job_id, limit, None)
             .await
             .map(|handed| handed.job)
@@ -293,10 +293,10 @@ impl Engine {
 
     /// Register a waiter for `job_id` now, before the job is handed to the
     /// engine: a job that settles at once is still handed over to it.
-    pub fn watch(&self, job_id: &str) -> Watch {
+    pub fn watch(&self, job_id: &JobId) -> Watch {
         Watch {
             inner: self.inner.clone(),
-            job_id: job_id.to_string(),
+            job_id: job_id.clone(),
             rx: Some(self.inner.register_waiter(job_id)),
         }
     }
@@ -306,7 +306,7 @@ impl Engine {
     /// by [`Self::watch`].
     pub async fn wait_settled(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         limit: Duration,
         watch: Option<Watch>,
     ) -> Option<Handed> {
@@ -381,12 +381,12 @@ impl Engine {
     /// The stream of the job `(owner, key)` names, made if there is none,
     /// before the job is submitted: a driver that takes the job here runs
     /// it streamed.
-    pub fn stream_hub(&self, owner: &str, key: &str) -> Arc<stream::StreamHub> {
+    pub fn stream_hub(&self, owner: &OwnerId, key: &str) -> Arc<stream::StreamHub> {
         self.inner.stream_hub(owner, key)
     }
 
     /// Forget a stream no driver took.
-    pub fn release_hub(&self, owner: &str, key: &str, hub: &Arc<stream::StreamHub>) {
+    pub fn release_hub(&self, owner: &OwnerId, key: &str, hub: &Arc<stream::StreamHub>) {
         self.inner.release_hub(owner, key, hub)
     }
 
@@ -400,7 +400,7 @@ impl Engine {
     }
 
     /// Whether this engine is driving `job_id` now.
-    pub fn is_driving(&self, job_id: &str) -> bool {
+    pub fn is_driving(&self, job_id: &JobId) -> bool {
         self.inner
             .active
             .lock()
@@ -502,7 +502,7 @@ impl Inner {
     /// Drop the registrations of waiters that stopped waiting for `job_id`:
     /// a job that settled before its driver noticed a waiter is never
     /// notified, and its entry would stay for the life of the process.
-    pub(crate) fn forget_waiter(&self, job_id: &str) {
+    pub(crate) fn forget_waiter(&self, job_id: &JobId) {
         if let Ok(mut waiters) = self.waiters.lock() {
             if let Some(list) = waiters.get_mut(job_id) {
                 list.retain(|tx| !tx.is_closed());
@@ -513,17 +513,17 @@ impl Inner {
         }
     }
 
-    pub(crate) fn notify(&self, job_id: &str) {
+    pub(crate) fn notify(&self, job_id: &JobId) {
         let waiting = self.waiters.lock().ok().and_then(|mut w| w.remove(job_id));
         for tx in waiting.into_iter().flatten() {
             let _ = tx.send(None);
         }
     }
 
-    fn register_waiter(&self, job_id: &str) -> oneshot::Receiver<Option<Arc<Handed>>> {
+    fn register_waiter(&self, job_id: &JobId) -> oneshot::Receiver<Option<Arc<Handed>>> {
         let (tx, rx) = oneshot::channel();
         if let Ok(mut waiters) = self.waiters.lock() {
-            waiters.entry(job_id.to_string()).or_default().push(tx);
+            waiters.entry(job_id.clone()).or_default().push(tx);
         }
         rx
     }
@@ -560,14 +560,14 @@ impl Inner {
     }
 
     /// Mark a job as driven here; false when it already is.
-    pub(crate) fn begin_driving(&self, job_id: &str) -> bool {
+    pub(crate) fn begin_driving(&self, job_id: &JobId) -> bool {
         self.active
             .lock()
-            .map(|mut a| a.insert(job_id.to_string()))
+            .map(|mut a| a.insert(job_id.clone()))
             .unwrap_or(false)
     }
 
-    pub(crate) fn end_driving(&self, job_id: &str) {
+    pub(crate) fn end_driving(&self, job_id: &JobId) {
         if let Ok(mut a) = self.active.lock() {
             a.remove(job_id);
         }

@@ -4,7 +4,7 @@
 
 use crate::contracts::{count_prompt_tokens, Contract, RenderedPrompt, WireFormat};
 use crate::domain::request::{Message, Role, OPENAI_ANSWER_CHANGING};
-use crate::domain::{ErrorKind, JobRequest};
+use crate::domain::{ErrorKind, JobId, JobRequest};
 use crate::providers::catalog::ProviderEntry;
 use crate::providers::config::ProviderKind;
 use crate::providers::{stable_key, ChatOptions, ChatRequest, Success};
@@ -17,7 +17,7 @@ pub const DEFAULT_MAX_TOKENS: u32 = 1024;
 
 #[derive(Clone)]
 pub struct JobPlan {
-    job_id: String,
+    job_id: JobId,
     request: JobRequest,
     /// The loaded contracts; `request.contract` is checked to be among them.
     contracts: Arc<BTreeMap<String, Contract>>,
@@ -34,7 +34,7 @@ pub struct PlanError(pub String);
 
 impl JobPlan {
     pub fn new(
-        job_id: &str,
+        job_id: &JobId,
         request_json: &str,
         contracts: &Arc<BTreeMap<String, Contract>>,
     ) -> Result<Self, PlanError> {
@@ -48,7 +48,7 @@ impl JobPlan {
             }
         }
         Ok(JobPlan {
-            job_id: job_id.to_string(),
+            job_id: job_id.clone(),
             request,
             contracts: contracts.clone(),
             requests: Arc::default(),

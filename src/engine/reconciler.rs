@@ -42,7 +42,7 @@ pub(crate) async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
 /// Each pass asks about the next page, so attempts no provider can settle
 /// (parked in review for a human, say) cannot starve the ones behind them.
 #[derive(Debug, Default)]
-pub(crate) struct Cursor(Option<(crate::domain::Millis, String)>);
+pub(crate) struct Cursor(Option<(crate::domain::Millis, crate::domain::AttemptId)>);
 
 /// One pass: first attempts left `started` by a driver that stopped, then
 /// the next page of unknown attempts old enough to ask about.
@@ -53,7 +53,7 @@ pub(crate) async fn reconcile_once(
     sweep_stale_started(inner).await?;
     let now = inner.clock.now_ms();
     let min_age = inner.config.engine.reconcile_min_age_ms as i64;
-    let after = cursor.0.as_ref().map(|(at, id)| (*at, id.as_str()));
+    let after = cursor.0.as_ref().map(|(at, id)| (*at, id));
     let page = inner.store.list_unknown_attempts(after, BATCH).await?;
     // A short page is the end of the walk; the next pass starts over.
     let mut next = (page.len() as i64 == BATCH)

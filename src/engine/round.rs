@@ -26,7 +26,7 @@ use super::Inner;
 use crate::config::RouteConfig;
 use crate::domain::attempt::NewAttempt;
 use crate::domain::ErrorKind;
-use crate::domain::{Attempt, AttemptKind, AttemptState, Job, Millis};
+use crate::domain::{Attempt, AttemptKind, AttemptState, Job, JobId, Millis};
 use crate::providers::catalog::ProviderEntry;
 use crate::providers::stream::{Delta, StreamFinish};
 use crate::providers::{AttemptOutcome, ChatRequest};
@@ -612,7 +612,7 @@ struct Loser {
 /// A round that ended with attempts still in flight, as its losers'
 /// cost is counted.
 struct LostRound {
-    job_id: String,
+    job_id: JobId,
     route: String,
     /// When a hedge won the round (`None`: another attempt won).
     won_at: Option<Millis>,

@@ -9,7 +9,7 @@
 
 use super::Inner;
 use crate::domain::job::Unanswered;
-use crate::domain::{Job, JobState};
+use crate::domain::{AttemptId, Job, JobId, JobState, OwnerId};
 use crate::providers::stream::Delta;
 use crate::providers::Usage;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -27,7 +27,7 @@ pub enum StreamEvent {
     Start {
         model: String,
         provider: String,
-        attempt_id: String,
+        attempt_id: AttemptId,
     },
     Piece {
         model: String,
@@ -138,7 +138,7 @@ impl StreamHub {
     }
 }
 
-type HubKey = (String, String);
+type HubKey = (OwnerId, String);
 
 impl Inner {
     fn hubs(&self) -> MutexGuard<'_, std::collections::HashMap<HubKey, Arc<StreamHub>>> {
@@ -146,23 +146,22 @@ impl Inner {
     }
 
     /// The hub of the job `(owner, key)` names, made if there is none.
-    pub(crate) fn stream_hub(&self, owner: &str, key: &str) -> Arc<StreamHub> {
+    pub(crate) fn stream_hub(&self, owner: &OwnerId, key: &str) -> Arc<StreamHub> {
         self.hubs()
-            .entry((owner.to_string(), key.to_string()))
+            .entry((owner.clone(), key.to_string()))
             .or_default()
             .clone()
     }
 
     /// Whether a streaming client waits for the job `(owner, key)` names.
-    pub(crate) fn has_hub(&self, owner: &str, key: &str) -> bool {
-        self.hubs()
-            .contains_key(&(owner.to_string(), key.to_string()))
+    pub(crate) fn has_hub(&self, owner: &OwnerId, key: &str) -> bool {
+        self.hubs().contains_key(&(owner.clone(), key.to_string()))
     }
 
     /// Forget `hub` unless a driver took it.
-    pub(crate) fn release_hub(&self, owner: &str, key: &str, hub: &Arc<StreamHub>) {
+    pub(crate) fn release_hub(&self, owner: &OwnerId, key: &str, hub: &Arc<StreamHub>) {
         let mut hubs = self.hubs();
-        let k = (owner.to_string(), key.to_string());
+        let k = (owner.clone(), key.to_string());
         if hubs
             .get(&k)
             .is_some_and(|h| Arc::ptr_eq(h, hub) && !h.is_driven())
@@ -189,8 +188,8 @@ impl Inner {
 /// lingers for resuming clients.
 pub(super) async fn close_after_drive(
     inner: &Arc<Inner>,
-    job_id: &str,
-    owner: &str,
+    job_id: &JobId,
+    owner: &OwnerId,
     key: &str,
     hub: Arc<StreamHub>,
 ) {
@@ -235,7 +234,7 @@ pub(super) async fn close_after_drive(
     }
     hub.state().driven = false;
     let linger = inner.clone();
-    let key = (owner.to_string(), key.to_string());
+    let key = (owner.clone(), key.to_string());
     inner.spawn(async move {
         tokio::time::sleep(HUB_LINGER).await;
         let mut hubs = linger.hubs();

@@ -7,7 +7,7 @@ use super::jobs::LimitedBody;
 use super::views::JobView;
 use super::AppState;
 use crate::clock::rfc3339;
-use crate::domain::Job;
+use crate::domain::{AttemptId, Job, JobId, OwnerId};
 use crate::http::auth::Admin;
 use crate::jobs::{self, DecisionError};
 use crate::keys::Caller;
@@ -19,9 +19,9 @@ use serde_json::Value;
 
 #[derive(Debug, Serialize)]
 pub struct ReviewView {
-    pub job_id: String,
+    pub job_id: JobId,
     /// The business key: who asked, and their idempotency key.
-    pub owner: String,
+    pub owner: OwnerId,
     pub idempotency_key: String,
     pub route: String,
     pub last_error: Option<String>,
@@ -71,7 +71,7 @@ struct ResolveJob {
 pub async fn resolve_job(
     State(state): State<AppState>,
     Admin(admin): Admin,
-    Path(id): Path<String>,
+    Path(id): Path<JobId>,
     LimitedBody(raw): LimitedBody,
 ) -> Result<Json<JobView>, ApiError> {
     let request: ResolveJob = body::parse(&raw)?;
@@ -87,12 +87,12 @@ pub async fn resolve_job(
 pub async fn decide_job(
     state: &AppState,
     admin: &Caller,
-    job_id: &str,
+    job_id: &JobId,
     resolution: JobResolution,
     reason: &str,
 ) -> Result<Job, ApiError> {
     let actor = format!("admin:{}", admin.owner_id);
-    let (state, job_id, reason) = (state.clone(), job_id.to_string(), reason.to_string());
+    let (state, job_id, reason) = (state.clone(), job_id.clone(), reason.to_string());
     // The engine is told after the commit even if the client goes away.
     let job = crate::jobs::run_to_completion(async move {
         let now = state.clock.now_ms();
@@ -125,7 +125,7 @@ struct ResolveAttempt {
 pub async fn resolve_attempt(
     State(state): State<AppState>,
     Admin(admin): Admin,
-    Path(id): Path<String>,
+    Path(id): Path<AttemptId>,
     LimitedBody(raw): LimitedBody,
 ) -> Result<Json<JobView>, ApiError> {
     let request: ResolveAttempt = body::parse(&raw)?;
@@ -141,12 +141,12 @@ pub async fn resolve_attempt(
 pub async fn settle_attempt(
     state: &AppState,
     admin: &Caller,
-    attempt_id: &str,
+    attempt_id: &AttemptId,
     resolution: AttemptResolution,
     reason: &str,
 ) -> Result<Job, ApiError> {
     let actor = format!("admin:{}", admin.owner_id);
-    let (state, attempt_id, reason) = (state.clone(), attempt_id.to_string(), reason.to_string());
+    let (state, attempt_id, reason) = (state.clone(), attempt_id.clone(), reason.to_string());
     // The engine is told after the commit even if the client goes away.
     let job = crate::jobs::run_to_completion(async move {
         let now = state.clock.now_ms();

@@ -16,7 +16,7 @@ use super::AppState;
 use crate::config::IdempotencyMode;
 use crate::domain::job::Unanswered;
 use crate::domain::request::IdempotencyKey;
-use crate::domain::{Attempt, ErrorKind, Job, JobState};
+use crate::domain::{Attempt, AttemptId, ErrorKind, Job, JobState, OwnerId};
 use crate::engine::stream::{StreamEvent, StreamHub};
 use crate::engine::Handed;
 use crate::jobs::{self, Intake, Submission};
@@ -142,7 +142,7 @@ pub fn door_key(state: &AppState, headers: &HeaderMap) -> Result<DoorKey, ApiErr
 /// one window, so a retry across a window's edge still finds its job.
 async fn fingerprint_key(
     state: &AppState,
-    owner: &str,
+    owner: &OwnerId,
     job_body: &[u8],
 ) -> Result<IdempotencyKey, ApiError> {
     let request = crate::domain::JobRequest::parse(job_body).map_err(jobs::SubmitError::Request)?;
@@ -302,7 +302,7 @@ impl Settled {
     pub fn winner(&self) -> Option<&Attempt> {
         self.attempts
             .iter()
-            .find(|a| Some(&a.id) == self.job.completed_by.as_ref())
+            .find(|a| self.job.completed_by.as_deref() == Some(a.id.as_str()))
     }
 }
 
@@ -339,7 +339,7 @@ async fn attempts_to_answer(
 ) -> Result<Vec<Attempt>, ApiError> {
     let succeeded = job.state == JobState::Succeeded;
     if let Some(winner) =
-        remembered.filter(|w| succeeded && job.completed_by.as_ref() == Some(&w.id))
+        remembered.filter(|w| succeeded && job.completed_by.as_deref() == Some(w.id.as_str()))
     {
         return Ok(vec![winner.clone()]);
     }
@@ -347,7 +347,7 @@ async fn attempts_to_answer(
     if succeeded {
         if let Some(winner) = attempts
             .iter()
-            .find(|a| job.completed_by.as_ref() == Some(&a.id))
+            .find(|a| job.completed_by.as_deref() == Some(a.id.as_str()))
         {
             state.replays.finished.remember_winner(job, winner);
         }
@@ -725,7 +725,8 @@ fn stored_events(state: &AppState, settled: &Settled) -> Vec<StreamEvent> {
     let mut events = vec![StreamEvent::Start {
         model: model.clone(),
         provider: winner.map(|a| a.provider.clone()).unwrap_or_default(),
-        attempt_id: winner.map(|a| a.id.clone()).unwrap_or_default(),
+        // No winner (an admin's answer): an empty id, as the stream has always said.
+        attempt_id: winner.map_or_else(|| AttemptId::from(""), |a| a.id.clone()),
     }];
     if let Some(text) = answer.text.filter(|t| !t.is_empty()) {
         events.push(StreamEvent::Piece {

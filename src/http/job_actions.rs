@@ -5,6 +5,7 @@ use super::error::ApiError;
 use super::jobs::LimitedBody;
 use super::views::JobView;
 use super::AppState;
+use crate::domain::JobId;
 use crate::jobs;
 use crate::keys::Caller;
 use axum::extract::{Path, State};
@@ -17,7 +18,7 @@ use serde::Deserialize;
 pub async fn retry(
     State(state): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    Path(id): Path<JobId>,
 ) -> Result<Json<JobView>, ApiError> {
     jobs::find_for(state.store.as_ref(), &caller, &id)
         .await?
@@ -52,7 +53,7 @@ pub struct CancelBody {
 pub async fn cancel(
     State(state): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    Path(id): Path<JobId>,
     LimitedBody(raw): LimitedBody,
 ) -> Result<Json<JobView>, ApiError> {
     let request: CancelBody = body::parse_or_default(&raw)?;

@@ -4,6 +4,7 @@ use super::door;
 use super::error::ApiError;
 use super::views::{AttemptView, JobView};
 use super::AppState;
+use crate::domain::JobId;
 use crate::jobs;
 use crate::keys::Caller;
 use axum::extract::{Path, State};
@@ -60,7 +61,7 @@ pub async fn create(
 pub async fn show(
     State(state): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    Path(id): Path<JobId>,
 ) -> Result<Json<JobView>, ApiError> {
     let job = jobs::find_for(state.store.as_ref(), &caller, &id)
         .await?
@@ -71,7 +72,7 @@ pub async fn show(
 pub async fn attempts(
     State(state): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    Path(id): Path<JobId>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let job = jobs::find_for(state.store.as_ref(), &caller, &id)
         .await?

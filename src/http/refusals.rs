@@ -3,6 +3,7 @@
 //! body named one, the method and the path, never the key. Without it an
 //! operator cannot see why an SDK fails.
 
+use crate::domain::OwnerId;
 use axum::extract::Request;
 use axum::middleware::Next;
 use axum::response::Response;
@@ -16,7 +17,7 @@ struct Note(Arc<Mutex<Learnt>>);
 
 #[derive(Debug, Default)]
 struct Learnt {
-    owner: Option<String>,
+    owner: Option<OwnerId>,
     route: Option<String>,
 }
 
@@ -34,8 +35,8 @@ fn learn(f: impl FnOnce(&mut Learnt)) {
 }
 
 /// The owner of the request being handled, for its refusal's line.
-pub fn note_owner(owner: &str) {
-    learn(|l| l.owner = Some(owner.to_string()));
+pub fn note_owner(owner: &OwnerId) {
+    learn(|l| l.owner = Some(owner.clone()));
 }
 
 /// The route of the request being handled, for its refusal's line.

@@ -7,6 +7,7 @@ use super::auth::Admin;
 use super::error::ApiError;
 use super::AppState;
 use crate::clock::rfc3339;
+use crate::domain::OwnerId;
 use crate::keys::{self, key_state, Caller, KeyError};
 use crate::store::tenants::{KeyRecord, OwnerLimitsRow, TenantAuditEntry};
 use crate::tenants::limits::Limits;
@@ -22,7 +23,7 @@ use serde_json::json;
 #[derive(Debug, Serialize)]
 pub struct KeyView {
     pub id: String,
-    pub owner: String,
+    pub owner: OwnerId,
     pub prefix: String,
     pub admin: bool,
     /// `active`, `rotating` (replaced; works until `expires_at`), `expired` or `revoked`.
@@ -73,7 +74,7 @@ impl From<KeyError> for ApiError {
 
 #[derive(Debug, Deserialize)]
 pub struct OwnerQuery {
-    owner: Option<String>,
+    owner: Option<OwnerId>,
 }
 
 pub async fn list_keys(
@@ -82,7 +83,7 @@ pub async fn list_keys(
     Query(q): Query<OwnerQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let now = state.clock.now_ms();
-    let keys: Vec<KeyView> = keys::list(state.store.as_ref(), q.owner.as_deref())
+    let keys: Vec<KeyView> = keys::list(state.store.as_ref(), q.owner.as_ref())
         .await?
         .into_iter()
         .map(|k| KeyView::new(k, now))
@@ -210,7 +211,7 @@ pub async fn rotate_key(
 
 #[derive(Debug, Serialize)]
 struct LimitsOverrideView {
-    owner: String,
+    owner: OwnerId,
     limits: serde_json::Value,
     changed_by: String,
     reason: String,
@@ -243,7 +244,7 @@ pub async fn show_limits(
         .chain(overrides.iter().map(|o| o.owner.clone()));
     for owner in owners {
         let limits = state.tenants.limits_for(&owner);
-        effective.insert(owner, json!(limits));
+        effective.insert(owner.into_string(), json!(limits));
     }
     Ok(Json(json!({
         "default": config.default,
@@ -266,7 +267,7 @@ struct SetLimits {
 pub async fn set_limits(
     State(state): State<AppState>,
     Admin(admin): Admin,
-    Path(owner): Path<String>,
+    Path(owner): Path<OwnerId>,
     body: Bytes,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let req: SetLimits = super::body::parse(&body)?;
@@ -332,7 +333,7 @@ pub async fn audit(
 #[derive(Debug, Deserialize)]
 pub struct UsageQuery {
     days: Option<String>,
-    owner: Option<String>,
+    owner: Option<OwnerId>,
 }
 
 fn days(q: &UsageQuery) -> Result<u32, ApiError> {
@@ -363,7 +364,7 @@ pub async fn own_usage(
     Ok(Json(with_limits(report, &caller.owner_id, limits)))
 }
 
-fn with_limits(report: UsageReport, owner: &str, limits: Limits) -> serde_json::Value {
+fn with_limits(report: UsageReport, owner: &OwnerId, limits: Limits) -> serde_json::Value {
     let used = report.today.get(owner).copied().unwrap_or(0);
     let mut value = json!(report);
     value["owner"] = json!(owner);
@@ -384,11 +385,11 @@ pub async fn admin_usage(
     let report = usage::report(
         state.store.as_ref(),
         state.clock.as_ref(),
-        q.owner.as_deref(),
+        q.owner.as_ref(),
         days(&q)?,
     )
     .await?;
-    Ok(Json(match q.owner.as_deref() {
+    Ok(Json(match q.owner.as_ref() {
         Some(owner) => with_limits(report, owner, state.tenants.limits_for(owner)),
         None => json!(report),
     }))

@@ -6,6 +6,7 @@ use super::body;
 use super::error::ApiError;
 use super::jobs::LimitedBody;
 use super::AppState;
+use crate::domain::OwnerId;
 use crate::keys::Caller;
 use crate::webhooks::endpoints::{Actor, NewEndpoint, WebhookError, Webhooks};
 use crate::webhooks::views::{DeliveryView, EndpointView, EndpointWithSecret};
@@ -66,7 +67,7 @@ pub async fn create(
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// Admin: one owner's endpoints only.
-    owner: Option<String>,
+    owner: Option<OwnerId>,
 }
 
 /// `GET /v1/webhooks`: without secrets.
@@ -77,7 +78,7 @@ pub async fn list(
 ) -> Result<Json<Value>, ApiError> {
     let now = state.clock.now_ms();
     let endpoints = webhooks(&state)
-        .list(actor(&caller), q.owner.as_deref())
+        .list(actor(&caller), q.owner.as_ref())
         .await?;
     let views: Vec<EndpointView> = endpoints
         .iter()

@@ -23,6 +23,7 @@ pub mod transport;
 pub mod vertex_auth;
 
 use crate::domain::request::Message;
+use crate::domain::JobId;
 use async_trait::async_trait;
 use config::{ProviderConfig, ProviderConfigError, ProviderKind};
 use std::sync::Arc;
@@ -112,7 +113,7 @@ pub trait Provider: Send + Sync {
 
 /// Invariant 6: the key every call of `job_id` on `provider` carries, the same
 /// on every retry there and different per provider.
-pub fn stable_key(job_id: &str, provider: &str) -> String {
+pub fn stable_key(job_id: &JobId, provider: &str) -> String {
     use sha2::{Digest, Sha256};
     let digest = Sha256::digest(format!("{job_id}\n{provider}").as_bytes());
     format!("onejob-{}", &hex::encode(digest)[..40])
@@ -212,8 +213,9 @@ mod tests {
 
     #[test]
     fn stable_key_depends_on_job_and_provider_only() {
-        assert_eq!(stable_key("j1", "a"), stable_key("j1", "a"));
-        assert_ne!(stable_key("j1", "a"), stable_key("j1", "b"));
-        assert_ne!(stable_key("j1", "a"), stable_key("j2", "a"));
+        let (j1, j2) = (JobId::from("j1"), JobId::from("j2"));
+        assert_eq!(stable_key(&j1, "a"), stable_key(&j1, "a"));
+        assert_ne!(stable_key(&j1, "a"), stable_key(&j1, "b"));
+        assert_ne!(stable_key(&j1, "a"), stable_key(&j2, "a"));
     }
 }

@@ -3,13 +3,13 @@
 //! the [`AttemptStore`] trait and its types. The SQL is in `sql/attempts.rs`.
 
 use crate::domain::attempt::{AttemptOutcome, NewAttempt};
-use crate::domain::{Attempt, GuardRefusal, Job, Millis};
+use crate::domain::{Attempt, AttemptId, GuardRefusal, Job, JobId, Millis};
 use crate::store::{Refusal, StoreError};
 use async_trait::async_trait;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct FinishAttempt {
-    pub attempt_id: String,
+    pub attempt_id: AttemptId,
     /// As the adapter classified it; for a success, `output` is the job's
     /// result. A failure's `retryable`, `retry_after` and `status` steer the
     /// engine and are not stored.
@@ -45,7 +45,7 @@ pub enum AttemptResolution {
 #[async_trait]
 pub trait AttemptStore: Send + Sync {
     /// The job's attempts, oldest first.
-    async fn list_attempts(&self, job_id: &str) -> Result<Vec<Attempt>, StoreError>;
+    async fn list_attempts(&self, job_id: &JobId) -> Result<Vec<Attempt>, StoreError>;
 
     /// The guarded insert (invariant 4): check and insert in one atomic step.
     async fn start_attempt(
@@ -62,7 +62,7 @@ pub trait AttemptStore: Send + Sync {
     /// attempts no provider can settle sit at the front.
     async fn list_unknown_attempts(
         &self,
-        after: Option<(Millis, &str)>,
+        after: Option<(Millis, &AttemptId)>,
         limit: i64,
     ) -> Result<Vec<Attempt>, StoreError>;
 
@@ -76,7 +76,7 @@ pub trait AttemptStore: Send + Sync {
 
     async fn resolve_attempt(
         &self,
-        attempt_id: &str,
+        attempt_id: &AttemptId,
         resolution: AttemptResolution,
         actor: &str,
         reason: &str,

@@ -5,7 +5,7 @@
 //! fast at 100k+ jobs.
 
 use crate::domain::Job;
-use crate::domain::Millis;
+use crate::domain::{Millis, OwnerId};
 use crate::store::StoreError;
 use async_trait::async_trait;
 
@@ -16,7 +16,7 @@ pub struct JobFilter {
     pub route: Option<String>,
     /// Jobs with at least one attempt on this provider.
     pub provider: Option<String>,
-    pub owner: Option<String>,
+    pub owner: Option<OwnerId>,
     /// `created_at >= from`.
     pub created_from: Option<Millis>,
     /// `created_at < to`.

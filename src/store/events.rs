@@ -1,7 +1,7 @@
 //! The append-only job event log: the [`EventStore`] trait, its rows and
 //! the event kinds. The SQL is in `sql/events.rs`.
 
-use crate::domain::Millis;
+use crate::domain::{AttemptId, JobId, Millis};
 use crate::store::StoreError;
 use async_trait::async_trait;
 
@@ -9,8 +9,8 @@ use async_trait::async_trait;
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobEvent {
     pub id: i64,
-    pub job_id: String,
-    pub attempt_id: Option<String>,
+    pub job_id: JobId,
+    pub attempt_id: Option<AttemptId>,
     pub kind: crate::domain::EventKind,
     pub actor: String,
     pub detail: Option<String>,
@@ -19,8 +19,8 @@ pub struct JobEvent {
 
 #[derive(Debug, Clone)]
 pub struct NewEvent {
-    pub job_id: String,
-    pub attempt_id: Option<String>,
+    pub job_id: JobId,
+    pub attempt_id: Option<AttemptId>,
     pub kind: crate::domain::EventKind,
     pub actor: String,
     pub detail: Option<String>,
@@ -60,10 +60,10 @@ pub trait EventStore: Send + Sync {
     /// Append many events in one commit (the replay audit's flush).
     async fn record_events(&self, events: Vec<NewEvent>) -> Result<(), StoreError>;
 
-    async fn list_events(&self, job_id: &str) -> Result<Vec<JobEvent>, StoreError>;
+    async fn list_events(&self, job_id: &JobId) -> Result<Vec<JobEvent>, StoreError>;
 
     /// Whether the job's log has an event of `kind`: answered in the
     /// database (the job's range of its events index), nothing else
     /// fetched, however long the log.
-    async fn has_event(&self, job_id: &str, kind: &str) -> Result<bool, StoreError>;
+    async fn has_event(&self, job_id: &JobId, kind: &str) -> Result<bool, StoreError>;
 }

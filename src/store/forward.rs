@@ -34,36 +34,36 @@ macro_rules! forward_store {
             @expand [$($how)*]
             JobStore {
                 fn create_job(job: NewJob) -> CreateOutcome;
-                fn find_job_by_key(owner_id: &str, key: &str) -> Option<Job>;
-                fn get_job(id: &str) -> Option<Job>;
+                fn find_job_by_key(owner_id: &OwnerId, key: &str) -> Option<Job>;
+                fn get_job(id: &JobId) -> Option<Job>;
                 fn count_jobs() -> i64;
                 fn claim_jobs(owner: &str, now: Millis, lease_until: Millis, limit: i64, reclaim_own: bool) -> Vec<Job>;
-                fn renew_lease(job_id: &str, owner: &str, lease_until: Millis) -> bool;
-                fn transition_job(job_id: &str, lease_owner: Option<&str>, transition: JobTransition, at: Millis) -> bool;
-                fn wake_job(job_id: &str, at: Millis) -> ();
-                fn cancel_job(job_id: &str, actor: &str, reason: &str, at: Millis) -> Result<Job, Refusal>;
-                fn request_retry(job_id: &str, actor: &str, at: Millis) -> Result<Job, Refusal>;
-                fn resolve_job(job_id: &str, resolution: JobResolution, actor: &str, reason: &str, at: Millis) -> Result<Job, Refusal>;
+                fn renew_lease(job_id: &JobId, owner: &str, lease_until: Millis) -> bool;
+                fn transition_job(job_id: &JobId, lease_owner: Option<&str>, transition: JobTransition, at: Millis) -> bool;
+                fn wake_job(job_id: &JobId, at: Millis) -> ();
+                fn cancel_job(job_id: &JobId, actor: &str, reason: &str, at: Millis) -> Result<Job, Refusal>;
+                fn request_retry(job_id: &JobId, actor: &str, at: Millis) -> Result<Job, Refusal>;
+                fn resolve_job(job_id: &JobId, resolution: JobResolution, actor: &str, reason: &str, at: Millis) -> Result<Job, Refusal>;
                 fn list_review(limit: i64) -> Vec<ReviewItem>;
             }
             AttemptStore {
-                fn list_attempts(job_id: &str) -> Vec<Attempt>;
+                fn list_attempts(job_id: &JobId) -> Vec<Attempt>;
                 fn start_attempt(attempt: NewAttempt) -> Result<Attempt, GuardRefusal>;
                 fn finish_attempt(finish: FinishAttempt) -> FinishOutcome;
-                fn list_unknown_attempts(after: Option<(Millis, &str)>, limit: i64) -> Vec<Attempt>;
+                fn list_unknown_attempts(after: Option<(Millis, &AttemptId)>, limit: i64) -> Vec<Attempt>;
                 fn list_stale_started(started_before: Millis, limit: i64) -> Vec<Attempt>;
-                fn resolve_attempt(attempt_id: &str, resolution: AttemptResolution, actor: &str, reason: &str, at: Millis) -> Result<Job, Refusal>;
+                fn resolve_attempt(attempt_id: &AttemptId, resolution: AttemptResolution, actor: &str, reason: &str, at: Millis) -> Result<Job, Refusal>;
             }
             EventStore {
                 fn record_event(event: NewEvent) -> ();
                 fn record_events(events: Vec<NewEvent>) -> ();
-                fn list_events(job_id: &str) -> Vec<JobEvent>;
-                fn has_event(job_id: &str, kind: &str) -> bool;
+                fn list_events(job_id: &JobId) -> Vec<JobEvent>;
+                fn has_event(job_id: &JobId, kind: &str) -> bool;
             }
             KeyStore {
                 fn insert_api_key(key: ApiKey) -> ();
                 fn find_api_key(key_hash: &str) -> Option<ApiKey>;
-                fn list_api_keys(owner: Option<&str>) -> Vec<KeyRecord>;
+                fn list_api_keys(owner: Option<&OwnerId>) -> Vec<KeyRecord>;
                 fn get_api_key(id: &str) -> Option<KeyRecord>;
                 fn revoke_api_key(id: &str, actor: &str, at: Millis) -> bool;
                 fn rotate_api_key(rotation: Rotation, actor: &str) -> bool;
@@ -74,9 +74,9 @@ macro_rules! forward_store {
                 fn tenant_audit(limit: i64) -> Vec<TenantAuditEntry>;
                 fn heartbeat(instance: &str, at: Millis, since: Millis) -> i64;
                 fn leave_instances(instance: &str) -> ();
-                fn owner_load(owner: &str, key: Option<&str>, day: i64) -> OwnerLoad;
+                fn owner_load(owner: &OwnerId, key: Option<&str>, day: i64) -> OwnerLoad;
                 fn set_key_limits(id: &str, limits: Option<String>, actor: &str, reason: &str, at: Millis) -> bool;
-                fn usage(owner: Option<&str>, from_day: i64) -> Vec<UsageRow>;
+                fn usage(owner: Option<&OwnerId>, from_day: i64) -> Vec<UsageRow>;
             }
             SwitchStore {
                 fn set_provider_enabled(name: &str, enabled: bool, actor: &str, reason: &str, at: Millis) -> ();
@@ -99,7 +99,7 @@ macro_rules! forward_store {
             }
             WebhookStore {
                 fn insert_webhook_endpoint(endpoint: WebhookEndpoint) -> ();
-                fn list_webhook_endpoints(owner: Option<&str>) -> Vec<WebhookEndpoint>;
+                fn list_webhook_endpoints(owner: Option<&OwnerId>) -> Vec<WebhookEndpoint>;
                 fn get_webhook_endpoint(id: &str) -> Option<WebhookEndpoint>;
                 fn delete_webhook_endpoint(id: &str) -> bool;
                 fn rotate_webhook_secret(id: &str, secret: &str, previous_until: Millis, at: Millis) -> bool;
@@ -123,7 +123,7 @@ macro_rules! forward_store {
         const _: () = {
             use $crate::domain::attempt::NewAttempt;
             use $crate::domain::job::NewJob;
-            use $crate::domain::{Attempt, GuardRefusal, Job, Millis};
+            use $crate::domain::{Attempt, AttemptId, GuardRefusal, Job, JobId, Millis, OwnerId};
             use $crate::store::console::{JobFilter, WindowStats};
             use $crate::store::hedging::HedgingShare;
             use $crate::store::tenants::{

@@ -3,7 +3,7 @@
 //! [`JobStore`] trait and its types. The SQL is in `sql/jobs.rs`.
 
 use crate::domain::job::NewJob;
-use crate::domain::{Job, Millis};
+use crate::domain::{Job, JobId, Millis, OwnerId};
 use crate::store::StoreError;
 use async_trait::async_trait;
 
@@ -76,9 +76,13 @@ pub trait JobStore: Send + Sync {
     async fn create_job(&self, job: NewJob) -> Result<CreateOutcome, StoreError>;
 
     /// The replay path: one indexed read.
-    async fn find_job_by_key(&self, owner_id: &str, key: &str) -> Result<Option<Job>, StoreError>;
+    async fn find_job_by_key(
+        &self,
+        owner_id: &OwnerId,
+        key: &str,
+    ) -> Result<Option<Job>, StoreError>;
 
-    async fn get_job(&self, id: &str) -> Result<Option<Job>, StoreError>;
+    async fn get_job(&self, id: &JobId) -> Result<Option<Job>, StoreError>;
 
     async fn count_jobs(&self) -> Result<i64, StoreError>;
 
@@ -100,7 +104,7 @@ pub trait JobStore: Send + Sync {
     /// Extend a held lease; false when it was lost.
     async fn renew_lease(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         owner: &str,
         lease_until: Millis,
     ) -> Result<bool, StoreError>;
@@ -108,18 +112,18 @@ pub trait JobStore: Send + Sync {
     /// Apply an engine step; false when the job is final or the lease was lost.
     async fn transition_job(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         lease_owner: Option<&str>,
         transition: JobTransition,
         at: Millis,
     ) -> Result<bool, StoreError>;
 
     /// Make a job without a driver runnable at `at` (after an unknown attempt is settled).
-    async fn wake_job(&self, job_id: &str, at: Millis) -> Result<(), StoreError>;
+    async fn wake_job(&self, job_id: &JobId, at: Millis) -> Result<(), StoreError>;
 
     async fn cancel_job(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         actor: &str,
         reason: &str,
         at: Millis,
@@ -128,14 +132,14 @@ pub trait JobStore: Send + Sync {
     /// `POST /v1/jobs/{id}/retry`: refused while an attempt is started or unknown.
     async fn request_retry(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         actor: &str,
         at: Millis,
     ) -> Result<Result<Job, Refusal>, StoreError>;
 
     async fn resolve_job(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         resolution: JobResolution,
         actor: &str,
         reason: &str,

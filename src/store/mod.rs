@@ -36,7 +36,9 @@
 //! ## Adding a query
 //!
 //! 1. Declare it in its resource's trait, with a doc comment:
-//!    `async fn my_query(&self, job_id: &str, limit: i64) -> Result<Vec<Job>, StoreError>;`
+//!    `async fn my_query(&self, job_id: &JobId, limit: i64) -> Result<Vec<Job>, StoreError>;`
+//!    (a job's, an attempt's or an owner's id by its type, `JobId`,
+//!    `AttemptId` or `OwnerId`: [`crate::domain::ids`]).
 //! 2. Write `pub(crate) async fn my_query(conn: &mut impl Db, job_id: &str,
 //!    limit: i64) -> Result<Vec<Job>, StoreError>` in that resource's file
 //!    under `sql/` (`jobs.rs`, `attempts.rs`, `events.rs`, `keys.rs`,
@@ -47,7 +49,9 @@
 //!    (`sql/mod.rs`), write it in both `sql/sqlite.rs` and
 //!    `sql/postgres.rs`, and take it as `C::Sql::NAME` with
 //!    `conn: &mut C` where `C: Db`.
-//! 3. Implement it in both backends' impl of that trait: `sqlite.rs` (a
+//! 3. Implement it in both backends' impl of that trait, passing an id as
+//!    the text it is (`&JobId` derefs to `&str`; an `Option<&OwnerId>` as
+//!    `owner.map(OwnerId::as_str)`): `sqlite.rs` (a
 //!    read: `self.read.raw(|c| db::now(ops::my_query(c, …)))`; a write:
 //!    `self.write(move |c| db::now(ops::my_query(c, …)))`, its borrowed
 //!    arguments made owned first, since the write waits in the queue) and
@@ -107,6 +111,7 @@ mod events;
 pub mod faulty;
 mod forward;
 pub mod hedging;
+mod ids;
 mod jobs;
 pub mod postgres;
 mod rows;
@@ -140,7 +145,7 @@ pub enum StoreError {
     NotFound(&'static str),
     #[error("attempt {attempt_id} is {state}; it cannot become {wanted}")]
     InvalidTransition {
-        attempt_id: String,
+        attempt_id: crate::domain::AttemptId,
         state: String,
         wanted: &'static str,
     },

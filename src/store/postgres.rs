@@ -18,7 +18,7 @@ use super::{
 };
 use crate::domain::attempt::NewAttempt;
 use crate::domain::job::NewJob;
-use crate::domain::{Attempt, GuardRefusal, Job, Millis};
+use crate::domain::{Attempt, AttemptId, GuardRefusal, Job, JobId, Millis, OwnerId};
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
@@ -109,11 +109,15 @@ impl JobStore for PgStore {
         ops::create_job(&mut *self.pool.acquire().await?, job).await
     }
 
-    async fn find_job_by_key(&self, owner_id: &str, key: &str) -> Result<Option<Job>, StoreError> {
+    async fn find_job_by_key(
+        &self,
+        owner_id: &OwnerId,
+        key: &str,
+    ) -> Result<Option<Job>, StoreError> {
         ops::find_job_by_key(&mut *self.pool.acquire().await?, owner_id, key).await
     }
 
-    async fn get_job(&self, id: &str) -> Result<Option<Job>, StoreError> {
+    async fn get_job(&self, id: &JobId) -> Result<Option<Job>, StoreError> {
         ops::get_job(&mut *self.pool.acquire().await?, id).await
     }
 
@@ -137,7 +141,7 @@ impl JobStore for PgStore {
 
     async fn renew_lease(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         owner: &str,
         lease_until: Millis,
     ) -> Result<bool, StoreError> {
@@ -146,7 +150,7 @@ impl JobStore for PgStore {
 
     async fn transition_job(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         lease_owner: Option<&str>,
         transition: JobTransition,
         at: Millis,
@@ -157,13 +161,13 @@ impl JobStore for PgStore {
         Ok(value)
     }
 
-    async fn wake_job(&self, job_id: &str, at: Millis) -> Result<(), StoreError> {
+    async fn wake_job(&self, job_id: &JobId, at: Millis) -> Result<(), StoreError> {
         ops::wake_job(&mut *self.pool.acquire().await?, job_id, at).await
     }
 
     async fn cancel_job(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         actor: &str,
         reason: &str,
         at: Millis,
@@ -176,7 +180,7 @@ impl JobStore for PgStore {
 
     async fn request_retry(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         actor: &str,
         at: Millis,
     ) -> Result<Result<Job, Refusal>, StoreError> {
@@ -188,7 +192,7 @@ impl JobStore for PgStore {
 
     async fn resolve_job(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         resolution: JobResolution,
         actor: &str,
         reason: &str,
@@ -207,7 +211,7 @@ impl JobStore for PgStore {
 
 #[async_trait]
 impl AttemptStore for PgStore {
-    async fn list_attempts(&self, job_id: &str) -> Result<Vec<Attempt>, StoreError> {
+    async fn list_attempts(&self, job_id: &JobId) -> Result<Vec<Attempt>, StoreError> {
         ops::list_attempts(&mut *self.pool.acquire().await?, job_id).await
     }
 
@@ -236,10 +240,15 @@ impl AttemptStore for PgStore {
 
     async fn list_unknown_attempts(
         &self,
-        after: Option<(Millis, &str)>,
+        after: Option<(Millis, &AttemptId)>,
         limit: i64,
     ) -> Result<Vec<Attempt>, StoreError> {
-        ops::list_unknown_attempts(&mut *self.pool.acquire().await?, after, limit).await
+        ops::list_unknown_attempts(
+            &mut *self.pool.acquire().await?,
+            after.map(|(at, id)| (at, id.as_str())),
+            limit,
+        )
+        .await
     }
 
     async fn list_stale_started(
@@ -252,7 +261,7 @@ impl AttemptStore for PgStore {
 
     async fn resolve_attempt(
         &self,
-        attempt_id: &str,
+        attempt_id: &AttemptId,
         resolution: AttemptResolution,
         actor: &str,
         reason: &str,
@@ -279,11 +288,11 @@ impl EventStore for PgStore {
         Ok(value)
     }
 
-    async fn list_events(&self, job_id: &str) -> Result<Vec<JobEvent>, StoreError> {
+    async fn list_events(&self, job_id: &JobId) -> Result<Vec<JobEvent>, StoreError> {
         ops::list_events(&mut *self.pool.acquire().await?, job_id).await
     }
 
-    async fn has_event(&self, job_id: &str, kind: &str) -> Result<bool, StoreError> {
+    async fn has_event(&self, job_id: &JobId, kind: &str) -> Result<bool, StoreError> {
         ops::has_event(&mut *self.pool.acquire().await?, job_id, kind).await
     }
 }
@@ -298,8 +307,8 @@ impl KeyStore for PgStore {
         ops::find_api_key(&mut *self.pool.acquire().await?, key_hash).await
     }
 
-    async fn list_api_keys(&self, owner: Option<&str>) -> Result<Vec<KeyRecord>, StoreError> {
-        ops::list_api_keys(&mut *self.pool.acquire().await?, owner).await
+    async fn list_api_keys(&self, owner: Option<&OwnerId>) -> Result<Vec<KeyRecord>, StoreError> {
+        ops::list_api_keys(&mut *self.pool.acquire().await?, owner.map(OwnerId::as_str)).await
     }
 
     async fn get_api_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError> {
@@ -364,7 +373,7 @@ impl KeyStore for PgStore {
 
     async fn owner_load(
         &self,
-        owner: &str,
+        owner: &OwnerId,
         key: Option<&str>,
         day: i64,
     ) -> Result<OwnerLoad, StoreError> {
@@ -385,8 +394,17 @@ impl KeyStore for PgStore {
         Ok(value)
     }
 
-    async fn usage(&self, owner: Option<&str>, from_day: i64) -> Result<Vec<UsageRow>, StoreError> {
-        ops::usage(&mut *self.pool.acquire().await?, owner, from_day).await
+    async fn usage(
+        &self,
+        owner: Option<&OwnerId>,
+        from_day: i64,
+    ) -> Result<Vec<UsageRow>, StoreError> {
+        ops::usage(
+            &mut *self.pool.acquire().await?,
+            owner.map(OwnerId::as_str),
+            from_day,
+        )
+        .await
     }
 }
 
@@ -480,9 +498,10 @@ impl WebhookStore for PgStore {
 
     async fn list_webhook_endpoints(
         &self,
-        owner: Option<&str>,
+        owner: Option<&OwnerId>,
     ) -> Result<Vec<WebhookEndpoint>, StoreError> {
-        ops::list_webhook_endpoints(&mut *self.pool.acquire().await?, owner).await
+        ops::list_webhook_endpoints(&mut *self.pool.acquire().await?, owner.map(OwnerId::as_str))
+            .await
     }
 
     async fn get_webhook_endpoint(&self, id: &str) -> Result<Option<WebhookEndpoint>, StoreError> {

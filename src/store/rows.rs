@@ -4,7 +4,7 @@ use super::sql::db::{Columns, Row};
 use super::{
     parse_attempt_kind, parse_attempt_state, parse_job_state, ApiKey, JobEvent, StoreError,
 };
-use crate::domain::{Attempt, ErrorKind, EventKind, Job};
+use crate::domain::{Attempt, AttemptId, ErrorKind, EventKind, Job};
 
 /// The column list of `JobRow`, as a literal for `concat!`.
 macro_rules! job_columns {
@@ -91,8 +91,8 @@ impl TryFrom<JobRow> for Job {
     fn try_from(r: JobRow) -> Result<Self, StoreError> {
         Ok(Job {
             state: parse_job_state(&r.state)?,
-            id: r.id,
-            owner_id: r.owner_id,
+            id: r.id.into(),
+            owner_id: r.owner_id.into(),
             idempotency_key: r.idempotency_key,
             fingerprint: r.fingerprint,
             request: r.request,
@@ -156,8 +156,8 @@ impl TryFrom<AttemptRow> for Attempt {
         Ok(Attempt {
             kind: parse_attempt_kind(&r.kind)?,
             state: parse_attempt_state(&r.state)?,
-            id: r.id,
-            job_id: r.job_id,
+            id: r.id.into(),
+            job_id: r.job_id.into(),
             seq: r.seq,
             provider: r.provider,
             read_version: r.read_version,
@@ -200,8 +200,8 @@ impl From<EventRow> for JobEvent {
     fn from(r: EventRow) -> Self {
         JobEvent {
             id: r.id,
-            job_id: r.job_id,
-            attempt_id: r.attempt_id,
+            job_id: r.job_id.into(),
+            attempt_id: r.attempt_id.map(AttemptId::from),
             kind: EventKind::parse(&r.kind),
             actor: r.actor,
             detail: r.detail,
@@ -244,7 +244,7 @@ impl From<ApiKeyRow> for ApiKey {
     fn from(r: ApiKeyRow) -> Self {
         ApiKey {
             id: r.id,
-            owner_id: r.owner_id,
+            owner_id: r.owner_id.into(),
             key_hash: r.key_hash,
             prefix: r.prefix,
             is_admin: r.is_admin,

@@ -31,7 +31,7 @@ use super::{
 };
 use crate::domain::attempt::NewAttempt;
 use crate::domain::job::NewJob;
-use crate::domain::{Attempt, GuardRefusal, Job, Millis};
+use crate::domain::{Attempt, AttemptId, GuardRefusal, Job, JobId, Millis, OwnerId};
 use async_trait::async_trait;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -406,12 +406,16 @@ impl JobStore for SqliteStore {
         self.write(move |c| db::now(ops::create_job(c, job))).await
     }
 
-    async fn find_job_by_key(&self, owner_id: &str, key: &str) -> Result<Option<Job>, StoreError> {
+    async fn find_job_by_key(
+        &self,
+        owner_id: &OwnerId,
+        key: &str,
+    ) -> Result<Option<Job>, StoreError> {
         self.read
             .raw(|c| db::now(ops::find_job_by_key(c, owner_id, key)))
     }
 
-    async fn get_job(&self, id: &str) -> Result<Option<Job>, StoreError> {
+    async fn get_job(&self, id: &JobId) -> Result<Option<Job>, StoreError> {
         self.read.raw(|c| db::now(ops::get_job(c, id)))
     }
 
@@ -443,7 +447,7 @@ impl JobStore for SqliteStore {
 
     async fn renew_lease(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         owner: &str,
         lease_until: Millis,
     ) -> Result<bool, StoreError> {
@@ -455,7 +459,7 @@ impl JobStore for SqliteStore {
 
     async fn transition_job(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         lease_owner: Option<&str>,
         transition: JobTransition,
         at: Millis,
@@ -474,7 +478,7 @@ impl JobStore for SqliteStore {
         .await
     }
 
-    async fn wake_job(&self, job_id: &str, at: Millis) -> Result<(), StoreError> {
+    async fn wake_job(&self, job_id: &JobId, at: Millis) -> Result<(), StoreError> {
         let job_id = job_id.to_string();
         self.write(move |c| db::now(ops::wake_job(c, &job_id, at)))
             .await
@@ -482,7 +486,7 @@ impl JobStore for SqliteStore {
 
     async fn cancel_job(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         actor: &str,
         reason: &str,
         at: Millis,
@@ -496,7 +500,7 @@ impl JobStore for SqliteStore {
 
     async fn request_retry(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         actor: &str,
         at: Millis,
     ) -> Result<Result<Job, Refusal>, StoreError> {
@@ -508,7 +512,7 @@ impl JobStore for SqliteStore {
 
     async fn resolve_job(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         resolution: JobResolution,
         actor: &str,
         reason: &str,
@@ -532,7 +536,7 @@ impl JobStore for SqliteStore {
 
 #[async_trait]
 impl AttemptStore for SqliteStore {
-    async fn list_attempts(&self, job_id: &str) -> Result<Vec<Attempt>, StoreError> {
+    async fn list_attempts(&self, job_id: &JobId) -> Result<Vec<Attempt>, StoreError> {
         self.read.raw(|c| db::now(ops::list_attempts(c, job_id)))
     }
 
@@ -551,11 +555,16 @@ impl AttemptStore for SqliteStore {
 
     async fn list_unknown_attempts(
         &self,
-        after: Option<(Millis, &str)>,
+        after: Option<(Millis, &AttemptId)>,
         limit: i64,
     ) -> Result<Vec<Attempt>, StoreError> {
-        self.read
-            .raw(|c| db::now(ops::list_unknown_attempts(c, after, limit)))
+        self.read.raw(|c| {
+            db::now(ops::list_unknown_attempts(
+                c,
+                after.map(|(at, id)| (at, id.as_str())),
+                limit,
+            ))
+        })
     }
 
     async fn list_stale_started(
@@ -569,7 +578,7 @@ impl AttemptStore for SqliteStore {
 
     async fn resolve_attempt(
         &self,
-        attempt_id: &str,
+        attempt_id: &AttemptId,
         resolution: AttemptResolution,
         actor: &str,
         reason: &str,
@@ -604,11 +613,11 @@ impl EventStore for SqliteStore {
             .await
     }
 
-    async fn list_events(&self, job_id: &str) -> Result<Vec<JobEvent>, StoreError> {
+    async fn list_events(&self, job_id: &JobId) -> Result<Vec<JobEvent>, StoreError> {
         self.read.raw(|c| db::now(ops::list_events(c, job_id)))
     }
 
-    async fn has_event(&self, job_id: &str, kind: &str) -> Result<bool, StoreError> {
+    async fn has_event(&self, job_id: &JobId, kind: &str) -> Result<bool, StoreError> {
         self.read.raw(|c| db::now(ops::has_event(c, job_id, kind)))
     }
 }
@@ -624,8 +633,9 @@ impl KeyStore for SqliteStore {
         self.read.raw(|c| db::now(ops::find_api_key(c, key_hash)))
     }
 
-    async fn list_api_keys(&self, owner: Option<&str>) -> Result<Vec<KeyRecord>, StoreError> {
-        self.read.raw(|c| db::now(ops::list_api_keys(c, owner)))
+    async fn list_api_keys(&self, owner: Option<&OwnerId>) -> Result<Vec<KeyRecord>, StoreError> {
+        self.read
+            .raw(|c| db::now(ops::list_api_keys(c, owner.map(OwnerId::as_str))))
     }
 
     async fn get_api_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError> {
@@ -686,7 +696,7 @@ impl KeyStore for SqliteStore {
 
     async fn owner_load(
         &self,
-        owner: &str,
+        owner: &OwnerId,
         key: Option<&str>,
         day: i64,
     ) -> Result<OwnerLoad, StoreError> {
@@ -709,8 +719,13 @@ impl KeyStore for SqliteStore {
             .await
     }
 
-    async fn usage(&self, owner: Option<&str>, from_day: i64) -> Result<Vec<UsageRow>, StoreError> {
-        self.read.raw(|c| db::now(ops::usage(c, owner, from_day)))
+    async fn usage(
+        &self,
+        owner: Option<&OwnerId>,
+        from_day: i64,
+    ) -> Result<Vec<UsageRow>, StoreError> {
+        self.read
+            .raw(|c| db::now(ops::usage(c, owner.map(OwnerId::as_str), from_day)))
     }
 }
 
@@ -811,10 +826,10 @@ impl WebhookStore for SqliteStore {
 
     async fn list_webhook_endpoints(
         &self,
-        owner: Option<&str>,
+        owner: Option<&OwnerId>,
     ) -> Result<Vec<WebhookEndpoint>, StoreError> {
         self.read
-            .raw(|c| db::now(ops::list_webhook_endpoints(c, owner)))
+            .raw(|c| db::now(ops::list_webhook_endpoints(c, owner.map(OwnerId::as_str))))
     }
 
     async fn get_webhook_endpoint(&self, id: &str) -> Result<Option<WebhookEndpoint>, StoreError> {
@@ -1017,10 +1032,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(&dir.path().join("t.db")).await.unwrap();
         store.migrate().await.unwrap();
-        assert_eq!(store.find_job_by_key("alice", "k").await.unwrap(), None);
+        assert_eq!(
+            store.find_job_by_key(&"alice".into(), "k").await.unwrap(),
+            None
+        );
         assert_eq!(store.count_jobs().await.unwrap(), 0);
         store.close().await;
-        let by_key = store.find_job_by_key("alice", "k").await;
+        let by_key = store.find_job_by_key(&"alice".into(), "k").await;
         assert!(matches!(by_key, Err(StoreError::Closed)), "{by_key:?}");
         let count = store.count_jobs().await;
         assert!(matches!(count, Err(StoreError::Closed)), "{count:?}");

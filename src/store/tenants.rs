@@ -3,7 +3,7 @@
 //! counter running servers poll, the instance heartbeat, and usage by
 //! owner and day: the types; their SQL is in `sql/keys.rs`.
 
-use crate::domain::Millis;
+use crate::domain::{Millis, OwnerId};
 use crate::store::sql::db::{Columns, Row};
 use crate::store::StoreError;
 use async_trait::async_trait;
@@ -13,7 +13,7 @@ use serde::Serialize;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct KeyRecord {
     pub id: String,
-    pub owner_id: String,
+    pub owner_id: OwnerId,
     /// The first characters of the key, to recognise it (`oj_1a2b3c4d`).
     pub prefix: String,
     pub is_admin: bool,
@@ -33,7 +33,7 @@ impl Row for KeyRecord {
     fn decode(row: &impl Columns) -> Result<Self, StoreError> {
         Ok(KeyRecord {
             id: row.get("id")?,
-            owner_id: row.get("owner_id")?,
+            owner_id: row.get::<String>("owner_id")?.into(),
             prefix: row.get("prefix")?,
             is_admin: row.get("is_admin")?,
             created_at: row.get("created_at")?,
@@ -83,7 +83,7 @@ impl Row for TenantAuditEntry {
 /// Limits an admin set for an owner at run time (JSON of the fields set).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct OwnerLimitsRow {
-    pub owner_id: String,
+    pub owner_id: OwnerId,
     pub limits: String,
     pub changed_by: String,
     pub reason: String,
@@ -93,7 +93,7 @@ pub struct OwnerLimitsRow {
 impl Row for OwnerLimitsRow {
     fn decode(row: &impl Columns) -> Result<Self, StoreError> {
         Ok(OwnerLimitsRow {
-            owner_id: row.get("owner_id")?,
+            owner_id: row.get::<String>("owner_id")?.into(),
             limits: row.get("limits")?,
             changed_by: row.get("changed_by")?,
             reason: row.get("reason")?,
@@ -105,7 +105,7 @@ impl Row for OwnerLimitsRow {
 /// Tokens of one (owner, UTC day, route, provider, attempt kind).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct UsageRow {
-    pub owner_id: String,
+    pub owner_id: OwnerId,
     /// Days since the Unix epoch (UTC).
     pub day: i64,
     pub route: String,
@@ -125,7 +125,7 @@ pub struct UsageRow {
 impl Row for UsageRow {
     fn decode(row: &impl Columns) -> Result<Self, StoreError> {
         Ok(UsageRow {
-            owner_id: row.get("owner_id")?,
+            owner_id: row.get::<String>("owner_id")?.into(),
             day: row.get("day")?,
             route: row.get("route")?,
             provider: row.get("provider")?,
@@ -159,7 +159,7 @@ pub fn day_of(at: Millis) -> i64 {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiKey {
     pub id: String,
-    pub owner_id: String,
+    pub owner_id: OwnerId,
     pub key_hash: String,
     /// The first characters of the key, shown by `keys list`.
     pub prefix: String,
@@ -192,7 +192,7 @@ pub trait KeyStore: Send + Sync {
 
     async fn find_api_key(&self, key_hash: &str) -> Result<Option<ApiKey>, StoreError>;
 
-    async fn list_api_keys(&self, owner: Option<&str>) -> Result<Vec<KeyRecord>, StoreError>;
+    async fn list_api_keys(&self, owner: Option<&OwnerId>) -> Result<Vec<KeyRecord>, StoreError>;
 
     async fn get_api_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError>;
 
@@ -226,7 +226,7 @@ pub trait KeyStore: Send + Sync {
     /// in one read.
     async fn owner_load(
         &self,
-        owner: &str,
+        owner: &OwnerId,
         key: Option<&str>,
         day: i64,
     ) -> Result<OwnerLoad, StoreError>;
@@ -243,5 +243,9 @@ pub trait KeyStore: Send + Sync {
     ) -> Result<bool, StoreError>;
 
     /// Usage rows from `from_day` on, of `owner` or of everyone.
-    async fn usage(&self, owner: Option<&str>, from_day: i64) -> Result<Vec<UsageRow>, StoreError>;
+    async fn usage(
+        &self,
+        owner: Option<&OwnerId>,
+        from_day: i64,
+    ) -> Result<Vec<UsageRow>, StoreError>;
 }

@@ -3,7 +3,7 @@
 //! ends a job, and each try of a delivery. The queries are in
 //! `sql/webhooks.rs`; what they mean is in [`crate::webhooks`].
 
-use crate::domain::{Job, JobState, Millis};
+use crate::domain::{AttemptId, Job, JobId, JobState, Millis, OwnerId};
 use crate::store::sql::db::{Columns, Row};
 use crate::store::StoreError;
 use async_trait::async_trait;
@@ -14,7 +14,7 @@ use serde::Serialize;
 #[derive(Debug, Clone, PartialEq)]
 pub struct WebhookEndpoint {
     pub id: String,
-    pub owner_id: String,
+    pub owner_id: OwnerId,
     pub url: String,
     pub description: String,
     /// The subscribed types as stored: `" job.succeeded job.failed "`.
@@ -32,7 +32,7 @@ impl Row for WebhookEndpoint {
     fn decode(row: &impl Columns) -> Result<Self, StoreError> {
         Ok(WebhookEndpoint {
             id: row.get("id")?,
-            owner_id: row.get("owner_id")?,
+            owner_id: row.get::<String>("owner_id")?.into(),
             url: row.get("url")?,
             description: row.get("description")?,
             events: row.get("events")?,
@@ -98,11 +98,11 @@ pub struct WebhookDelivery {
     /// The `webhook-id`: the same on every try.
     pub id: String,
     pub endpoint_id: String,
-    pub owner_id: String,
+    pub owner_id: OwnerId,
     pub event_type: String,
-    pub job_id: String,
+    pub job_id: JobId,
     /// For `attempt.unknown`: the attempt.
-    pub attempt_id: Option<String>,
+    pub attempt_id: Option<AttemptId>,
     pub event_at: Millis,
     /// The job as the event's commit left it.
     pub job: Job,
@@ -208,8 +208,8 @@ impl TryFrom<DeliveryRow> for WebhookDelivery {
         let state: JobState = crate::store::parse_job_state(&r.job_state)?;
         Ok(WebhookDelivery {
             job: Job {
-                id: r.job_id.clone(),
-                owner_id: r.owner_id.clone(),
+                id: r.job_id.as_str().into(),
+                owner_id: r.owner_id.as_str().into(),
                 idempotency_key: r.job_key,
                 // Not part of what the API shows of a job.
                 fingerprint: String::new(),
@@ -230,10 +230,10 @@ impl TryFrom<DeliveryRow> for WebhookDelivery {
             },
             id: r.id,
             endpoint_id: r.endpoint_id,
-            owner_id: r.owner_id,
+            owner_id: r.owner_id.into(),
             event_type: r.event_type,
-            job_id: r.job_id,
-            attempt_id: r.attempt_id,
+            job_id: r.job_id.into(),
+            attempt_id: r.attempt_id.map(AttemptId::from),
             event_at: r.event_at,
             body: r.body,
             state: DeliveryState::parse(&r.state)?,
@@ -329,7 +329,7 @@ pub trait WebhookStore: Send + Sync {
     /// Endpoints of `owner`, or of everyone, oldest first.
     async fn list_webhook_endpoints(
         &self,
-        owner: Option<&str>,
+        owner: Option<&OwnerId>,
     ) -> Result<Vec<WebhookEndpoint>, StoreError>;
 
     async fn get_webhook_endpoint(&self, id: &str) -> Result<Option<WebhookEndpoint>, StoreError>;

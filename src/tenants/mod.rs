@@ -24,7 +24,7 @@ pub mod limits;
 pub mod usage;
 
 use crate::clock::Clock;
-use crate::domain::Millis;
+use crate::domain::{Millis, OwnerId};
 use crate::keys::{hash_key, Caller, KEY_PREFIX};
 use crate::store::tenants::{day_of, OwnerLoad, MS_PER_DAY};
 use crate::store::{Store, StoreError};
@@ -104,7 +104,7 @@ impl LimitError {
 /// key's own) for the checks a new job needs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Admission {
-    pub owner: String,
+    pub owner: OwnerId,
     pub limits: Limits,
     /// The key (family) the job is made with, and its own limits.
     pub key: Option<(String, Limits)>,
@@ -112,9 +112,9 @@ pub struct Admission {
 
 impl Admission {
     /// No limits at all (tools and tests that submit directly).
-    pub fn unlimited(owner: &str) -> Admission {
+    pub fn unlimited(owner: &OwnerId) -> Admission {
         Admission {
-            owner: owner.to_string(),
+            owner: owner.clone(),
             limits: Limits::default(),
             key: None,
         }
@@ -146,7 +146,7 @@ pub struct Tenants {
     last_watch_ms: AtomicU64,
     started: Instant,
     /// Run-time limits per owner (over the config's).
-    overrides: RwLock<Arc<HashMap<String, Limits>>>,
+    overrides: RwLock<Arc<HashMap<OwnerId, Limits>>>,
     /// Whether any owner has any limit (else admission is a no-op).
     any_limits: std::sync::atomic::AtomicBool,
     live_instances: AtomicU64,
@@ -260,7 +260,7 @@ impl Tenants {
     }
 
     /// The limits that apply to `owner` now.
-    pub fn limits_for(&self, owner: &str) -> Limits {
+    pub fn limits_for(&self, owner: &OwnerId) -> Limits {
         let base = self.config.for_owner(owner);
         match self
             .overrides

@@ -2,6 +2,7 @@
 //! provider, with what hedging and lost races cost shown apart.
 
 use crate::clock::Clock;
+use crate::domain::OwnerId;
 use crate::store::tenants::{day_of, UsageRow, MS_PER_DAY};
 use crate::store::{Store, StoreError};
 use serde::Serialize;
@@ -11,7 +12,7 @@ pub const MAX_DAYS: u32 = 366;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct UsageLine {
-    pub owner: String,
+    pub owner: OwnerId,
     /// `YYYY-MM-DD` (UTC).
     pub day: String,
     pub route: String,
@@ -47,7 +48,7 @@ pub struct UsageReport {
     pub lines: Vec<UsageLine>,
     pub totals: UsageTotals,
     /// Per owner: tokens used today (UTC), what budgets are checked against.
-    pub today: std::collections::BTreeMap<String, i64>,
+    pub today: std::collections::BTreeMap<OwnerId, i64>,
 }
 
 pub fn day_text(day: i64) -> String {
@@ -61,7 +62,7 @@ pub fn day_text(day: i64) -> String {
 pub async fn report(
     store: &dyn Store,
     clock: &dyn Clock,
-    owner: Option<&str>,
+    owner: Option<&OwnerId>,
     days: u32,
 ) -> Result<UsageReport, StoreError> {
     let days = days.clamp(1, MAX_DAYS);

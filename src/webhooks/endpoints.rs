@@ -8,19 +8,20 @@ use super::secrets::{SecretError, SecretKey};
 use super::ssrf::check_url;
 use super::{signing, WebhooksConfig, DEFAULT_EVENT_TYPES, EVENT_TYPES};
 use crate::clock::Clock;
+use crate::domain::OwnerId;
 use crate::store::webhooks::{WebhookDelivery, WebhookEndpoint, WebhookTry};
 use crate::store::{Store, StoreError};
 
 /// Whose endpoints a call may touch.
 #[derive(Debug, Clone, Copy)]
 pub struct Actor<'a> {
-    pub owner_id: &'a str,
+    pub owner_id: &'a OwnerId,
     pub is_admin: bool,
 }
 
 impl Actor<'_> {
     fn may_see(&self, endpoint: &WebhookEndpoint) -> bool {
-        self.is_admin || endpoint.owner_id == self.owner_id
+        self.is_admin || endpoint.owner_id == *self.owner_id
     }
 }
 
@@ -54,7 +55,7 @@ pub struct NewEndpoint {
     pub description: Option<String>,
     /// Admin only: the owner the endpoint is for (default: the caller).
     #[serde(default)]
-    pub owner: Option<String>,
+    pub owner: Option<OwnerId>,
 }
 
 /// The server-side pieces every action needs.
@@ -126,7 +127,7 @@ impl Webhooks<'_> {
                     "owner may be given by an admin key only".to_string(),
                 ))
             }
-            _ => actor.owner_id.to_string(),
+            _ => actor.owner_id.clone(),
         };
         let id = format!("wh_{}", crate::domain::new_id());
         let secret = signing::new_secret().ok_or(WebhookError::Secret(SecretError::Random))?;
@@ -154,7 +155,7 @@ impl Webhooks<'_> {
     pub async fn list(
         &self,
         actor: Actor<'_>,
-        owner: Option<&str>,
+        owner: Option<&OwnerId>,
     ) -> Result<Vec<WebhookEndpoint>, WebhookError> {
         let owner = if actor.is_admin {
             owner

@@ -130,7 +130,7 @@ pub fn render_body(delivery: &WebhookDelivery) -> String {
     if let (Some(attempt), Some(map)) = (&delivery.attempt_id, data.as_object_mut()) {
         map.insert(
             "attempt_id".to_string(),
-            serde_json::Value::String(attempt.clone()),
+            serde_json::Value::String(attempt.to_string()),
         );
     }
     serde_json::json!({

@@ -3,14 +3,14 @@
 //! to a create or a rotation.
 
 use crate::clock::rfc3339;
-use crate::domain::Millis;
+use crate::domain::{AttemptId, JobId, Millis, OwnerId};
 use crate::store::webhooks::{DeliveryState, WebhookDelivery, WebhookEndpoint, WebhookTry};
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]
 pub struct EndpointView {
     pub id: String,
-    pub owner: String,
+    pub owner: OwnerId,
     pub url: String,
     pub description: String,
     pub events: Vec<String>,
@@ -81,8 +81,8 @@ pub struct DeliveryView {
     pub endpoint_id: String,
     #[serde(rename = "type")]
     pub event_type: String,
-    pub job_id: String,
-    pub attempt_id: Option<String>,
+    pub job_id: JobId,
+    pub attempt_id: Option<AttemptId>,
     pub state: DeliveryState,
     pub tries: i64,
     /// When the next try is due, while pending.

@@ -35,7 +35,7 @@ pub async fn client_world(backend: Backend) -> World {
 }
 
 pub async fn request_of(world: &World, job_id: &str) -> Value {
-    let job = world.store.get_job(job_id).await.unwrap().unwrap();
+    let job = world.store.get_job(&job_id.into()).await.unwrap().unwrap();
     serde_json::from_str(&job.request).unwrap()
 }
 

@@ -234,9 +234,13 @@ pub async fn error_code(response: reqwest::Response) -> String {
 /// Test setup only: insert a `started` attempt row directly, bypassing the
 /// guard, to build states the guard would never allow (e.g. twenty live
 /// attempts at one version, to race their CAS).
-pub async fn insert_started_attempt_unguarded(db: &TestDb, job_id: &str, seq: i64) -> String {
+pub async fn insert_started_attempt_unguarded(
+    db: &TestDb,
+    job_id: &onejob::domain::JobId,
+    seq: i64,
+) -> onejob::domain::AttemptId {
     use sqlx::Connection;
-    let id = onejob::domain::new_id();
+    let id = onejob::domain::AttemptId::new();
     let sql =
         "INSERT INTO attempts (id, job_id, seq, provider, kind, state, read_version, started_at) \
                VALUES ($1, $2, $3, 'sim', 'hedge', 'started', 0, 0)";
@@ -246,8 +250,8 @@ pub async fn insert_started_attempt_unguarded(db: &TestDb, job_id: &str, seq: i6
                 .await
                 .unwrap();
             sqlx::query(sql)
-                .bind(&id)
-                .bind(job_id)
+                .bind(id.as_str())
+                .bind(job_id.as_str())
                 .bind(seq)
                 .execute(&mut conn)
                 .await
@@ -256,8 +260,8 @@ pub async fn insert_started_attempt_unguarded(db: &TestDb, job_id: &str, seq: i6
         DatabaseUrl::Postgres(url) => {
             let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
             sqlx::query(sql)
-                .bind(&id)
-                .bind(job_id)
+                .bind(id.as_str())
+                .bind(job_id.as_str())
                 .bind(seq)
                 .execute(&mut conn)
                 .await

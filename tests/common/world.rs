@@ -383,14 +383,14 @@ impl World {
     pub fn deliveries(&self, job_id: &str, provider: &str) -> u64 {
         self.sim
             .ledger()
-            .deliveries(&onejob::providers::stable_key(job_id, provider))
+            .deliveries(&onejob::providers::stable_key(&job_id.into(), provider))
     }
 
     /// How many times the simulator executed the work under this job's key at `provider`.
     pub fn executions(&self, job_id: &str, provider: &str) -> u64 {
         self.sim
             .ledger()
-            .executions(&onejob::providers::stable_key(job_id, provider))
+            .executions(&onejob::providers::stable_key(&job_id.into(), provider))
     }
 
     pub async fn stop(mut self) {

@@ -195,7 +195,7 @@ async fn drive(run: HedgeRun, db: std::path::PathBuf) -> HedgeOutcome {
         local.spawn_local(async move {
             tokio::time::sleep_until(start + at).await;
             let caller = Caller {
-                owner_id: OWNER.to_string(),
+                owner_id: OWNER.into(),
                 is_admin: false,
                 key_id: "sim-key".to_string(),
                 key_family: "sim-key".to_string(),
@@ -216,7 +216,7 @@ async fn drive(run: HedgeRun, db: std::path::PathBuf) -> HedgeOutcome {
                 &caller,
                 &key,
                 &body(n),
-                &Admission::unlimited(OWNER),
+                &Admission::unlimited(&OWNER.into()),
             )
             .await
             .expect("the job is accepted");

@@ -9,7 +9,7 @@ use super::store::{run_on, SyncStore};
 use onejob::clock::Clock;
 use onejob::config::{Config, Overrides};
 use onejob::domain::request::IdempotencyKey;
-use onejob::domain::{Attempt, Job, JobState, Millis};
+use onejob::domain::{Attempt, Job, JobId, JobState, Millis};
 use onejob::engine::{Engine, Gate};
 use onejob::jobs::{submit, Intake, SubmitError};
 use onejob::keys::Caller;
@@ -101,7 +101,7 @@ pub enum Seen {
         key: String,
         /// The message the body carried.
         text: String,
-        job_id: String,
+        job_id: JobId,
         replayed: bool,
     },
     Conflict {
@@ -113,7 +113,7 @@ pub enum Seen {
         at: Millis,
         key: String,
         text: String,
-        job_id: String,
+        job_id: JobId,
     },
     Error {
         at: Millis,
@@ -131,8 +131,8 @@ pub struct Outcome {
     /// Problems the watcher saw while the run went on.
     pub live_violations: Vec<String>,
     pub jobs: Vec<Job>,
-    pub attempts: BTreeMap<String, Vec<Attempt>>,
-    pub events: BTreeMap<String, Vec<JobEvent>>,
+    pub attempts: BTreeMap<JobId, Vec<Attempt>>,
+    pub events: BTreeMap<JobId, Vec<JobEvent>>,
     /// Provider name → (honours keys, ledger).
     pub ledgers: BTreeMap<String, (bool, Ledger)>,
     pub provider_logs: Vec<(String, CallLog)>,
@@ -300,7 +300,7 @@ async fn click(shared: Rc<Shared>, job: usize, c: usize) {
         return;
     };
     let caller = Caller {
-        owner_id: OWNER.to_string(),
+        owner_id: OWNER.into(),
         is_admin: false,
         key_id: "sim-key".to_string(),
         key_family: "sim-key".to_string(),
@@ -327,7 +327,7 @@ async fn click(shared: Rc<Shared>, job: usize, c: usize) {
                 &caller,
                 &key,
                 &body(&text),
-                &Admission::unlimited(OWNER),
+                &Admission::unlimited(&OWNER.into()),
             )
             .await;
             match (click.what, answer) {
@@ -356,7 +356,7 @@ async fn click(shared: Rc<Shared>, job: usize, c: usize) {
             }
         }
         ClickKind::Retry | ClickKind::Cancel => {
-            let job = store.find_job_by_key(OWNER, &plan.key).await;
+            let job = store.find_job_by_key(&OWNER.into(), &plan.key).await;
             let Ok(Some(job)) = job else {
                 return;
             };
@@ -593,8 +593,8 @@ async fn watch_until_settled(
     let tick = Duration::from_millis((allowance as u64 / 3).max(20));
     let mut samples = Vec::new();
     let mut violations = Vec::new();
-    let mut last: BTreeMap<String, Job> = BTreeMap::new();
-    let mut undriven_since: BTreeMap<String, Millis> = BTreeMap::new();
+    let mut last: BTreeMap<JobId, Job> = BTreeMap::new();
+    let mut undriven_since: BTreeMap<JobId, Millis> = BTreeMap::new();
     let start = Instant::now();
     loop {
         tokio::time::sleep(tick).await;

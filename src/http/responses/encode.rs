@@ -3,30 +3,30 @@
 //! and what the request asked for, shown back as OpenAI does.
 
 use super::error::ResponsesError;
-use crate::domain::{Job, JobState};
+use crate::domain::{Job, JobId, JobState};
 use crate::http::door::{Answer, Refusal, Refused};
 use crate::providers::Usage;
 use serde_json::{json, Map, Value};
 
 /// `resp_` and the job id without its dashes.
-pub(super) fn response_id(job_id: &str) -> String {
+pub(super) fn response_id(job_id: &JobId) -> String {
     format!("resp_{}", job_id.replace('-', ""))
 }
 
 /// The job id a response id names, when it is one onejob made.
-pub(super) fn job_id_of(response_id: &str) -> Option<String> {
+pub(super) fn job_id_of(response_id: &str) -> Option<JobId> {
     let hex = response_id.strip_prefix("resp_")?;
     if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
-    Some(format!(
+    Some(JobId::from(format!(
         "{}-{}-{}-{}-{}",
         &hex[0..8],
         &hex[8..12],
         &hex[12..16],
         &hex[16..20],
         &hex[20..32]
-    ))
+    )))
 }
 
 fn hex_of(job: &Job) -> String {

@@ -207,7 +207,7 @@ pub async fn delete(
             job_id: job.id.clone(),
             attempt_id: None,
             kind: event::RESPONSE_DELETED,
-            actor: caller.owner_id.clone(),
+            actor: caller.owner_id.to_string(),
             detail: None,
             at: state.clock.now_ms(),
         })

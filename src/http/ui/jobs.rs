@@ -3,7 +3,7 @@
 
 use super::session::UiAdmin;
 use super::{error_page, layout, render_page, timeline, when};
-use crate::domain::{AttemptState, JobState, Millis};
+use crate::domain::{AttemptId, AttemptState, JobId, JobState, Millis, OwnerId};
 use crate::http::error::ApiError;
 use crate::http::AppState;
 use crate::store::console::JobFilter;
@@ -87,7 +87,7 @@ impl ListQuery {
             state,
             route: some(&self.route),
             provider: some(&self.provider),
-            owner: some(&self.owner),
+            owner: some(&self.owner).map(OwnerId::from),
             created_from: parse_time("from", &self.from)?,
             created_to: parse_time("to", &self.to)?,
             key_prefix: some(&self.key),
@@ -132,10 +132,10 @@ pub fn url_encode(text: &str) -> String {
 
 #[derive(Serialize)]
 struct Row {
-    id: String,
+    id: JobId,
     state: &'static str,
     route: String,
-    owner: String,
+    owner: OwnerId,
     key: String,
     attempts: i64,
     created: String,
@@ -208,7 +208,7 @@ pub async fn list(
 
 #[derive(Serialize)]
 struct AttemptRow {
-    id: String,
+    id: AttemptId,
     seq: i64,
     kind: &'static str,
     provider: String,
@@ -227,7 +227,7 @@ struct EventRow {
     at: String,
     offset: String,
     kind: String,
-    attempt: Option<String>,
+    attempt: Option<AttemptId>,
     actor: String,
     detail: Option<String>,
 }
@@ -236,7 +236,7 @@ struct EventRow {
 pub async fn show(
     State(state): State<AppState>,
     admin: UiAdmin,
-    Path(id): Path<String>,
+    Path(id): Path<JobId>,
 ) -> Response {
     let job = match state.store.get_job(&id).await {
         Ok(Some(job)) => job,

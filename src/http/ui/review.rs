@@ -4,7 +4,7 @@
 
 use super::session::{self, UiAdmin};
 use super::{error_page, layout, render_page, when};
-use crate::domain::AttemptState;
+use crate::domain::{AttemptId, AttemptState, JobId, OwnerId};
 use crate::http::admin_review::{decide_job, settle_attempt};
 use crate::http::body;
 use crate::http::error::ApiError;
@@ -19,15 +19,15 @@ const MAX_ITEMS: i64 = 200;
 
 #[derive(Serialize)]
 struct UnknownAttempt {
-    id: String,
+    id: AttemptId,
     seq: i64,
     provider: String,
 }
 
 #[derive(Serialize)]
 struct Item {
-    job_id: String,
-    owner: String,
+    job_id: JobId,
+    owner: OwnerId,
     key: String,
     route: String,
     last_error: Option<String>,
@@ -115,7 +115,7 @@ fn back_to(back: &str, default: &str) -> Redirect {
 pub async fn resolve_job(
     State(state): State<AppState>,
     admin: UiAdmin,
-    Path(id): Path<String>,
+    Path(id): Path<JobId>,
     Form(form): Form<ResolveJobForm>,
 ) -> Response {
     if !admin.csrf_ok(&form.csrf) {
@@ -150,7 +150,7 @@ pub struct ResolveAttemptForm {
 pub async fn resolve_attempt(
     State(state): State<AppState>,
     admin: UiAdmin,
-    Path(id): Path<String>,
+    Path(id): Path<AttemptId>,
     Form(form): Form<ResolveAttemptForm>,
 ) -> Response {
     if !admin.csrf_ok(&form.csrf) {

@@ -5,6 +5,7 @@
 
 use super::session::{self, UiAdmin};
 use super::{error_page, layout, render_page, when_ago};
+use crate::domain::{JobId, OwnerId};
 use crate::http::error::ApiError;
 use crate::http::AppState;
 use crate::webhooks::endpoints::{Actor, NewEndpoint, Webhooks};
@@ -36,7 +37,7 @@ fn admin_actor(admin: &UiAdmin) -> Actor<'_> {
 struct DeliveryRow {
     id: String,
     event_type: String,
-    job_id: String,
+    job_id: JobId,
     state: &'static str,
     tries: i64,
     created: String,
@@ -47,7 +48,7 @@ struct DeliveryRow {
 #[derive(Serialize)]
 struct EndpointRow {
     id: String,
-    owner: String,
+    owner: OwnerId,
     url: String,
     description: String,
     events: String,
@@ -144,7 +145,13 @@ pub struct CreateForm {
 }
 
 /// The page that shows a new secret, once.
-fn secret_page(admin: &UiAdmin, what: &str, endpoint: &str, owner: &str, secret: &str) -> Response {
+fn secret_page(
+    admin: &UiAdmin,
+    what: &str,
+    endpoint: &str,
+    owner: &OwnerId,
+    secret: &str,
+) -> Response {
     render_page(
         "webhook_secret.html",
         minijinja::context! {
@@ -177,7 +184,7 @@ pub async fn create(
         url: form.url.trim().to_string(),
         events: (!events.is_empty()).then_some(events),
         description: Some(form.description),
-        owner: Some(form.owner.trim().to_string()),
+        owner: Some(form.owner.trim().into()),
     };
     match webhooks(&state).create(admin_actor(&admin), new).await {
         Ok((endpoint, secret)) => {

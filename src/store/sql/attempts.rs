@@ -137,7 +137,7 @@ pub(crate) async fn finish_attempt<C: Db>(
     }
     let at = finish.at;
     let event_for = |kind: EventKind, detail: Option<String>| NewEvent {
-        job_id: job_id.clone(),
+        job_id: job_id.clone().into(),
         attempt_id: Some(finish.attempt_id.clone()),
         kind,
         actor: finish.actor.clone(),

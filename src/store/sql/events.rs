@@ -115,8 +115,8 @@ pub(super) async fn decision_event(
     insert_event(
         conn,
         &NewEvent {
-            job_id: job_id.to_string(),
-            attempt_id: attempt_id.map(str::to_string),
+            job_id: job_id.into(),
+            attempt_id: attempt_id.map(Into::into),
             kind,
             actor: actor.to_string(),
             detail: Some(detail.to_string()),

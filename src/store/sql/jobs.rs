@@ -63,7 +63,7 @@ pub(crate) fn created_event(job: &NewJob) -> NewEvent {
         job_id: job.id.clone(),
         attempt_id: None,
         kind: event::CREATED,
-        actor: job.owner_id.clone(),
+        actor: job.owner_id.to_string(),
         detail: None,
         at: job.created_at,
     }
@@ -238,7 +238,7 @@ pub(crate) async fn transition_job(
         insert_event(
             conn,
             &NewEvent {
-                job_id: job_id.to_string(),
+                job_id: job_id.into(),
                 attempt_id: None,
                 kind,
                 actor: lease_owner
@@ -459,7 +459,7 @@ pub(crate) async fn resolve_attempt<C: Db>(
     let action = match resolution {
         AttemptResolution::Executed { result } => {
             let finish = FinishAttempt {
-                attempt_id: attempt_id.to_string(),
+                attempt_id: attempt_id.into(),
                 outcome: AttemptOutcome::succeeded(result),
                 at,
                 actor: actor.to_string(),

@@ -62,10 +62,11 @@ pub async fn serve(
         return validate::validate(&config, check_reachable).await;
     }
     let app = Application::build(config.clone()).await?;
+    let stop = shutdown_signal();
     tracing::info!(address = %app.local_addr(), database = %config.database, "onejob serving");
     // Scripts (and tests started on port 0) read the address from here.
     println!("onejob listening on http://{}", app.local_addr());
-    app.run_until_stopped(shutdown_signal()).await?;
+    app.run_until_stopped(stop).await?;
     tracing::info!("stopped");
     Ok(())
 }

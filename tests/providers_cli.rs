@@ -338,3 +338,17 @@ async fn sim_listens_answers_healthz_and_stops_on_sigterm() {
     assert_eq!(response.status(), 200);
     assert!(sim.terminate().success(), "SIGTERM is a clean stop");
 }
+
+/// A SIGTERM sent the moment the simulator says it listens, before it has
+/// served anything, is a clean stop: the handler is installed before that
+/// line is printed, not when the serving task first runs.
+#[tokio::test]
+async fn sim_stops_cleanly_on_a_sigterm_sent_as_it_says_it_listens() {
+    for _ in 0..5 {
+        let sim = Process::start(
+            &["sim", "--listen", "127.0.0.1:0"],
+            "onejob sim listening on ",
+        );
+        assert!(sim.terminate().success(), "SIGTERM is a clean stop");
+    }
+}

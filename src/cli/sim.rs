@@ -21,6 +21,7 @@ pub async fn run(listen: Option<&str>, config: Option<&Path>) -> anyhow::Result<
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let addr = listener.local_addr()?;
+    let stop = shutdown_signal();
     // Scripts (and tests started on port 0) read the address from here.
     println!("onejob sim listening on http://{addr}");
     sim::serve_with_shutdown(
@@ -28,7 +29,7 @@ pub async fn run(listen: Option<&str>, config: Option<&Path>) -> anyhow::Result<
         config,
         Arc::new(Ledger::default()),
         Arc::new(sim::Models::default()),
-        shutdown_signal(),
+        stop,
     )
     .await?;
     tracing::info!("simulator stopped");

@@ -1092,4 +1092,22 @@ mod tests {
             "{again:?}"
         );
     }
+
+    /// SQLite is built as `.cargo/config.toml` says (`LIBSQLITE3_FLAGS`):
+    /// the options reach the compiled-in library.
+    #[test]
+    fn sqlite_is_built_with_the_configured_options() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        let options: Vec<String> = conn
+            .prepare("PRAGMA compile_options")
+            .unwrap()
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert!(
+            options.iter().any(|o| o == "DEFAULT_MEMSTATUS=0"),
+            "{options:?}"
+        );
+    }
 }

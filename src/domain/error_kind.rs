@@ -306,20 +306,7 @@ mod tests {
     /// would parse back as `Other` and fail here instead.
     #[test]
     fn named_holds_every_variant_declared() {
-        let source = include_str!("error_kind.rs");
-        let body = source
-            .split("pub enum ErrorKind {")
-            .nth(1)
-            .and_then(|rest| rest.split("\n}\n").next())
-            .unwrap_or_default();
-        let declared: std::collections::BTreeSet<String> = body
-            .lines()
-            .map(str::trim)
-            .filter(|line| !line.starts_with("//"))
-            .filter_map(|line| line.strip_suffix(','))
-            .filter(|variant| *variant != "Other(String)")
-            .map(str::to_string)
-            .collect();
+        let declared = crate::domain::declared_variants(include_str!("error_kind.rs"), "ErrorKind");
         let named: std::collections::BTreeSet<String> =
             NAMED.iter().map(|kind| format!("{kind:?}")).collect();
         assert!(declared.len() > 10, "{declared:?}");

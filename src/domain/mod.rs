@@ -61,3 +61,24 @@ impl Drop for CountedIds {
         IDS.with(|ids| *ids.borrow_mut() = None);
     }
 }
+
+/// The variants an enum declares, read from its file's source (all but
+/// `Other(String)`): what a test compares a list of every variant with.
+#[cfg(test)]
+pub(crate) fn declared_variants(
+    source: &str,
+    enum_name: &str,
+) -> std::collections::BTreeSet<String> {
+    source
+        .split(&format!("pub enum {enum_name} {{"))
+        .nth(1)
+        .and_then(|rest| rest.split("\n}\n").next())
+        .unwrap_or_default()
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.starts_with("//"))
+        .filter_map(|line| line.strip_suffix(','))
+        .filter(|variant| *variant != "Other(String)")
+        .map(str::to_string)
+        .collect()
+}

@@ -52,7 +52,8 @@
 //! 3. Implement it in both backends' impl of that trait, passing an id as
 //!    the text it is (`&JobId` derefs to `&str`; an `Option<&OwnerId>` as
 //!    `owner.map(OwnerId::as_str)`): `sqlite.rs` (a
-//!    read: `self.read.raw(|c| db::now(ops::my_query(c, …)))`; a write:
+//!    read: `self.read.raw(|c| db::now(ops::my_query(c, …)))`, or
+//!    `self.read.scan(move |c| …).await` for one that may scan many rows; a write:
 //!    `self.write(move |c| db::now(ops::my_query(c, …)))`, its borrowed
 //!    arguments made owned first, since the write waits in the queue) and
 //!    `postgres.rs` (a pooled connection, or `self.pool.begin()` …

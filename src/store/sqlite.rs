@@ -10,9 +10,11 @@
 //! use a few connections of their own and never wait for the writer.
 //!
 //! Every statement is a direct call into SQLite on the thread that runs it:
-//! the writer's own thread for writes, the caller's for reads (an indexed
-//! read takes SQLite microseconds, less than a hand-off to another thread
-//! and back). The queries are the shared ones of `sql/`, written against
+//! the writer's own thread for writes, the caller's for the reads of a
+//! job's path (an indexed read takes SQLite microseconds, less than a
+//! hand-off to another thread and back), and a blocking thread of the
+//! runtime for the reads that may scan (the console's lists and counts,
+//! usage over days). The queries are the shared ones of `sql/`, written against
 //! [`Db`](super::sql::db::Db), which rusqlite's connection implements.
 
 use super::console::{JobFilter, WindowStats};
@@ -95,26 +97,59 @@ impl Readers {
         }
     }
 
-    /// Run a read on a free connection, on the calling thread.
+    /// Run a read on a free connection, on the calling thread: the reads
+    /// of a job's path, an indexed row or a few, which take SQLite
+    /// microseconds (less than a hand-off to another thread and back).
     fn raw<T>(
         &self,
         read: impl FnOnce(&mut rusqlite::Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
+        let mut conn = self.take()?;
+        let answer = read(&mut conn);
+        self.give_back(conn);
+        answer
+    }
+
+    /// Run a read that may scan (the console's lists and counts, usage
+    /// over days) on a blocking thread of the runtime, so that the few
+    /// milliseconds it takes on a large file never hold up a worker that
+    /// serves requests.
+    async fn scan<T, F>(&self, read: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut rusqlite::Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let mut conn = self.take()?;
+        let (conn, answer) = tokio::task::spawn_blocking(move || {
+            let answer = read(&mut conn);
+            (conn, answer)
+        })
+        .await
+        .map_err(|e| StoreError::Batch(format!("sqlite read task: {e}")))?;
+        self.give_back(conn);
+        answer
+    }
+
+    /// A free connection, or a new one when none is free.
+    fn take(&self) -> Result<rusqlite::Connection, StoreError> {
         let free = match self.free.lock().as_deref_mut() {
             Ok(Some(pool)) => pool.pop(),
             _ => return Err(StoreError::Closed),
         };
-        let mut conn = match free {
-            Some(conn) => conn,
-            None => open_conn(&self.path)?,
-        };
-        let answer = read(&mut conn);
+        match free {
+            Some(conn) => Ok(conn),
+            None => open_conn(&self.path),
+        }
+    }
+
+    /// Keep `conn` for the next read, unless [`READERS`] are kept already
+    /// or the store is closed.
+    fn give_back(&self, conn: rusqlite::Connection) {
         if let Ok(Some(pool)) = self.free.lock().as_deref_mut() {
             if pool.len() < READERS {
                 pool.push(conn);
             }
         }
-        answer
     }
 
     fn close(&self) {
@@ -530,7 +565,9 @@ impl JobStore for SqliteStore {
     }
 
     async fn list_review(&self, limit: i64) -> Result<Vec<ReviewItem>, StoreError> {
-        self.read.raw(|c| db::now(ops::list_review(c, limit)))
+        self.read
+            .scan(move |c| db::now(ops::list_review(c, limit)))
+            .await
     }
 }
 
@@ -724,8 +761,10 @@ impl KeyStore for SqliteStore {
         owner: Option<&OwnerId>,
         from_day: i64,
     ) -> Result<Vec<UsageRow>, StoreError> {
+        let owner = owner.cloned();
         self.read
-            .raw(|c| db::now(ops::usage(c, owner.map(OwnerId::as_str), from_day)))
+            .scan(move |c| db::now(ops::usage(c, owner.as_deref(), from_day)))
+            .await
     }
 }
 
@@ -787,7 +826,10 @@ impl ConsoleStore for SqliteStore {
     }
 
     async fn list_jobs(&self, filter: &JobFilter, limit: i64) -> Result<Vec<Job>, StoreError> {
-        self.read.raw(|c| db::now(ops::list_jobs(c, filter, limit)))
+        let filter = filter.clone();
+        self.read
+            .scan(move |c| db::now(ops::list_jobs(c, &filter, limit)))
+            .await
     }
 
     async fn window_stats(
@@ -797,7 +839,8 @@ impl ConsoleStore for SqliteStore {
         column_ms: i64,
     ) -> Result<WindowStats, StoreError> {
         self.read
-            .raw(|c| db::now(ops::window_stats(c, from, to, column_ms)))
+            .scan(move |c| db::now(ops::window_stats(c, from, to, column_ms)))
+            .await
     }
 }
 

@@ -855,10 +855,16 @@ impl FreshPostgres {
             .execute(&mut conn)
             .await?;
         conn.close().await?;
-        let base = admin.rsplit_once('/').map_or(admin, |(b, _)| b);
+        // The database is the URL's last path segment; its query (such
+        // as `?host=/var/run/postgresql`, a Unix socket) is kept.
+        let (location, query) = match admin.split_once('?') {
+            Some((location, query)) => (location, format!("?{query}")),
+            None => (admin, String::new()),
+        };
+        let base = location.rsplit_once('/').map_or(location, |(b, _)| b);
         Ok(FreshPostgres {
             admin: admin.to_string(),
-            url: format!("{base}/{name}"),
+            url: format!("{base}/{name}{query}"),
             name,
         })
     }

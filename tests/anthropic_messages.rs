@@ -9,7 +9,6 @@ mod upstream;
 
 use common::world::{refuse_prefill, route, set_window, start_world, ProviderSpec, World};
 use common::Backend;
-use onejob::domain::JobId;
 use serde_json::{json, Value};
 
 on_both_backends!(
@@ -141,12 +140,7 @@ async fn a_message_is_answered_in_anthropics_shape_by_the_model_that_answered(ba
         "{message}"
     );
     // The system text reached the job as a system turn.
-    let stored = world
-        .store
-        .get_job(&JobId::from(&job_id))
-        .await
-        .unwrap()
-        .unwrap();
+    let stored = world.stored_job(&job_id).await;
     let request: Value = serde_json::from_str(&stored.request).unwrap();
     assert_eq!(
         request["messages"][0],

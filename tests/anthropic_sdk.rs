@@ -10,7 +10,6 @@ mod common;
 use common::python::{cases_of, python};
 use common::world::{route, start_world, ProviderSpec, World};
 use common::Backend;
-use onejob::domain::JobId;
 use serde_json::{json, Value};
 
 on_both_backends!(
@@ -42,12 +41,7 @@ async fn healthy_answer(world: &World, text: &str) -> String {
 }
 
 async fn request_of(world: &World, job_id: &str) -> Value {
-    let job = world
-        .store
-        .get_job(&JobId::from(job_id))
-        .await
-        .unwrap()
-        .unwrap();
+    let job = world.stored_job(job_id).await;
     serde_json::from_str(&job.request).unwrap()
 }
 

@@ -6,7 +6,6 @@ mod upstream;
 
 use common::world::{route, start_world, ProviderSpec, World};
 use common::Backend;
-use onejob::domain::JobId;
 use serde_json::{json, Value};
 
 on_both_backends!(
@@ -158,12 +157,7 @@ async fn the_answer_names_the_model_and_attempt_that_answered(backend: Backend) 
     let winner = attempts.iter().find(|a| a["state"] == "succeeded").unwrap();
     assert_eq!(headers["x-onejob-attempt"], winner["id"].as_str().unwrap());
     // The sampling options were carried into the job, not dropped.
-    let job = world
-        .store
-        .get_job(&JobId::from(job_id))
-        .await
-        .unwrap()
-        .unwrap();
+    let job = world.stored_job(job_id).await;
     let request: Value = serde_json::from_str(&job.request).unwrap();
     assert_eq!(
         request["params"],
@@ -468,12 +462,7 @@ async fn image_parts_go_only_to_providers_that_accept_images(backend: Backend) {
         0,
         "never sent where images are not accepted"
     );
-    let job = world
-        .store
-        .get_job(&JobId::from(job_id))
-        .await
-        .unwrap()
-        .unwrap();
+    let job = world.stored_job(job_id).await;
     let request: Value = serde_json::from_str(&job.request).unwrap();
     assert_eq!(
         request["messages"][0]["parts"][1]["type"], "image_url",

@@ -8,7 +8,6 @@ mod common;
 use common::world::{refuse_prefill, route, set_window, start_world, ProviderSpec, World};
 use common::Backend;
 use futures::StreamExt;
-use onejob::domain::JobId;
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -1112,12 +1111,7 @@ async fn the_simulator_streams_a_tool_call(backend: Backend) {
     assert!(arguments["city"].is_string(), "{arguments}");
     // The job keeps the call, as a non-streamed replay shows.
     let id = job_id(&headers);
-    let job = world
-        .store
-        .get_job(&JobId::from(&id))
-        .await
-        .unwrap()
-        .unwrap();
+    let job = world.stored_job(&id).await;
     let result: Value = serde_json::from_str(job.result.as_deref().unwrap()).unwrap();
     assert_eq!(result["tool_calls"][0]["function"]["name"], "get_weather");
     assert_eq!(world.executions(&id, "primary"), 1);

@@ -160,12 +160,7 @@ async fn a_late_losers_error_leaves_a_succeeded_job_unchanged(backend: Backend) 
     assert_eq!(status, 201);
     assert_eq!(job["state"], "succeeded", "{job}");
     let id = job["id"].as_str().unwrap().to_string();
-    let won = world
-        .store
-        .get_job(&JobId::from(&id))
-        .await
-        .unwrap()
-        .unwrap();
+    let won = world.stored_job(&id).await;
 
     // The primary's answer arrives broken after the hedge won: the outcome
     // is unknown, then reconciled (it executed) and discarded. Its error is
@@ -178,12 +173,7 @@ async fn a_late_losers_error_leaves_a_succeeded_job_unchanged(backend: Backend) 
         .await;
     let primary = attempts.iter().find(|a| a["kind"] == "primary").unwrap();
     assert!(!primary["error_kind"].is_null(), "{primary}");
-    let after = world
-        .store
-        .get_job(&JobId::from(&id))
-        .await
-        .unwrap()
-        .unwrap();
+    let after = world.stored_job(&id).await;
     assert_eq!(after, won, "the succeeded job's row did not change");
     assert_eq!(after.last_error, None);
     world.stop().await;

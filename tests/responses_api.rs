@@ -349,12 +349,7 @@ async fn another_owners_response_is_not_found_like_an_unknown_one(backend: Backe
         })
         .await;
     assert_eq!(job["state"], "succeeded", "bob's cancel cancelled nothing");
-    let row = world
-        .store
-        .get_job(&JobId::from(&job_id))
-        .await
-        .unwrap()
-        .unwrap();
+    let row = world.stored_job(&job_id).await;
     let events = world
         .store
         .list_events(&JobId::from(&job_id))

@@ -30,12 +30,7 @@ fn spec(name: &'static str, model: &'static str) -> ProviderSpec {
 }
 
 async fn request_of(world: &World, job_id: &str) -> Value {
-    let job = world
-        .store
-        .get_job(&JobId::from(job_id))
-        .await
-        .unwrap()
-        .unwrap();
+    let job = world.stored_job(job_id).await;
     serde_json::from_str(&job.request).unwrap()
 }
 

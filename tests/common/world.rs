@@ -343,6 +343,15 @@ impl World {
         (status, response.json().await.unwrap_or(Value::Null))
     }
 
+    /// The job's row as the store holds it, read past the API.
+    pub async fn stored_job(&self, id: &str) -> onejob::domain::Job {
+        self.store
+            .get_job(&onejob::domain::JobId::from(id))
+            .await
+            .unwrap()
+            .expect("the job is stored")
+    }
+
     pub async fn job(&self, id: &str) -> Value {
         self.get(&self.key, &format!("/v1/jobs/{id}")).await.1
     }

@@ -2,8 +2,10 @@
 //!
 //! Every operation that an invariant depends on is one atomic step here:
 //! idempotent create (the UNIQUE constraint decides), the guarded attempt
-//! insert (invariant 4) and the compare-and-swap finish (invariant 5). SQL is
-//! never built with `format!`.
+//! insert (invariant 4) and the compare-and-swap finish (invariant 5). Values
+//! are always bound, never written into SQL text: the only text built at
+//! run time is the multi-row event insert's list of placeholders
+//! (`sql/events.rs`).
 //!
 //! # One trait per resource
 //!

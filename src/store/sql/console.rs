@@ -105,12 +105,15 @@ pub(crate) async fn window_stats(
     let columns = ((to - from) + column_ms - 1) / column_ms;
     let mut jobs_by_column = Vec::new();
     for state in crate::domain::JobState::ALL {
-        let cells: Vec<(i64, i64)> = conn.fetch_all(
-            "WITH RECURSIVE c(i) AS (SELECT CAST(0 AS BIGINT) UNION ALL SELECT i + 1 FROM c WHERE i + 1 < $3) \
+        let cells: Vec<(i64, i64)> = conn
+            .fetch_all(
+                "WITH RECURSIVE c(i) AS (SELECT CAST(0 AS BIGINT) \
+             UNION ALL SELECT i + 1 FROM c WHERE i + 1 < $3) \
              SELECT c.i, (SELECT COUNT(*) FROM jobs WHERE state = $4 \
                AND created_at >= $1 + c.i * $2 AND created_at < $1 + (c.i + 1) * $2) FROM c",
-            args![from, column_ms, columns, state.as_str()],
-        ).await?;
+                args![from, column_ms, columns, state.as_str()],
+            )
+            .await?;
         jobs_by_column.extend(
             cells
                 .into_iter()

@@ -4,6 +4,7 @@ use crate::domain::{EventKind, Millis};
 use crate::store::rows::EventRow;
 use crate::store::sql::db::{args, Db, IntoArg};
 use crate::store::{JobEvent, NewEvent, StoreError};
+use std::fmt::Write;
 
 pub(crate) async fn insert_event(conn: &mut impl Db, ev: &NewEvent) -> Result<(), StoreError> {
     conn.execute(
@@ -35,18 +36,18 @@ pub(crate) async fn insert_events(
         let mut args = Vec::with_capacity(chunk.len() * 6);
         for (i, ev) in chunk.iter().enumerate() {
             let n = i * 6;
-            if i > 0 {
-                sql.push_str(", ");
-            }
-            sql.push_str(&format!(
-                "(${}, ${}, ${}, ${}, ${}, ${})",
+            let comma = if i > 0 { ", " } else { "" };
+            // Writing to a String cannot fail.
+            let _ = write!(
+                sql,
+                "{comma}(${}, ${}, ${}, ${}, ${}, ${})",
                 n + 1,
                 n + 2,
                 n + 3,
                 n + 4,
                 n + 5,
                 n + 6
-            ));
+            );
             args.extend([
                 (&ev.job_id).arg(),
                 (&ev.attempt_id).arg(),

@@ -14,11 +14,12 @@ pub(crate) async fn put_hedging_shares(
 ) -> Result<(), StoreError> {
     for share in &shares {
         conn.execute(
-            "INSERT INTO hedging_shares (instance, route, written_at, body) VALUES ($1, $2, $3, $4) \
-             ON CONFLICT (instance, route) DO UPDATE SET written_at = excluded.written_at, \
+            "INSERT INTO hedging_shares (instance, route, written_at, body) \
+             VALUES ($1, $2, $3, $4) ON CONFLICT (instance, route) DO UPDATE SET written_at = excluded.written_at, \
              body = excluded.body",
             args![&share.instance, &share.route, share.written_at, &share.body],
-        ).await?;
+        )
+        .await?;
     }
     conn.execute(
         "DELETE FROM hedging_shares WHERE written_at < $1",

@@ -13,10 +13,23 @@ use crate::store::{ApiKey, StoreError};
 
 pub(crate) async fn insert_api_key(conn: &mut impl Db, key: ApiKey) -> Result<(), StoreError> {
     conn.execute(
-        "INSERT INTO api_keys (id, owner_id, key_hash, prefix, is_admin, created_at, expires_at, revoked_at, \
-         limits, family_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-        args![&key.id, &key.owner_id, &key.key_hash, &key.prefix, key.is_admin, key.created_at, key.expires_at, key.revoked_at, &key.limits, &key.family_id],
-    ).await?;
+        "INSERT INTO api_keys (id, owner_id, key_hash, prefix, is_admin, created_at, \
+         expires_at, revoked_at, limits, family_id) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        args![
+            &key.id,
+            &key.owner_id,
+            &key.key_hash,
+            &key.prefix,
+            key.is_admin,
+            key.created_at,
+            key.expires_at,
+            key.revoked_at,
+            &key.limits,
+            &key.family_id
+        ],
+    )
+    .await?;
     Ok(())
 }
 

@@ -15,10 +15,11 @@ pub(crate) async fn set_provider_enabled(
     conn.execute(
         "INSERT INTO provider_states (name, enabled, changed_by, reason, changed_at) \
          VALUES ($1, $2, $3, $4, $5) \
-         ON CONFLICT (name) DO UPDATE SET enabled = excluded.enabled, changed_by = excluded.changed_by, \
-         reason = excluded.reason, changed_at = excluded.changed_at",
+         ON CONFLICT (name) DO UPDATE SET enabled = excluded.enabled, \
+         changed_by = excluded.changed_by, reason = excluded.reason, changed_at = excluded.changed_at",
         args![name, enabled, actor, reason, at],
-    ).await?;
+    )
+    .await?;
     conn.execute(
         "INSERT INTO provider_audit (name, enabled, actor, reason, at) VALUES ($1, $2, $3, $4, $5)",
         args![name, enabled, actor, reason, at],
@@ -33,7 +34,8 @@ pub(crate) async fn provider_switches(
     let rows: Vec<(String, bool, String, String, i64)> = conn.fetch_all(
         "SELECT name, enabled, changed_by, reason, changed_at FROM provider_states ORDER BY name",
         args![],
-    ).await?;
+    )
+    .await?;
     Ok(rows
         .into_iter()
         .map(

@@ -50,6 +50,13 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite")
 const MAX_BATCH: usize = 128;
 /// How long a writer waits for another process's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// The page size of a new database file, in bytes. Every page a commit
+/// changes is written whole to the WAL (and, inside a batch, copied to the
+/// savepoint's journal): a job's commits change about 25 pages, most of them
+/// index pages holding one new entry. Half SQLite's default 4,096 halves
+/// those bytes; `docs/benchmarks.md` has the measurement (1,024 made the
+/// trees deeper and gained no more).
+const PAGE_SIZE: i64 = 2048;
 /// Read connections kept open when idle.
 const READERS: usize = 4;
 /// Statements each connection keeps prepared: every query of a job's path,
@@ -162,6 +169,8 @@ impl Readers {
 impl SqliteStore {
     pub async fn open(path: &Path) -> Result<Self, StoreError> {
         let conn = open_conn(path)?;
+        // A new file's page size; SQLite keeps an existing file's.
+        conn.pragma_update(None, "page_size", PAGE_SIZE)?;
         // WAL is a property of the file: set once, by the writer's
         // connection, before any reader opens.
         let mode: String =
@@ -975,6 +984,34 @@ mod tests {
             .await
             .unwrap();
         (dir, store)
+    }
+
+    fn page_size(store: &SqliteStore) -> i64 {
+        store
+            .read
+            .raw(|c| Ok(c.query_row("PRAGMA page_size", [], |row| row.get(0))?))
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_new_file_takes_the_page_size_and_an_existing_file_keeps_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("new.db")).await.unwrap();
+        store.migrate().await.unwrap();
+        assert_eq!(page_size(&store), PAGE_SIZE);
+        store.close().await;
+
+        // A file an earlier build made, with SQLite's default pages.
+        let old = dir.path().join("old.db");
+        rusqlite::Connection::open(&old)
+            .unwrap()
+            .execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE earlier (n INTEGER)")
+            .unwrap();
+        let store = SqliteStore::open(&old).await.unwrap();
+        store.migrate().await.unwrap();
+        assert_eq!(page_size(&store), 4096);
+        assert_eq!(store.count_jobs().await.unwrap(), 0);
+        store.close().await;
     }
 
     /// Holds the writer inside a write until `release` is sent: what is

@@ -238,7 +238,7 @@ where
     T: Send + 'static,
     F: Future<Output = Result<T, StoreError>> + Send + 'static,
 {
-    let work = tracing::Instrument::instrument(work, tracing::Span::current());
+    let work = tracing::Instrument::instrument(Box::pin(work), tracing::Span::current());
     match tokio::spawn(work).await {
         Ok(result) => result,
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),

@@ -473,6 +473,7 @@ impl Inner {
         task: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> tokio::task::JoinHandle<()> {
         let mut killed = self.killed.subscribe();
+        let task = Box::pin(task);
         tokio::spawn(async move {
             tokio::select! {
                 biased;

@@ -4,6 +4,9 @@
 //! migrator, as earlier builds did) with events in its log is opened by
 //! this build: every event keeps its id and row, the log still refuses
 //! updates and deletes, and new events take ids after the old ones.
+//! Migration 0013 rewrites the lists of the job path's CHECKs and triggers:
+//! on a new file and on one migrated to 0012, a job's writes build no
+//! temporary b-tree, and the constraints refuse what they refused.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use onejob::domain::JobId;
@@ -131,4 +134,87 @@ async fn an_event_log_from_before_migration_0012_keeps_its_ids_and_stays_append_
         sequences.0, 0,
         "no AUTOINCREMENT counter is left for the log"
     );
+}
+
+/// What SQLite's plan for `sql` opens as temporary b-trees (`OpenEphemeral`),
+/// with the trigger programs it calls.
+fn temporary_btrees(conn: &rusqlite::Connection, sql: &str) -> usize {
+    let mut explain = conn.prepare(&format!("EXPLAIN {sql}")).unwrap();
+    let opcodes: Vec<String> = explain
+        .query_map([], |row| row.get::<_, String>(1))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    opcodes.iter().filter(|op| *op == "OpenEphemeral").count()
+}
+
+#[tokio::test]
+async fn a_jobs_writes_build_no_temporary_btree_and_the_checks_still_refuse() {
+    for earlier_build in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("onejob.db");
+        if earlier_build {
+            let url = format!("sqlite://{}?mode=rwc", file.display());
+            let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
+            let old = migrations_before(13);
+            let migrator = sqlx::migrate::Migrator::new(old.path()).await.unwrap();
+            migrator.run(&mut conn).await.unwrap();
+            sqlx::query(
+                "INSERT INTO jobs (id, owner_id, idempotency_key, fingerprint, request, route, \
+                 state, created_at, updated_at) VALUES ('job-1', 'o', 'k', 'f', '{}', 'default', \
+                 'succeeded', 1, 1)",
+            )
+            .execute(&mut conn)
+            .await
+            .unwrap();
+            conn.close().await.unwrap();
+        }
+        let store = SqliteStore::open(&file).await.unwrap();
+        store.migrate().await.unwrap();
+        store.close().await;
+
+        let conn = rusqlite::Connection::open(&file).unwrap();
+        for sql in [
+            "INSERT INTO jobs (id, owner_id, idempotency_key, fingerprint, request, route, state, \
+             created_at, updated_at) VALUES ('j', 'o', 'k2', 'f', '{}', 'default', 'running', 1, 1)",
+            "UPDATE jobs SET state = 'succeeded', version = version + 1 WHERE id = 'j'",
+            "INSERT INTO attempts (id, job_id, seq, provider, kind, state, read_version, started_at) \
+             VALUES ('a', 'j', 1, 'p', 'primary', 'started', 0, 1)",
+            "UPDATE attempts SET state = 'succeeded', finished_at = 2 WHERE id = 'a'",
+        ] {
+            assert_eq!(temporary_btrees(&conn, sql), 0, "earlier build {earlier_build}: {sql}");
+        }
+        if earlier_build {
+            let kept: String = conn
+                .query_row("SELECT state FROM jobs WHERE id = 'job-1'", [], |row| {
+                    row.get(0)
+                })
+                .unwrap();
+            assert_eq!(kept, "succeeded");
+        }
+        for (sql, column) in [
+            (
+                "INSERT INTO jobs (id, owner_id, idempotency_key, fingerprint, request, route, \
+                 state, created_at, updated_at) VALUES ('x', 'o', 'k3', 'f', '{}', 'default', \
+                 'done', 1, 1)",
+                "state",
+            ),
+            (
+                "INSERT INTO attempts (id, job_id, seq, provider, kind, state, read_version, \
+                 started_at) VALUES ('b', 'job-0', 1, 'p', 'second', 'started', 0, 1)",
+                "kind",
+            ),
+            (
+                "INSERT INTO attempts (id, job_id, seq, provider, kind, state, read_version, \
+                 started_at) VALUES ('c', 'job-0', 1, 'p', 'hedge', 'lost', 0, 1)",
+                "state",
+            ),
+        ] {
+            let refused = conn.execute(sql, []).unwrap_err().to_string();
+            assert!(
+                refused.contains("CHECK constraint failed") && refused.contains(column),
+                "earlier build {earlier_build}: {sql}: {refused}"
+            );
+        }
+    }
 }

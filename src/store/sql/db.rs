@@ -104,12 +104,37 @@ pub(crate) trait Columns {
     fn at<T: Value>(&self, index: usize) -> Result<T, StoreError>;
 }
 
-impl Columns for rusqlite::Row<'_> {
+/// A rusqlite row, read column by column. rusqlite finds a column by name
+/// by comparing it with every column's name in turn; a row type reads its
+/// columns in the order its statement lists them, so the column after the
+/// last one read is tried first.
+pub(crate) struct SqliteRow<'r, 's> {
+    row: &'r rusqlite::Row<'s>,
+    next: std::cell::Cell<usize>,
+}
+
+impl<'r, 's> SqliteRow<'r, 's> {
+    pub(crate) fn new(row: &'r rusqlite::Row<'s>) -> Self {
+        SqliteRow {
+            row,
+            next: std::cell::Cell::new(0),
+        }
+    }
+}
+
+impl Columns for SqliteRow<'_, '_> {
     fn get<T: Value>(&self, column: &str) -> Result<T, StoreError> {
-        Ok(rusqlite::Row::get(self, column)?)
+        let statement = self.row.as_ref();
+        let next = self.next.get();
+        let index = match statement.column_name(next) {
+            Ok(name) if name == column => next,
+            _ => statement.column_index(column)?,
+        };
+        self.next.set(index + 1);
+        Ok(self.row.get(index)?)
     }
     fn at<T: Value>(&self, index: usize) -> Result<T, StoreError> {
-        Ok(rusqlite::Row::get(self, index)?)
+        Ok(self.row.get(index)?)
     }
 }
 

@@ -8,7 +8,7 @@
 use super::attempts::insert_started_attempt;
 use super::console::list_jobs_sql;
 use super::db::Db;
-use super::db::{Arg, Row};
+use super::db::{Arg, Row, SqliteRow};
 use super::insert_job;
 use super::jobs::claim_jobs_sql;
 use super::jobs::{create_outcome, created_event, job_args};
@@ -80,7 +80,7 @@ impl Db for rusqlite::Connection {
         bind(&mut statement, sql, args)?;
         let mut rows = statement.raw_query();
         let first = match rows.next()? {
-            Some(row) => Some(R::decode(row)?),
+            Some(row) => Some(R::decode(&SqliteRow::new(row))?),
             None => None,
         };
         // Step a RETURNING statement to its end: SQLite applies the
@@ -101,7 +101,7 @@ impl Db for rusqlite::Connection {
         let mut rows = statement.raw_query();
         let mut all = Vec::new();
         while let Some(row) = rows.next()? {
-            all.push(R::decode(row)?);
+            all.push(R::decode(&SqliteRow::new(row))?);
         }
         Ok(all)
     }
@@ -222,6 +222,22 @@ mod tests {
             Some(3)
         );
         assert_eq!(numbered_in_order("SELECT $1, $11, $2"), None);
+    }
+
+    #[test]
+    fn columns_are_found_by_name_in_any_order() {
+        use crate::store::sql::db::Columns;
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        let mut statement = conn.prepare("SELECT 1 AS a, 2 AS b, 3 AS c").unwrap();
+        let mut rows = statement.raw_query();
+        let row = rows.next().unwrap().unwrap();
+        let row = SqliteRow::new(row);
+        let read: Vec<i64> = ["a", "b", "c", "b", "a", "c", "c"]
+            .iter()
+            .map(|name| row.get::<i64>(name).unwrap())
+            .collect();
+        assert_eq!(read, [1, 2, 3, 2, 1, 3, 3]);
+        assert!(row.get::<i64>("d").is_err());
     }
 
     #[test]

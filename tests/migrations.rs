@@ -31,20 +31,28 @@ fn migrations_before(before: u32) -> tempfile::TempDir {
     dir
 }
 
+/// A connection to `file`, migrated by sqlx's migrator (as earlier builds
+/// did) through the migrations numbered below `before`.
+async fn migrated_by_an_earlier_build(file: &Path, before: u32) -> sqlx::SqliteConnection {
+    let url = format!("sqlite://{}?mode=rwc", file.display());
+    let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    let old = migrations_before(before);
+    sqlx::migrate::Migrator::new(old.path())
+        .await
+        .unwrap()
+        .run(&mut conn)
+        .await
+        .unwrap();
+    conn
+}
+
 #[tokio::test]
 async fn an_event_log_from_before_migration_0012_keeps_its_ids_and_stays_append_only() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("onejob.db");
     let url = format!("sqlite://{}?mode=rwc", file.display());
     {
-        let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
-        let old = migrations_before(12);
-        sqlx::migrate::Migrator::new(old.path())
-            .await
-            .unwrap()
-            .run(&mut conn)
-            .await
-            .unwrap();
+        let mut conn = migrated_by_an_earlier_build(&file, 12).await;
         // Ids with a gap, as AUTOINCREMENT may leave after a rolled-back insert.
         for (id, kind) in [
             (1, "created"),
@@ -154,11 +162,7 @@ async fn a_jobs_writes_build_no_temporary_btree_and_the_checks_still_refuse() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("onejob.db");
         if earlier_build {
-            let url = format!("sqlite://{}?mode=rwc", file.display());
-            let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
-            let old = migrations_before(13);
-            let migrator = sqlx::migrate::Migrator::new(old.path()).await.unwrap();
-            migrator.run(&mut conn).await.unwrap();
+            let mut conn = migrated_by_an_earlier_build(&file, 13).await;
             sqlx::query(
                 "INSERT INTO jobs (id, owner_id, idempotency_key, fingerprint, request, route, \
                  state, created_at, updated_at) VALUES ('job-1', 'o', 'k', 'f', '{}', 'default', \

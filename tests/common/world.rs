@@ -200,7 +200,15 @@ async fn start_world_on(
         router,
         config,
         store,
-        client: reqwest::Client::new(),
+        // The server ends a keep-alive connection idle for its
+        // header_read_timeout (10 s); a client that keeps one longer may
+        // send on it as it closes (hyper: IncompleteMessage), as a GET did
+        // after a ten-second SDK run in CI. Idle connections are dropped
+        // well before the server's limit.
+        client: reqwest::Client::builder()
+            .pool_idle_timeout(std::time::Duration::from_secs(5))
+            .build()
+            .unwrap(),
         key,
         admin_key,
         sim,

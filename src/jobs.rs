@@ -80,9 +80,10 @@ pub struct Intake<'a> {
 /// Invariants 1 and 2: the database's UNIQUE constraint decides who creates;
 /// the same key with another fingerprint is a conflict and changes nothing.
 /// A replay of a job that can no longer change is answered from memory
-/// (`replays`), its audit event batched. A replay is answered whatever the limits; a new job must fit the owner's
-/// concurrent-jobs limit and token budget (`admission`), checked before
-/// anything is written or any provider called.
+/// (`replays`), its audit event batched; any other is the create's
+/// conflict. A replay is answered whatever the limits; a new job must fit
+/// the owner's concurrent-jobs limit and token budget (`admission`),
+/// checked before anything is written or any provider called.
 #[tracing::instrument(skip_all, fields(owner = %caller.owner_id))]
 pub async fn submit(
     intake: Intake<'_>,
@@ -130,18 +131,11 @@ pub async fn submit(
     let normalised = request.to_value();
     let fingerprint = fingerprint(&normalised);
 
-    // The replay path: from memory (another body, e.g. reordered keys, or
-    // another payload), else one indexed read; no write waited for.
-    let from_memory = remembered.is_some();
-    let existing = match remembered {
-        Some(hit) => Some(Job::clone(&hit.job)),
-        None => {
-            store
-                .find_job_by_key(&caller.owner_id, key.as_str())
-                .await?
-        }
-    };
-    let mut replay = Replay {
+    // Nothing is read before the create: the UNIQUE constraint says whether
+    // the key exists (invariant 1), and a create that meets it returns the
+    // job that holds it. A new job, the common case, is one write and no
+    // read; a replay that memory does not hold is that write's conflict.
+    let replay = Replay {
         store: store.as_ref(),
         clock,
         caller,
@@ -149,13 +143,28 @@ pub async fn submit(
         fingerprint: &fingerprint,
         digest,
         replays,
-        from_memory,
+        from_memory: remembered.is_some(),
     };
-    if let Some(job) = existing {
-        return replay.answer(job).await;
+    if let Some(hit) = remembered {
+        // The same job under another body (reordered keys, another payload).
+        return replay.answer(Job::clone(&hit.job)).await;
     }
     let now = clock.now_ms();
-    check_new_job(store.as_ref(), now, admission, request.params.max_tokens).await?;
+    if let Err(refused) =
+        check_new_job(store.as_ref(), now, admission, request.params.max_tokens).await
+    {
+        // A replay is answered whatever the limits: refused as a new job,
+        // the key may still name one that exists.
+        if matches!(refused, CheckError::Limited(_)) {
+            if let Some(job) = store
+                .find_job_by_key(&caller.owner_id, key.as_str())
+                .await?
+            {
+                return replay.answer(job).await;
+            }
+        }
+        return Err(refused.into());
+    }
     let (id, stored_request) = (JobId::new(), canonical_json(&normalised));
     // Created, claimed and its primary attempt started in one commit where
     // the route allows: this process drives it at once.
@@ -219,10 +228,7 @@ pub async fn submit(
             winner: None,
             watch,
         }),
-        CreateOutcome::Existing(job) => {
-            replay.from_memory = false;
-            replay.answer(job).await
-        }
+        CreateOutcome::Existing(job) => replay.answer(job).await,
     }
 }
 

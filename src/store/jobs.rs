@@ -75,7 +75,7 @@ pub trait JobStore: Send + Sync {
     /// Writes the `created` event in the same commit.
     async fn create_job(&self, job: NewJob) -> Result<CreateOutcome, StoreError>;
 
-    /// The replay path: one indexed read.
+    /// The job that holds (owner, key): one indexed read.
     async fn find_job_by_key(
         &self,
         owner_id: &OwnerId,

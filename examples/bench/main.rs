@@ -820,6 +820,26 @@ fn proc_cpu(pid: &str) -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
+/// The CPU time of every PostgreSQL server process on this machine (the
+/// postmaster, its backends, WAL writer, checkpointer…), summed: what a
+/// phase cost the database when the server under test is on PostgreSQL.
+/// A backend that exits within the phase takes its time with it, so the
+/// figure is a floor; the server's pool keeps its connections open.
+fn postgres_cpu() -> Duration {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Duration::ZERO;
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().into_string().ok()?;
+            pid.bytes().all(|b| b.is_ascii_digit()).then_some(())?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            stat.contains("(postgres)").then(|| proc_cpu(&pid))
+        })
+        .sum()
+}
+
 /// This process's resident set, in KiB (0 where /proc is not there).
 fn rss_kib() -> u64 {
     proc_rss_kib("self")

@@ -20,7 +20,9 @@
 //! SECS seconds and prints the server's resident set every `--soak-every`
 //! seconds.
 
-use super::{closed_loop, ms, proc_cpu, proc_rss_kib, Args, Bench, FreshPostgres, Sample};
+use super::{
+    closed_loop, ms, postgres_cpu, proc_cpu, proc_rss_kib, Args, Bench, FreshPostgres, Sample,
+};
 use onejob::config::DatabaseUrl;
 use serde_json::json;
 use std::path::PathBuf;
@@ -151,6 +153,16 @@ impl Server {
         proc_cpu(&self.pid)
     }
 
+    /// The database server's CPU so far: PostgreSQL's processes, or zero
+    /// for SQLite (which runs inside the server and is in `cpu`).
+    fn db_cpu(&self) -> Duration {
+        if self.pg.is_some() {
+            postgres_cpu()
+        } else {
+            Duration::ZERO
+        }
+    }
+
     fn rss_mib(&self) -> f64 {
         proc_rss_kib(&self.pid) as f64 / 1024.0
     }
@@ -177,6 +189,8 @@ impl Server {
 #[derive(Default)]
 struct Tally {
     server_cpu: Duration,
+    /// PostgreSQL's own processes over the phase (zero on SQLite).
+    db_cpu: Duration,
     wall: f64,
     latencies: Vec<Duration>,
     failed: usize,
@@ -205,6 +219,10 @@ impl Tally {
 
     fn cpu_us(&self) -> f64 {
         self.server_cpu.as_secs_f64() * 1e6 / self.count().max(1) as f64
+    }
+
+    fn db_cpu_us(&self) -> f64 {
+        self.db_cpu.as_secs_f64() * 1e6 / self.count().max(1) as f64
     }
 
     fn quantile(&self, q: f64) -> Duration {
@@ -449,6 +467,20 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
             per_door(&|t| format!("{:.0} µs", t.jobs.cpu_us())),
             "",
         );
+        if on_postgres.iter().any(|pg| *pg) {
+            row(
+                "  PostgreSQL's own CPU per durable job",
+                tallies
+                    .iter()
+                    .zip(&on_postgres)
+                    .map(|(t, pg)| match pg {
+                        true => format!("{:.0} µs", t.doors[d].jobs.db_cpu_us()),
+                        false => "(in server)".to_string(),
+                    })
+                    .collect(),
+                "",
+            );
+        }
         row(
             "  server CPU per replay",
             per_door(&|t| format!("{:.0} µs", t.replays.cpu_us())),
@@ -582,11 +614,12 @@ async fn door_round(
     prefix: &str,
     args: &Args,
 ) {
-    let (started, cpu) = (Instant::now(), server.cpu());
+    let (started, cpu, db_cpu) = (Instant::now(), server.cpu(), server.db_cpu());
     let samples = jobs_phase(bench, prefix, args.jobs, args.concurrency).await;
     tally
         .jobs
         .add(&samples, started, server.cpu().saturating_sub(cpu));
+    tally.jobs.db_cpu += server.db_cpu().saturating_sub(db_cpu);
 
     let (started, cpu) = (Instant::now(), server.cpu());
     let lone = lone_phase(bench, prefix, args.lone).await;

@@ -21,6 +21,7 @@ on_both_backends!(
     a_finished_attempt_cannot_finish_again,
     an_unknown_settled_before_its_driver_blocks_leaves_the_job_runnable,
     a_create_with_its_primary_writes_four_rows_once,
+    thirty_concurrent_creates_of_ten_keys_make_ten_jobs_each_written_once,
     forty_concurrent_wins_of_one_owner_add_up_across_shards,
 );
 
@@ -463,6 +464,80 @@ async fn a_create_with_its_primary_writes_four_rows_once(backend: Backend) {
         1,
         "no other job was written"
     );
+}
+
+/// Ten keys, each sent three times at once (thirty creates in flight
+/// together, so PostgreSQL batches them, with a key more than once in one
+/// statement): ten jobs, each created by exactly one of its three, the
+/// other two answered with that job; each job with its one attempt and
+/// its two events in order, and nothing else written.
+async fn thirty_concurrent_creates_of_ten_keys_make_ten_jobs_each_written_once(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store: Arc<dyn Store> = db.store().await;
+    let creates: Vec<_> = (0..30)
+        .map(|i| {
+            let store = store.clone();
+            let id = JobId::new();
+            let mut primary = attempt(&id, AttemptKind::Primary, 0);
+            primary.started_at = 100 + i;
+            let job = NewJob {
+                id: id.clone(),
+                owner_id: "alice".into(),
+                idempotency_key: format!("click-{}", i % 10),
+                fingerprint: "f".into(),
+                request: "{}".into(),
+                route: "default".into(),
+                created_at: 100 + i,
+                lease: Some(("driver".into(), 1_000)),
+                key_id: None,
+                primary: Some(primary),
+            };
+            tokio::spawn(async move {
+                (
+                    job.idempotency_key.clone(),
+                    id,
+                    store.create_job(job).await.unwrap(),
+                )
+            })
+        })
+        .collect();
+    let mut created = std::collections::BTreeMap::new();
+    let mut existing = Vec::new();
+    for create in creates {
+        match create.await.unwrap() {
+            (key, id, CreateOutcome::Created(job)) => {
+                assert_eq!(job.id, id);
+                assert!(created.insert(key, id).is_none(), "a key created twice");
+            }
+            (key, _, CreateOutcome::Existing(job)) => existing.push((key, job.id)),
+        }
+    }
+    assert_eq!(created.len(), 10, "{created:?}");
+    assert_eq!(existing.len(), 20);
+    for (key, id) in &existing {
+        assert_eq!(
+            Some(id),
+            created.get(key),
+            "{key} answered with another job"
+        );
+    }
+    assert_eq!(store.count_jobs().await.unwrap(), 10);
+    for id in created.values() {
+        let attempts = store.list_attempts(id).await.unwrap();
+        assert_eq!(attempts.len(), 1, "{attempts:?}");
+        assert_eq!(
+            (attempts[0].seq, attempts[0].state),
+            (1, AttemptState::Started)
+        );
+        let kinds: Vec<_> = store
+            .list_events(id)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.kind.as_str().to_string())
+            .collect();
+        assert_eq!(kinds, ["created", "attempt_started"], "job {id}");
+    }
 }
 
 /// Forty jobs of one owner, won at once, each reporting 3 + 5 tokens: the

@@ -1,7 +1,10 @@
 //! The PostgreSQL backend: a connection pool, one READ COMMITTED transaction
 //! per write, and `FOR UPDATE` on the row a guarded step decides about, so
 //! concurrent connections (and processes) queue on that row instead of
-//! racing past the check. Dispatchers claim with `SKIP LOCKED`.
+//! racing past the check. Dispatchers claim with `SKIP LOCKED`. The creates
+//! of concurrent callers share one statement and its commit
+//! ([`batch_creates`]): most of PostgreSQL's work per statement (building
+//! the plan's nodes, the commit) is the same for one row or many.
 
 use super::console::{JobFilter, WindowStats};
 use super::hedging::HedgingShare;
@@ -34,6 +37,94 @@ const PING_IDLE_AFTER: Duration = Duration::from_secs(1);
 
 pub struct PgStore {
     pool: PgPool,
+    /// Creates waiting for the next batched statement ([`batch_creates`]).
+    creates: tokio::sync::mpsc::UnboundedSender<QueuedCreate>,
+}
+
+/// A create waiting for its batch, and where its outcome goes.
+type QueuedCreate = (
+    NewJob,
+    tokio::sync::oneshot::Sender<Result<CreateOutcome, StoreError>>,
+);
+
+/// Most creates one statement carries.
+const MAX_CREATE_BATCH: usize = 64;
+/// Batched statements in flight at once; while they run, the next batches
+/// fill up.
+const CREATE_BATCHES_IN_FLIGHT: usize = 4;
+
+/// Concurrent creates share a statement and a commit: while
+/// [`CREATE_BATCHES_IN_FLIGHT`] statements run, what arrives queues, and
+/// the next free one takes all of it (up to [`MAX_CREATE_BATCH`]). Alone,
+/// a create is a batch of one, at once.
+async fn batch_creates(
+    pool: PgPool,
+    mut queue: tokio::sync::mpsc::UnboundedReceiver<QueuedCreate>,
+) {
+    let in_flight = std::sync::Arc::new(tokio::sync::Semaphore::new(CREATE_BATCHES_IN_FLIGHT));
+    loop {
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = queue.recv().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_CREATE_BATCH {
+            match queue.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            let (jobs, replies): (Vec<NewJob>, Vec<_>) = batch.into_iter().unzip();
+            let outcomes = create_batch(&pool, jobs).await;
+            drop(permit);
+            for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                // The caller may have gone; what was committed stays committed.
+                let _ = reply.send(outcome);
+            }
+        });
+    }
+}
+
+/// Each job's outcome, in `jobs`' order. A batch that fails is tried again
+/// job by job, so a row that fails fails only its own create.
+async fn create_batch(pool: &PgPool, jobs: Vec<NewJob>) -> Vec<Result<CreateOutcome, StoreError>> {
+    let mut conn = match pool.acquire().await {
+        Ok(conn) => conn,
+        Err(e) if jobs.len() == 1 => return vec![Err(e.into())],
+        Err(e) => {
+            let message = e.to_string();
+            return jobs
+                .iter()
+                .map(|_| Err(StoreError::Batch(message.clone())))
+                .collect();
+        }
+    };
+    let inserted = match ops::insert_jobs_batched(&mut conn, &jobs).await {
+        Ok(inserted) => inserted,
+        Err(e) if jobs.len() == 1 => return vec![Err(e)],
+        Err(e) => {
+            tracing::warn!(error = %e, jobs = jobs.len(), "a batch of creates failed; each is tried alone");
+            let mut outcomes = Vec::with_capacity(jobs.len());
+            for job in jobs {
+                let outcome =
+                    match ops::insert_jobs_batched(&mut conn, std::slice::from_ref(&job)).await {
+                        Ok(inserted) => ops::create_outcome(&mut *conn, job, inserted[0]).await,
+                        Err(e) => Err(e),
+                    };
+                outcomes.push(outcome);
+            }
+            return outcomes;
+        }
+    };
+    let mut outcomes = Vec::with_capacity(jobs.len());
+    for (job, inserted) in jobs.into_iter().zip(inserted) {
+        outcomes.push(ops::create_outcome(&mut *conn, job, inserted).await);
+    }
+    outcomes
 }
 
 impl PgStore {
@@ -59,7 +150,9 @@ impl PgStore {
             })
             .connect_with(options)
             .await?;
-        Ok(PgStore { pool })
+        let (creates, queue) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(batch_creates(pool.clone(), queue));
+        Ok(PgStore { pool, creates })
     }
 
     pub fn pool(&self) -> &PgPool {
@@ -105,8 +198,12 @@ impl Store for PgStore {
 #[async_trait]
 impl JobStore for PgStore {
     async fn create_job(&self, job: NewJob) -> Result<CreateOutcome, StoreError> {
-        // One statement of writable CTEs: it commits on its own.
-        ops::create_job(&mut *self.pool.acquire().await?, job).await
+        // In the next batched statement, which commits on its own.
+        let (reply, outcome) = tokio::sync::oneshot::channel();
+        self.creates
+            .send((job, reply))
+            .map_err(|_| StoreError::Closed)?;
+        outcome.await.map_err(|_| StoreError::Closed)?
     }
 
     async fn find_job_by_key(

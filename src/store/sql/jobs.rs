@@ -27,20 +27,26 @@ pub(crate) async fn create_outcome(
         return Ok(CreateOutcome::Created(job.into_job()));
     }
     // The UNIQUE constraint said no: the job exists and is committed
-    // (PostgreSQL's ON CONFLICT waited for its inserter to finish).
+    // (PostgreSQL's ON CONFLICT waited for its inserter to finish), or was
+    // inserted by an earlier row of the same batched statement.
     match find_job_by_key(conn, &job.owner_id, &job.idempotency_key).await? {
         Some(existing) => Ok(CreateOutcome::Existing(existing)),
         None => Err(StoreError::NotFound("job that blocked the insert")),
     }
 }
 
-/// The arguments of [`insert_job!`]. The job is created `running` with its
-/// primary attempt, else `pending`.
+/// A new job's state and attempt count: `running` with its primary
+/// attempt, else `pending`.
+pub(crate) fn initial_state(job: &NewJob) -> (&'static str, i64) {
+    match &job.primary {
+        Some(_) => ("running", 1),
+        None => ("pending", 0),
+    }
+}
+
+/// The arguments of [`insert_job!`] (SQLite's create, one job at a time).
 pub(crate) fn job_args(job: &NewJob) -> [Arg<'_>; 12] {
-    let (state, attempt_count) = match &job.primary {
-        Some(_) => ("running", 1i64),
-        None => ("pending", 0i64),
-    };
+    let (state, attempt_count) = initial_state(job);
     [
         (&job.id).arg(),
         (&job.owner_id).arg(),

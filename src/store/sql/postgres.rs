@@ -3,24 +3,24 @@
 //! later statement of that transaction sees what the previous holder
 //! committed; dispatchers claim with `SKIP LOCKED`.
 //!
-//! Its own ways of a job's create (`create_job`: one statement of writable
-//! CTEs) and of a succeeded attempt's win (`finish_won_alone`) are here,
-//! beside them.
+//! Its own ways of a job's create (`insert_jobs_batched`: the creates of
+//! concurrent callers in one statement of writable CTEs) and of a succeeded
+//! attempt's win (`finish_won_alone`) are here, beside them.
 
 use super::attempts::started_event;
 use super::console::list_jobs_sql;
 use super::db::{args, Db};
 use super::db::{Arg, Row};
 use super::jobs::claim_jobs_sql;
-use super::jobs::{create_outcome, created_event, job_args};
+use super::jobs::{created_event, initial_state};
 use super::keys::usage_counts;
 use super::webhooks::claim_deliveries_sql;
-use super::{attempt_won, cas_won, insert_job, usage_insert, usage_on_conflict, Dialect};
+use super::{attempt_won, cas_won, usage_insert, usage_on_conflict, Dialect};
 use crate::domain::attempt::AttemptOutcome;
 use crate::domain::job::NewJob;
 use crate::domain::Job;
 use crate::store::rows::JobRow;
-use crate::store::{event, CreateOutcome, FinishAttempt, FinishOutcome, StoreError};
+use crate::store::{event, FinishAttempt, FinishOutcome, StoreError};
 
 pub(crate) use super::{
     attempts::*, console::*, contract_runs::*, events::*, hedging::*, jobs::*, keys::*,
@@ -125,63 +125,6 @@ impl Db for sqlx::PgConnection {
     }
 }
 
-/// Insert the job unless (owner, key) exists (the UNIQUE constraint
-/// decides), with its `created` event and its primary attempt, in one
-/// statement that commits on its own.
-pub(crate) async fn create_job(
-    conn: &mut impl Db,
-    job: NewJob,
-) -> Result<CreateOutcome, StoreError> {
-    let inserted = insert_job_in_one_statement(conn, &job).await?;
-    create_outcome(conn, job, inserted).await
-}
-
-/// The rows SQLite writes statement by statement (`sql/sqlite.rs`), in the
-/// same order, as one statement (writable CTEs, PostgreSQL): it commits on its
-/// own, one round trip where a transaction took six (BEGIN, four inserts,
-/// COMMIT). The two events are one insert, ordered, so their ids keep the
-/// order of the other dialect's.
-async fn insert_job_in_one_statement(conn: &mut impl Db, job: &NewJob) -> Result<bool, StoreError> {
-    let created = created_event(job);
-    let primary = job.primary.as_ref();
-    let started = primary.map(|primary| started_event(primary, 1, 0));
-    let mut arguments = job_args(job).to_vec();
-    arguments.extend_from_slice(args![
-        primary.map(|p| p.id.as_str()),
-        primary.map(|p| p.provider.as_str()),
-        primary.map(|p| p.kind.as_str()),
-        primary.map(|p| p.started_at),
-        created.kind.as_str(),
-        &created.actor,
-        started.as_ref().map(|e| e.kind.as_str()),
-        started.as_ref().map(|e| e.actor.as_str()),
-        started.as_ref().and_then(|e| e.detail.as_deref()),
-    ]);
-    let inserted: Option<(i64,)> = conn
-        .fetch_optional(
-            concat!(
-                "WITH job AS (",
-                insert_job!(),
-                " RETURNING id), attempt AS ( \
-                 INSERT INTO attempts (id, job_id, seq, provider, kind, state, read_version, started_at) \
-                 SELECT $13, job.id, 1, $14, $15, 'started', 0, $16 FROM job WHERE $13 IS NOT NULL \
-                 RETURNING id \
-                 ), events AS ( \
-                 INSERT INTO job_events (job_id, attempt_id, kind, actor, detail, at) \
-                 SELECT e.job_id, e.attempt_id, e.kind, e.actor, e.detail, e.at FROM ( \
-                 SELECT 1 AS n, job.id AS job_id, NULL AS attempt_id, $17 AS kind, $18 AS actor, \
-                 NULL AS detail, $7 AS at FROM job \
-                 UNION ALL \
-                 SELECT 2, job.id, attempt.id, $19, $20, $21, $16 FROM job, attempt \
-                 ) e ORDER BY e.n \
-                 ) SELECT COUNT(*) FROM job"
-            ),
-            &arguments,
-        )
-        .await?;
-    Ok(inserted.is_some_and(|(n,)| n == 1))
-}
-
 /// A succeeded attempt's finish in one statement, outside any transaction
 /// (PostgreSQL): the attempt locked `FOR UPDATE` and still able to succeed,
 /// the CAS, and when it won the attempt's row, usage and event, as
@@ -245,4 +188,125 @@ pub(crate) async fn finish_won_alone(
         })
     })
     .transpose()
+}
+
+/// The creates of concurrent callers in one statement of writable CTEs,
+/// which commits on its own: each job inserted unless its (owner, key)
+/// exists (the UNIQUE constraint decides, invariant 1; a key twice in one
+/// batch is inserted once), with its `created` event, and its primary
+/// attempt with that attempt's event: the rows SQLite writes statement by
+/// statement (`sql/sqlite.rs`), the columns of [`insert_job!`](super::insert_job),
+/// and each job's events in the same order. The jobs are inserted in
+/// (owner, key) order, so batches that share keys take their index entries
+/// in one order and cannot deadlock. Returns, in `jobs`' order, whether
+/// this statement inserted each.
+pub(crate) async fn insert_jobs_batched(
+    conn: &mut sqlx::PgConnection,
+    jobs: &[NewJob],
+) -> Result<Vec<bool>, StoreError> {
+    let n = jobs.len();
+    let mut id = Vec::with_capacity(n);
+    let mut owner = Vec::with_capacity(n);
+    let mut key = Vec::with_capacity(n);
+    let mut fingerprint = Vec::with_capacity(n);
+    let mut request = Vec::with_capacity(n);
+    let mut route = Vec::with_capacity(n);
+    let mut created_at = Vec::with_capacity(n);
+    let mut lease_owner = Vec::with_capacity(n);
+    let mut lease_until = Vec::with_capacity(n);
+    let mut key_id = Vec::with_capacity(n);
+    let mut state = Vec::with_capacity(n);
+    let mut attempt_count = Vec::with_capacity(n);
+    let mut attempt_id = Vec::with_capacity(n);
+    let mut provider = Vec::with_capacity(n);
+    let mut kind = Vec::with_capacity(n);
+    let mut started_at = Vec::with_capacity(n);
+    let mut created_actor = Vec::with_capacity(n);
+    let mut started_actor = Vec::with_capacity(n);
+    let mut started_detail = Vec::with_capacity(n);
+    for job in jobs {
+        id.push(job.id.as_str());
+        owner.push(job.owner_id.as_str());
+        key.push(job.idempotency_key.as_str());
+        fingerprint.push(job.fingerprint.as_str());
+        request.push(job.request.as_str());
+        route.push(job.route.as_str());
+        created_at.push(job.created_at);
+        lease_owner.push(job.lease.as_ref().map(|(o, _)| o.as_str()));
+        lease_until.push(job.lease.as_ref().map(|(_, u)| *u));
+        key_id.push(job.key_id.as_deref());
+        let (initial, attempts) = initial_state(job);
+        state.push(initial);
+        attempt_count.push(attempts);
+        let primary = job.primary.as_ref();
+        attempt_id.push(primary.map(|p| p.id.as_str()));
+        provider.push(primary.map(|p| p.provider.as_str()));
+        kind.push(primary.map(|p| p.kind.as_str()));
+        started_at.push(primary.map(|p| p.started_at));
+        created_actor.push(created_event(job).actor);
+        let started = primary.map(|p| started_event(p, 1, 0));
+        started_actor.push(started.as_ref().map(|e| e.actor.clone()));
+        started_detail.push(started.and_then(|e| e.detail));
+    }
+    let inserted: Vec<(String,)> = sqlx::query_as(
+        "WITH input AS ( \
+         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], \
+         $7::int8[], $8::text[], $9::int8[], $10::text[], $11::text[], $12::int8[], $13::text[], \
+         $14::text[], $15::text[], $16::int8[], $17::text[], $18::text[], $19::text[]) WITH ORDINALITY \
+         AS i(id, owner_id, idempotency_key, fingerprint, request, route, created_at, lease_owner, \
+         lease_until, key_id, state, attempt_count, attempt_id, provider, kind, started_at, \
+         created_actor, started_actor, started_detail, n) \
+         ), job AS ( \
+         INSERT INTO jobs (id, owner_id, idempotency_key, fingerprint, request, route, state, \
+         version, attempt_count, created_at, updated_at, next_run_at, lease_owner, lease_until, key_id) \
+         SELECT id, owner_id, idempotency_key, fingerprint, request, route, state, 0, attempt_count, \
+         created_at, created_at, created_at, lease_owner, lease_until, key_id \
+         FROM input ORDER BY owner_id COLLATE \"C\", idempotency_key COLLATE \"C\" \
+         ON CONFLICT (owner_id, idempotency_key) DO NOTHING RETURNING id \
+         ), attempt AS ( \
+         INSERT INTO attempts (id, job_id, seq, provider, kind, state, read_version, started_at) \
+         SELECT i.attempt_id, i.id, 1, i.provider, i.kind, 'started', 0, i.started_at \
+         FROM input i JOIN job ON job.id = i.id WHERE i.attempt_id IS NOT NULL ORDER BY i.n \
+         RETURNING id, job_id \
+         ), events AS ( \
+         INSERT INTO job_events (job_id, attempt_id, kind, actor, detail, at) \
+         SELECT e.job_id, e.attempt_id, e.kind, e.actor, e.detail, e.at FROM ( \
+         SELECT i.n, 1 AS m, i.id AS job_id, NULL::text AS attempt_id, $20::text AS kind, \
+         i.created_actor AS actor, NULL::text AS detail, i.created_at AS at \
+         FROM input i JOIN job ON job.id = i.id \
+         UNION ALL \
+         SELECT i.n, 2, i.id, a.id, $21::text, i.started_actor, i.started_detail, i.started_at \
+         FROM input i JOIN attempt a ON a.job_id = i.id \
+         ) e ORDER BY e.n, e.m \
+         ) SELECT id FROM job",
+    )
+    .bind(&id)
+    .bind(&owner)
+    .bind(&key)
+    .bind(&fingerprint)
+    .bind(&request)
+    .bind(&route)
+    .bind(&created_at)
+    .bind(&lease_owner)
+    .bind(&lease_until)
+    .bind(&key_id)
+    .bind(&state)
+    .bind(&attempt_count)
+    .bind(&attempt_id)
+    .bind(&provider)
+    .bind(&kind)
+    .bind(&started_at)
+    .bind(&created_actor)
+    .bind(&started_actor)
+    .bind(&started_detail)
+    .bind(event::CREATED.as_str())
+    .bind(event::ATTEMPT_STARTED.as_str())
+    .fetch_all(&mut *conn)
+    .await?;
+    let inserted: std::collections::HashSet<&str> =
+        inserted.iter().map(|(id,)| id.as_str()).collect();
+    Ok(jobs
+        .iter()
+        .map(|job| inserted.contains(job.id.as_str()))
+        .collect())
 }

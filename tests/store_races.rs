@@ -23,6 +23,7 @@ on_both_backends!(
     a_create_with_its_primary_writes_four_rows_once,
     thirty_concurrent_creates_of_ten_keys_make_ten_jobs_each_written_once,
     forty_concurrent_wins_of_one_owner_add_up_across_shards,
+    hedged_jobs_won_at_once_have_one_winner_each_and_pay_for_every_attempt,
 );
 
 async fn new_job(store: &dyn Store) -> JobId {
@@ -615,6 +616,111 @@ async fn forty_concurrent_wins_of_one_owner_add_up_across_shards(backend: Backen
         Backend::Postgres => assert!(rows > 1, "one owner's day in {rows} row(s)"),
         Backend::Sqlite => assert_eq!(rows, 1),
     }
+}
+
+/// Twelve hedged jobs whose primary and hedge all succeed at once (on
+/// PostgreSQL the wins of concurrent callers share a statement, so both
+/// attempts of a job can meet in one): each job has one winner, whose
+/// output is its result, and one discarded loser with its race logged;
+/// every attempt's tokens are counted, the losers' as discarded.
+async fn hedged_jobs_won_at_once_have_one_winner_each_and_pay_for_every_attempt(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store: Arc<dyn Store> = db.store().await;
+    let mut jobs = Vec::new();
+    for _ in 0..12 {
+        let job_id = new_job(store.as_ref()).await;
+        let mut pair = Vec::new();
+        for kind in [AttemptKind::Primary, AttemptKind::Hedge] {
+            let started = store.start_attempt(attempt(&job_id, kind, 1)).await;
+            pair.push(started.unwrap().unwrap().id);
+        }
+        jobs.push((job_id, pair));
+    }
+    let finishes: Vec<_> = jobs
+        .iter()
+        .flat_map(|(_, pair)| pair.clone())
+        .map(|id| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let mut success = onejob::domain::attempt::Success::text(format!("from {id}"));
+                success.usage = Some(onejob::domain::attempt::Usage {
+                    prompt_tokens: 3,
+                    completion_tokens: 5,
+                });
+                let outcome = store
+                    .finish_attempt(finish(&id, AttemptOutcome::Succeeded(success)))
+                    .await
+                    .unwrap();
+                (id, outcome)
+            })
+        })
+        .collect();
+    let mut won = std::collections::HashMap::new();
+    for finish in finishes {
+        let (id, outcome) = finish.await.unwrap();
+        match outcome {
+            FinishOutcome::Won { version, job } => {
+                assert_eq!(version, 1);
+                let job = job.expect("the won job is handed over");
+                assert_eq!(job.completed_by.as_deref(), Some(id.as_str()));
+                assert!(won.insert(job.id.clone(), id).is_none(), "two winners");
+            }
+            FinishOutcome::Lost => {}
+            FinishOutcome::Recorded => panic!("a success must win or lose"),
+        }
+    }
+    for (job_id, pair) in &jobs {
+        let winner = won.get(job_id).expect("every job has a winner");
+        let job = store.get_job(job_id).await.unwrap().unwrap();
+        assert_eq!(job.state, JobState::Succeeded);
+        assert_eq!(job.version, 1);
+        assert_eq!(job.completed_by.as_deref(), Some(winner.as_str()));
+        let text = job.result.unwrap();
+        assert!(text.contains(winner.as_str()), "{text} is not {winner}'s");
+        let states: Vec<_> = store
+            .list_attempts(job_id)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|a| (a.id.clone(), a.state))
+            .collect();
+        for (id, state) in &states {
+            let wanted = if id == winner {
+                AttemptState::Succeeded
+            } else {
+                AttemptState::Discarded
+            };
+            assert_eq!(*state, wanted, "{id} of {pair:?}");
+        }
+        let kinds: Vec<_> = store
+            .list_events(job_id)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.kind == "attempt_succeeded" || e.kind == "cas_lost")
+            .map(|e| {
+                let attempt = e.attempt_id.map(|a| a.to_string()).unwrap_or_default();
+                (e.kind.as_str().to_string(), attempt)
+            })
+            .collect();
+        let loser = pair.iter().find(|id| *id != winner).unwrap();
+        assert_eq!(kinds.len(), 2, "{kinds:?}");
+        assert!(kinds.contains(&("attempt_succeeded".to_string(), winner.to_string())));
+        assert!(kinds.contains(&("cas_lost".to_string(), loser.to_string())));
+    }
+    let usage = store.usage(Some(&"alice".into()), 0).await.unwrap();
+    let sum = |f: fn(&onejob::store::tenants::UsageRow) -> i64| usage.iter().map(f).sum::<i64>();
+    assert_eq!(
+        (
+            sum(|u| u.attempts),
+            sum(|u| u.won),
+            sum(|u| u.prompt_tokens),
+            sum(|u| u.completion_tokens),
+            sum(|u| u.discarded_tokens)
+        ),
+        (24, 12, 72, 120, 96),
+        "{usage:?}"
+    );
 }
 
 /// Several writers on one SQLite file (each store has its own writer

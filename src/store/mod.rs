@@ -88,8 +88,8 @@
 //! | row lock in a guarded step | none (`BEGIN IMMEDIATE` excludes every writer) | `FOR UPDATE` |
 //! | concurrent claims | none (writes are serialised) | `FOR UPDATE SKIP LOCKED` |
 //! | byte order of keys | `idempotency_key` (BINARY collation) | `idempotency_key COLLATE "C"` |
-//! | a job's create (create, claim, primary start) | four statements in the write queue (`create_job` in `sql/sqlite.rs`) | one statement of writable CTEs, committing on its own (`create_job` in `sql/postgres.rs`) |
-//! | a succeeded attempt's finish | its statements in the write queue (`finish_attempt`, whose `Won::bid` is the CAS) | first the win alone, one statement (`finish_won_alone` in `sql/postgres.rs`); else the whole step (`finish_attempt`) in a transaction |
+//! | a job's create (create, claim, primary start) | four statements in the write queue (`create_job` in `sql/sqlite.rs`) | one statement of writable CTEs shared by concurrent creates, committing on its own (`insert_jobs_batched` in `sql/postgres.rs`, queued by `batches.rs`) |
+//! | a succeeded attempt's finish | its statements in the write queue (`finish_attempt`, whose `Won::bid` is the CAS) | first the win, in one statement shared by concurrent finishes (`finish_won_batched` in `sql/postgres.rs`, queued by `batches.rs`); else the whole step (`finish_attempt`) in a transaction |
 //! | rollup rows (`usage_daily`, `attempt_hours`) | shard 0 | 16 shards by the attempt's id (`rollup_shard!`), so finishes do not queue on one row's lock |
 //!
 //! Each statement that differs is a constant of the `sql::Dialect` trait,
@@ -100,13 +100,14 @@
 //! text is a macro beside its query (`claim_jobs_sql!`,
 //! `claim_deliveries_sql!`, `list_jobs_sql!`) that each dialect calls with
 //! its clause. What only one dialect runs is written in its own file,
-//! once: the create (both) and the win alone (PostgreSQL).
+//! once: the create (both) and the batched win (PostgreSQL).
 
 pub use crate::domain::attempt::AttemptOutcome;
 use async_trait::async_trait;
 use std::sync::Arc;
 
 mod attempts;
+mod batches;
 pub mod console;
 mod contract_runs;
 mod database_url;

@@ -2,16 +2,19 @@
 //! per write, and `FOR UPDATE` on the row a guarded step decides about, so
 //! concurrent connections (and processes) queue on that row instead of
 //! racing past the check. Dispatchers claim with `SKIP LOCKED`. The creates
-//! of concurrent callers share one statement and its commit
-//! ([`batch_creates`]): most of PostgreSQL's work per statement (building
-//! the plan's nodes, the commit) is the same for one row or many.
+//! of concurrent callers share one statement and its commit, and so do
+//! their succeeded attempts' wins (`batches.rs`): most of PostgreSQL's work
+//! per statement (building the plan's nodes, the commit) is the same for
+//! one row or many.
 
+use super::batches::{self, Batcher, TriedWin};
 use super::console::{JobFilter, WindowStats};
 use super::hedging::HedgingShare;
 use super::tenants::{KeyRecord, OwnerLimitsRow, OwnerLoad, Rotation, TenantAuditEntry, UsageRow};
 use super::webhooks::{
     ClaimedDelivery, WebhookCounts, WebhookDelivery, WebhookEndpoint, WebhookTry, WebhookTryRecord,
 };
+use super::AttemptOutcome;
 use super::{
     ApiKey, AttemptResolution, AttemptStore, ConsoleStore, ContractRun, ContractRunStore,
     ContractRunSummary, CreateOutcome, EventStore, FinishAttempt, FinishOutcome, HedgingStore,
@@ -37,94 +40,10 @@ const PING_IDLE_AFTER: Duration = Duration::from_secs(1);
 
 pub struct PgStore {
     pool: PgPool,
-    /// Creates waiting for the next batched statement ([`batch_creates`]).
-    creates: tokio::sync::mpsc::UnboundedSender<QueuedCreate>,
-}
-
-/// A create waiting for its batch, and where its outcome goes.
-type QueuedCreate = (
-    NewJob,
-    tokio::sync::oneshot::Sender<Result<CreateOutcome, StoreError>>,
-);
-
-/// Most creates one statement carries.
-const MAX_CREATE_BATCH: usize = 64;
-/// Batched statements in flight at once; while they run, the next batches
-/// fill up.
-const CREATE_BATCHES_IN_FLIGHT: usize = 4;
-
-/// Concurrent creates share a statement and a commit: while
-/// [`CREATE_BATCHES_IN_FLIGHT`] statements run, what arrives queues, and
-/// the next free one takes all of it (up to [`MAX_CREATE_BATCH`]). Alone,
-/// a create is a batch of one, at once.
-async fn batch_creates(
-    pool: PgPool,
-    mut queue: tokio::sync::mpsc::UnboundedReceiver<QueuedCreate>,
-) {
-    let in_flight = std::sync::Arc::new(tokio::sync::Semaphore::new(CREATE_BATCHES_IN_FLIGHT));
-    loop {
-        let Ok(permit) = in_flight.clone().acquire_owned().await else {
-            return;
-        };
-        let Some(first) = queue.recv().await else {
-            return;
-        };
-        let mut batch = vec![first];
-        while batch.len() < MAX_CREATE_BATCH {
-            match queue.try_recv() {
-                Ok(next) => batch.push(next),
-                Err(_) => break,
-            }
-        }
-        let pool = pool.clone();
-        tokio::spawn(async move {
-            let (jobs, replies): (Vec<NewJob>, Vec<_>) = batch.into_iter().unzip();
-            let outcomes = create_batch(&pool, jobs).await;
-            drop(permit);
-            for (reply, outcome) in replies.into_iter().zip(outcomes) {
-                // The caller may have gone; what was committed stays committed.
-                let _ = reply.send(outcome);
-            }
-        });
-    }
-}
-
-/// Each job's outcome, in `jobs`' order. A batch that fails is tried again
-/// job by job, so a row that fails fails only its own create.
-async fn create_batch(pool: &PgPool, jobs: Vec<NewJob>) -> Vec<Result<CreateOutcome, StoreError>> {
-    let mut conn = match pool.acquire().await {
-        Ok(conn) => conn,
-        Err(e) if jobs.len() == 1 => return vec![Err(e.into())],
-        Err(e) => {
-            let message = e.to_string();
-            return jobs
-                .iter()
-                .map(|_| Err(StoreError::Batch(message.clone())))
-                .collect();
-        }
-    };
-    let inserted = match ops::insert_jobs_batched(&mut conn, &jobs).await {
-        Ok(inserted) => inserted,
-        Err(e) if jobs.len() == 1 => return vec![Err(e)],
-        Err(e) => {
-            tracing::warn!(error = %e, jobs = jobs.len(), "a batch of creates failed; each is tried alone");
-            let mut outcomes = Vec::with_capacity(jobs.len());
-            for job in jobs {
-                let outcome =
-                    match ops::insert_jobs_batched(&mut conn, std::slice::from_ref(&job)).await {
-                        Ok(inserted) => ops::create_outcome(&mut *conn, job, inserted[0]).await,
-                        Err(e) => Err(e),
-                    };
-                outcomes.push(outcome);
-            }
-            return outcomes;
-        }
-    };
-    let mut outcomes = Vec::with_capacity(jobs.len());
-    for (job, inserted) in jobs.into_iter().zip(inserted) {
-        outcomes.push(ops::create_outcome(&mut *conn, job, inserted).await);
-    }
-    outcomes
+    /// Creates waiting for the next shared statement (`batches.rs`).
+    creates: Batcher<NewJob, Result<CreateOutcome, StoreError>>,
+    /// Succeeded attempts' finishes waiting for the next shared statement.
+    wins: Batcher<FinishAttempt, TriedWin>,
 }
 
 impl PgStore {
@@ -150,9 +69,23 @@ impl PgStore {
             })
             .connect_with(options)
             .await?;
-        let (creates, queue) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(batch_creates(pool.clone(), queue));
-        Ok(PgStore { pool, creates })
+        let creates = Batcher::new(
+            pool.clone(),
+            batches::CREATE_BATCHES_IN_FLIGHT,
+            batches::MAX_CREATE_BATCH,
+            batches::create_batch,
+        );
+        let wins = Batcher::new(
+            pool.clone(),
+            batches::FINISH_BATCHES_IN_FLIGHT,
+            batches::MAX_FINISH_BATCH,
+            batches::finish_batch,
+        );
+        Ok(PgStore {
+            pool,
+            creates,
+            wins,
+        })
     }
 
     pub fn pool(&self) -> &PgPool {
@@ -198,12 +131,8 @@ impl Store for PgStore {
 #[async_trait]
 impl JobStore for PgStore {
     async fn create_job(&self, job: NewJob) -> Result<CreateOutcome, StoreError> {
-        // In the next batched statement, which commits on its own.
-        let (reply, outcome) = tokio::sync::oneshot::channel();
-        self.creates
-            .send((job, reply))
-            .map_err(|_| StoreError::Closed)?;
-        outcome.await.map_err(|_| StoreError::Closed)?
+        // In the next shared statement, which commits on its own.
+        self.creates.call(job).await?
     }
 
     async fn find_job_by_key(
@@ -323,12 +252,16 @@ impl AttemptStore for PgStore {
     }
 
     async fn finish_attempt(&self, finish: FinishAttempt) -> Result<FinishOutcome, StoreError> {
-        // A win is one statement on its own; anything else (a lost CAS, an
-        // attempt gone or ended) is told by the whole step in a transaction.
-        let alone = ops::finish_won_alone(&mut *self.pool.acquire().await?, &finish).await?;
-        if let Some(won) = alone {
-            return Ok(won);
-        }
+        // A win goes in the next shared statement, which commits on its
+        // own; anything else (a failure, a lost CAS, an attempt gone or
+        // ended) is told by the whole step in a transaction.
+        let finish = match finish.outcome {
+            AttemptOutcome::Succeeded(_) => match self.wins.call(finish).await?? {
+                Ok(won) => return Ok(won),
+                Err(not_won) => *not_won,
+            },
+            _ => finish,
+        };
         let mut tx = self.pool.begin().await?;
         let value = ops::finish_attempt(&mut *tx, finish).await?;
         tx.commit().await?;

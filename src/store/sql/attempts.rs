@@ -165,7 +165,7 @@ pub(crate) async fn finish_attempt<C: Db>(
             };
             // Invariant 5: exactly one winner. The won job comes back as
             // committed, for whoever waits for it (no read after the commit).
-            // (PostgreSQL tries the win alone first: `finish_won_alone` in
+            // (PostgreSQL tries the win first: `finish_won_batched` in
             // `sql/postgres.rs`.)
             let won = won.bid(conn).await?;
             if let Some(won) = won {

@@ -79,11 +79,11 @@ macro_rules! usage_insert {
     };
 }
 
-/// …and its tail: an existing day's row adds this attempt to its counts.
+/// …and its tail: an existing day's row adds the new row's counts to its own.
 macro_rules! usage_on_conflict {
     () => {
         " ON CONFLICT (owner_id, day, key_id, route, provider, kind, shard) DO UPDATE SET \
-         attempts = usage_daily.attempts + 1, won = usage_daily.won + excluded.won, \
+         attempts = usage_daily.attempts + excluded.attempts, won = usage_daily.won + excluded.won, \
          prompt_tokens = usage_daily.prompt_tokens + excluded.prompt_tokens, \
          completion_tokens = usage_daily.completion_tokens + excluded.completion_tokens, \
          discarded_tokens = usage_daily.discarded_tokens + excluded.discarded_tokens"
@@ -103,9 +103,13 @@ macro_rules! insert_job {
 
 /// The compare-and-swap of a succeeded attempt (invariant 5), with what
 /// `$job`, `$version`, `$output`, `$attempt` and `$at` are in the statement
-/// it is part of.
+/// it is part of. With a leading `from "FROM …";` they may name the
+/// columns of that `FROM` (PostgreSQL's batched win: one row per attempt).
 macro_rules! cas_won {
     ($job:literal, $version:literal, $output:literal, $attempt:literal, $at:literal) => {
+        $crate::store::sql::cas_won!(from ""; $job, $version, $output, $attempt, $at)
+    };
+    (from $from:literal; $job:literal, $version:literal, $output:literal, $attempt:literal, $at:literal) => {
         concat!(
             "UPDATE jobs SET state = 'succeeded', result = ",
             $output,
@@ -113,7 +117,9 @@ macro_rules! cas_won {
             $attempt,
             ", version = version + 1, last_error = NULL, updated_at = ",
             $at,
-            ", next_run_at = NULL, lease_owner = NULL, lease_until = NULL WHERE id = ",
+            ", next_run_at = NULL, lease_owner = NULL, lease_until = NULL ",
+            $from,
+            " WHERE id = ",
             $job,
             " AND version = ",
             $version,
@@ -126,6 +132,9 @@ macro_rules! cas_won {
 /// The winner's attempt row, likewise.
 macro_rules! attempt_won {
     ($attempt:literal, $output:literal, $usage:literal, $request:literal, $at:literal) => {
+        $crate::store::sql::attempt_won!(from ""; $attempt, $output, $usage, $request, $at)
+    };
+    (from $from:literal; $attempt:literal, $output:literal, $usage:literal, $request:literal, $at:literal) => {
         concat!(
             "UPDATE attempts SET state = 'succeeded', output = ",
             $output,
@@ -135,6 +144,8 @@ macro_rules! attempt_won {
             $request,
             ", finished_at = ",
             $at,
+            " ",
+            $from,
             " WHERE id = ",
             $attempt
         )

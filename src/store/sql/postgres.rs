@@ -5,11 +5,12 @@
 //!
 //! Its own ways of a job's create (`insert_jobs_batched`: the creates of
 //! concurrent callers in one statement of writable CTEs) and of a succeeded
-//! attempt's win (`finish_won_alone`) are here, beside them.
+//! attempt's win (`finish_won_batched`: the wins of concurrent callers in
+//! one statement) are here, beside them.
 
 use super::attempts::started_event;
 use super::console::list_jobs_sql;
-use super::db::{args, Db};
+use super::db::Db;
 use super::db::{Arg, Row};
 use super::jobs::claim_jobs_sql;
 use super::jobs::{created_event, initial_state};
@@ -125,69 +126,131 @@ impl Db for sqlx::PgConnection {
     }
 }
 
-/// A succeeded attempt's finish in one statement, outside any transaction
-/// (PostgreSQL): the attempt locked `FOR UPDATE` and still able to succeed,
-/// the CAS, and when it won the attempt's row, usage and event, as
-/// `Won::bid` (`attempts.rs`) writes them. `Some` when it won: one round trip where
-/// BEGIN, the lock, the four writes and COMMIT take seven. `None` when it
-/// did not (the attempt is gone or ended, or the CAS lost); then it wrote
-/// nothing, and `finish_attempt` in a transaction says what happened.
-pub(crate) async fn finish_won_alone(
-    conn: &mut impl Db,
-    finish: &FinishAttempt,
-) -> Result<Option<FinishOutcome>, StoreError> {
-    let AttemptOutcome::Succeeded(success) = &finish.outcome else {
-        return Ok(None);
-    };
-    let usage = success.usage.map(|u| u.stored());
-    let (prompt, completion, _) = usage
-        .as_deref()
-        .map_or((0, 0, 0), |u| usage_counts(u, true));
-    let won: Option<JobRow> = conn
-        .fetch_optional(
-            concat!(
-                "WITH bid AS (SELECT job_id, read_version FROM attempts WHERE id = $1 AND state IN (",
-                crate::attempt_states_that_may_succeed!(),
-                ") FOR UPDATE), won AS (",
-                cas_won!("(SELECT job_id FROM bid)", "(SELECT read_version FROM bid)", "$7", "$1", "$8"),
-                "), attempt AS (",
-                attempt_won!("$1", "$7", "$9", "$10", "$8"),
-                " AND EXISTS (SELECT 1 FROM won)",
-                "), usage AS (",
-                usage_insert!(rollup_shard!()),
-                "WHERE a.id = $1 AND $9 IS NOT NULL AND EXISTS (SELECT 1 FROM won)",
-                usage_on_conflict!(),
-                "), event AS (",
-                "INSERT INTO job_events (job_id, attempt_id, kind, actor, detail, at) ",
-                "SELECT won.id, $1, $11, $12, '{\"version\":' || won.version || '}', $8 FROM won",
-                ") SELECT ",
-                crate::store::rows::job_columns!(),
-                " FROM won"
-            ),
-            args![
-                &finish.attempt_id,
-                crate::store::tenants::day_of(finish.at),
-                1i64,
-                prompt,
-                completion,
-                0i64,
-                &success.output,
-                finish.at,
-                &usage,
-                &success.provider_request_id,
-                event::ATTEMPT_SUCCEEDED.as_str(),
-                &finish.actor,
-            ],
-        )
-        .await?;
-    won.map(|won| {
-        let job = Job::try_from(won)?;
-        Ok(FinishOutcome::Won {
-            version: job.version,
-            job: Some(Box::new(job)),
+/// The succeeded attempts' finishes of concurrent callers in one statement
+/// of writable CTEs, outside any transaction, which commits on its own:
+/// each attempt locked `FOR UPDATE` and still able to succeed, its job's
+/// CAS (invariant 5), and for each winner its attempt's row, usage and
+/// event, as `Won::bid` (`attempts.rs`) writes them. One round trip where
+/// BEGIN, the locks, the four writes and COMMIT take seven for each.
+///
+/// Returns, in `finishes`' order, `Some` for each that won, and `None` for
+/// each that did not (the attempt is gone or ended, its job's CAS lost, or
+/// another attempt of the same job in this batch won); of those it wrote
+/// nothing, and `finish_attempt` in a transaction says what happened. An
+/// attempt named twice is tried once, by its first finish.
+///
+/// The attempts are locked in (job, attempt) order. Two attempts of one
+/// job in a batch both meet the job's row in the `UPDATE … FROM`, which
+/// updates it once, with one of them: that one is the winner, and its
+/// output the result. The usage rows are summed per rollup row first,
+/// since `ON CONFLICT DO UPDATE` may touch a row only once per statement.
+pub(crate) async fn finish_won_batched(
+    conn: &mut sqlx::PgConnection,
+    finishes: &[FinishAttempt],
+) -> Result<Vec<Option<FinishOutcome>>, StoreError> {
+    let n = finishes.len();
+    let mut attempt = Vec::with_capacity(n);
+    let mut output = Vec::with_capacity(n);
+    let mut at = Vec::with_capacity(n);
+    let mut usage = Vec::with_capacity(n);
+    let mut request_id = Vec::with_capacity(n);
+    let mut actor = Vec::with_capacity(n);
+    let mut day = Vec::with_capacity(n);
+    let mut prompt = Vec::with_capacity(n);
+    let mut completion = Vec::with_capacity(n);
+    let mut seen = std::collections::HashSet::with_capacity(n);
+    for finish in finishes {
+        let AttemptOutcome::Succeeded(success) = &finish.outcome else {
+            continue;
+        };
+        if !seen.insert(finish.attempt_id.as_str()) {
+            continue;
+        }
+        let stored = success.usage.map(|u| u.stored());
+        let (p, c, _) = stored
+            .as_deref()
+            .map_or((0, 0, 0), |u| usage_counts(u, true));
+        attempt.push(finish.attempt_id.as_str());
+        output.push(success.output.as_str());
+        at.push(finish.at);
+        usage.push(stored);
+        request_id.push(success.provider_request_id.as_deref());
+        actor.push(finish.actor.as_str());
+        day.push(crate::store::tenants::day_of(finish.at));
+        prompt.push(p);
+        completion.push(c);
+    }
+    if attempt.is_empty() {
+        return Ok(finishes.iter().map(|_| None).collect());
+    }
+    let won = sqlx::query(concat!(
+        "WITH input AS (SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::text[], ",
+        "$5::text[], $6::text[], $7::int8[], $8::int8[], $9::int8[]) WITH ORDINALITY ",
+        "AS i(in_attempt, in_output, in_at, in_usage, in_request, in_actor, in_day, in_prompt, ",
+        "in_completion, in_n)",
+        "), bid AS (SELECT id AS b_attempt, job_id AS b_job, read_version AS b_version ",
+        "FROM attempts WHERE id = ANY($1) AND state IN (",
+        crate::attempt_states_that_may_succeed!(),
+        ") ORDER BY job_id, id FOR UPDATE",
+        "), won AS (",
+        cas_won!(
+            from "FROM bid JOIN input ON in_attempt = b_attempt";
+            "b_job", "b_version", "in_output", "b_attempt", "in_at"
+        ),
+        "), winner AS (SELECT input.*, won.id AS w_job, won.version AS w_version ",
+        "FROM input JOIN won ON won.completed_by = in_attempt",
+        "), attempt AS (",
+        attempt_won!(
+            from "FROM winner";
+            "in_attempt", "in_output", "in_usage", "in_request", "in_at"
+        ),
+        "), usage AS (",
+        "INSERT INTO usage_daily (owner_id, day, key_id, route, provider, kind, shard, ",
+        "attempts, won, prompt_tokens, completion_tokens, discarded_tokens) ",
+        "SELECT j.owner_id, w.in_day, COALESCE(j.key_id, ''), j.route, a.provider, a.kind, ",
+        rollup_shard!(),
+        ", COUNT(*), COUNT(*), SUM(w.in_prompt), SUM(w.in_completion), 0 ",
+        "FROM winner w JOIN attempts a ON a.id = w.in_attempt JOIN jobs j ON j.id = a.job_id ",
+        "WHERE w.in_usage IS NOT NULL GROUP BY 1, 2, 3, 4, 5, 6, 7",
+        usage_on_conflict!(),
+        "), event AS (",
+        "INSERT INTO job_events (job_id, attempt_id, kind, actor, detail, at) ",
+        "SELECT w_job, in_attempt, $10, in_actor, '{\"version\":' || w_version || '}', in_at ",
+        "FROM winner ORDER BY in_n",
+        ") SELECT ",
+        crate::store::rows::job_columns!(),
+        " FROM won"
+    ))
+    .bind(&attempt)
+    .bind(&output)
+    .bind(&at)
+    .bind(&usage)
+    .bind(&request_id)
+    .bind(&actor)
+    .bind(&day)
+    .bind(&prompt)
+    .bind(&completion)
+    .bind(event::ATTEMPT_SUCCEEDED.as_str())
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut won: std::collections::HashMap<String, Job> = won
+        .iter()
+        .map(|row| {
+            let job = Job::try_from(JobRow::decode(row)?)?;
+            let winner = job.completed_by.clone().unwrap_or_default();
+            Ok((winner.to_string(), job))
         })
-    })
-    .transpose()
+        .collect::<Result<_, StoreError>>()?;
+    Ok(finishes
+        .iter()
+        .map(|finish| {
+            let job = won.remove(finish.attempt_id.as_str())?;
+            Some(FinishOutcome::Won {
+                version: job.version,
+                job: Some(Box::new(job)),
+            })
+        })
+        .collect())
 }
 
 /// The creates of concurrent callers in one statement of writable CTEs,

@@ -74,40 +74,39 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
             .lock()
             .map_err(|_| StoreError::Closed)?
             .push((item, reply));
-        if let Ok(slot) = self.shared.slots.clone().try_acquire_owned() {
-            self.shared.run_next(slot).await;
+        if let Ok(permit) = self.shared.slots.clone().try_acquire_owned() {
+            self.shared.clone().run_next(permit).await;
         }
         answer.await.map_err(|_| StoreError::Closed)
     }
 }
 
 impl<T: Send + 'static, R: Send + 'static> Shared<T, R> {
-    /// Run the queue's next batch in `slot`, answer its calls, give the
-    /// slot back, and start the batch after it if one queued meanwhile
-    /// (its callers found every slot taken and only wait).
-    async fn run_next(self: &Arc<Self>, slot: OwnedSemaphorePermit) {
+    /// Run the queue's next batch in a statement slot and answer its calls.
+    async fn run_next(self: Arc<Self>, permit: OwnedSemaphorePermit) {
+        let _slot = Slot {
+            shared: self.clone(),
+            permit: Some(permit),
+        };
         let batch = self.take_batch();
-        if !batch.is_empty() {
-            let (items, replies): (Vec<T>, Vec<_>) = batch.into_iter().unzip();
-            let answers = (self.run)(self.pool.clone(), items).await;
-            for (reply, answer) in replies.into_iter().zip(answers) {
-                // The caller may have gone; what was committed stays committed.
-                let _ = reply.send(answer);
-            }
+        if batch.is_empty() {
+            return;
         }
-        drop(slot);
-        if self.has_queued() {
-            if let Ok(slot) = self.slots.clone().try_acquire_owned() {
-                Self::spawn_next(self.clone(), slot);
-            }
+        let (items, replies): (Vec<T>, Vec<_>) = batch.into_iter().unzip();
+        let answers = (self.run)(self.pool.clone(), items).await;
+        for (reply, answer) in replies.into_iter().zip(answers) {
+            // The caller may have gone; what was committed stays committed.
+            let _ = reply.send(answer);
         }
     }
 
     /// [`run_next`](Self::run_next) on a task of its own.
-    fn spawn_next(shared: Arc<Self>, slot: OwnedSemaphorePermit) {
-        let next: Pin<Box<dyn Future<Output = ()> + Send>> =
-            Box::pin(async move { shared.run_next(slot).await });
-        tokio::spawn(next);
+    fn spawn_next(shared: Arc<Self>, permit: OwnedSemaphorePermit) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let next: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(shared.run_next(permit));
+        runtime.spawn(next);
     }
 
     fn take_batch(&self) -> Vec<(T, oneshot::Sender<R>)> {
@@ -120,6 +119,26 @@ impl<T: Send + 'static, R: Send + 'static> Shared<T, R> {
 
     fn has_queued(&self) -> bool {
         self.queue.lock().map(|q| !q.is_empty()).unwrap_or(false)
+    }
+}
+
+/// A statement slot in use. Given back when dropped (its batch answered,
+/// or its caller gone mid-batch), and then the queue's next batch, if one
+/// waits, is started on a task of its own: its callers found every slot
+/// taken and only wait.
+struct Slot<T: Send + 'static, R: Send + 'static> {
+    shared: Arc<Shared<T, R>>,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl<T: Send + 'static, R: Send + 'static> Drop for Slot<T, R> {
+    fn drop(&mut self) {
+        drop(self.permit.take());
+        if self.shared.has_queued() {
+            if let Ok(permit) = self.shared.slots.clone().try_acquire_owned() {
+                Shared::spawn_next(self.shared.clone(), permit);
+            }
+        }
     }
 }
 
@@ -211,4 +230,57 @@ fn every_one_fails<R>(n: usize, error: StoreError) -> Vec<Result<R, StoreError>>
     (0..n)
         .map(|_| Err(StoreError::Batch(message.clone())))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    /// A caller dropped while its batch runs (its client gone, the runtime
+    /// shutting its task down) gives its slot back, and the batch that
+    /// queued behind it runs: its caller is answered, not left waiting.
+    #[tokio::test]
+    async fn a_batch_queued_behind_a_dropped_caller_still_runs() {
+        // Never connected: the batches here do not touch the database.
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+            .unwrap();
+        let (started, first_started) = oneshot::channel::<()>();
+        let started = Mutex::new(Some(started));
+        let first = AtomicBool::new(true);
+        let batcher = Arc::new(Batcher::new(pool, 1, 8, move |_pool, items: Vec<u32>| {
+            let hold = first.swap(false, Ordering::SeqCst);
+            let started = started.lock().unwrap().take();
+            async move {
+                if hold {
+                    if let Some(started) = started {
+                        let _ = started.send(());
+                    }
+                    std::future::pending::<()>().await;
+                }
+                items.into_iter().map(|n| n * 10).collect()
+            }
+        }));
+        let holder = tokio::spawn({
+            let batcher = batcher.clone();
+            async move { batcher.call(1).await }
+        });
+        first_started.await.unwrap();
+        let queued = tokio::spawn({
+            let batcher = batcher.clone();
+            async move { batcher.call(2).await }
+        });
+        while batcher.shared.queue.lock().unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        holder.abort();
+        let answer = tokio::time::timeout(Duration::from_secs(10), queued)
+            .await
+            .expect("the queued call is answered")
+            .unwrap();
+        assert_eq!(answer.unwrap(), 20);
+        assert!(batcher.shared.queue.lock().unwrap().is_empty());
+    }
 }

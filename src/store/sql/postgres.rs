@@ -148,10 +148,11 @@ impl Db for sqlx::PgConnection {
 /// time after 3,000 jobs. So each attempt is looked up on its own
 /// (`LATERAL … LIMIT 1`), in the order of their ids, and `LIMIT $11` (the
 /// number of rows) makes the planner count one input row, not unnest's
-/// ten, which keeps every join a loop over the primary keys. Two attempts of one
-/// job in a batch both meet the job's row in the `UPDATE … FROM`, which
-/// updates it once, with one of them: that one is the winner, and its
-/// output the result. The usage rows are summed per rollup row first,
+/// ten, which keeps every join a loop over the primary keys.
+///
+/// Two attempts of one job in a batch both meet the job's row in the
+/// `UPDATE … FROM`, which updates it once, with one of them: that one is
+/// the winner, and its output the result. The usage rows are summed per rollup row first,
 /// since `ON CONFLICT DO UPDATE` may touch a row only once per statement.
 pub(crate) async fn finish_won_batched(
     conn: &mut sqlx::PgConnection,

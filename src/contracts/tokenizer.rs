@@ -227,6 +227,24 @@ pub fn count_prompt_tokens(
     check_prompt(tokenizer_name, u32::MAX, 0, prompt).map(|t| t.prompt_tokens)
 }
 
+/// The most tokens `prompt` can count under either supported tokenizer,
+/// without encoding it: both are byte-level BPE, whose every token stands for
+/// at least one byte, so a text never has more tokens than bytes. When this
+/// bound and `max_tokens` fit the window, the exact count (an encode and a
+/// decode of every text) cannot overflow it, and the plan skips it.
+pub fn prompt_tokens_at_most(prompt: &RenderedPrompt) -> u64 {
+    let message = |role: &str, text: &str| {
+        u64::from(TOKENS_PER_MESSAGE) + role.len() as u64 + text.len() as u64
+    };
+    u64::from(REPLY_PRIMING_TOKENS)
+        + prompt.system.as_deref().map_or(0, |s| message("system", s))
+        + prompt
+            .messages
+            .iter()
+            .map(|m| message(role_name(m.role), &m.content))
+            .sum::<u64>()
+}
+
 /// Whether the provider's reported prompt tokens are within `tolerance`
 /// (a fraction of our count) of ours.
 pub fn check_usage_agreement(
@@ -260,6 +278,39 @@ fn role_name(role: crate::domain::request::Role) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The bound the plan trusts instead of a count: never below the count,
+    /// for plain text, text that packs many bytes in a token, and text of
+    /// multi-byte characters that the encoder splits.
+    #[test]
+    fn the_byte_bound_is_never_below_the_count() {
+        use crate::domain::request::Role;
+        let texts = [
+            "Say hello.".to_string(),
+            " ".repeat(4_000),
+            "a".repeat(3_000),
+            "数据清理".repeat(200),
+            "🦀 <|endoftext|> <|im_end|>".repeat(50),
+        ];
+        for name in SUPPORTED_TOKENIZERS {
+            for text in &texts {
+                let prompt = RenderedPrompt {
+                    system: Some(text.clone()),
+                    messages: vec![
+                        crate::domain::request::Message::new(Role::User, text.clone()),
+                        crate::domain::request::Message::new(Role::Assistant, "ok"),
+                    ],
+                };
+                let counted = count_prompt_tokens(name, &prompt).unwrap();
+                let bound = prompt_tokens_at_most(&prompt);
+                assert!(
+                    u64::from(counted) <= bound,
+                    "{name}: counted {counted} > bound {bound} for {:?}…",
+                    text.chars().take(20).collect::<String>()
+                );
+            }
+        }
+    }
     use crate::contracts::definition::load_all;
     use crate::contracts::render::WireFormat;
     use std::path::Path;

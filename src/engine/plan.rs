@@ -2,7 +2,9 @@
 //! wire format, whether it fits the provider's context window, and how a
 //! provider's answer becomes the job's result.
 
-use crate::contracts::{count_prompt_tokens, Contract, RenderedPrompt, WireFormat};
+use crate::contracts::{
+    count_prompt_tokens, prompt_tokens_at_most, Contract, RenderedPrompt, WireFormat,
+};
 use crate::domain::request::{Message, Role, OPENAI_ANSWER_CHANGING};
 use crate::domain::{ErrorKind, JobId, JobRequest};
 use crate::providers::catalog::ProviderEntry;
@@ -158,17 +160,21 @@ impl JobPlan {
 
     fn make_request_for(&self, provider: &ProviderEntry) -> Result<ChatRequest, PlanError> {
         let prompt = self.prompt(Self::wire(provider))?;
-        let tokenizer = provider.config.tokenizer.name();
-        let prompt_tokens =
-            count_prompt_tokens(tokenizer, &prompt).map_err(|e| PlanError(e.to_string()))?;
         let max_tokens = self.max_tokens();
-        let needed = u64::from(prompt_tokens) + u64::from(max_tokens);
-        if needed > u64::from(provider.config.context_window) {
-            return Err(PlanError(format!(
-                "context_window: {} needs {prompt_tokens} prompt tokens ({tokenizer}) + {max_tokens} max_tokens; \
-                 its window is {}",
-                provider.name, provider.config.context_window
-            )));
+        let window = u64::from(provider.config.context_window);
+        // The exact count only when the byte bound does not already fit:
+        // encoding every text of every job is the plan's largest cost.
+        if prompt_tokens_at_most(&prompt) + u64::from(max_tokens) > window {
+            let tokenizer = provider.config.tokenizer.name();
+            let prompt_tokens =
+                count_prompt_tokens(tokenizer, &prompt).map_err(|e| PlanError(e.to_string()))?;
+            if u64::from(prompt_tokens) + u64::from(max_tokens) > window {
+                return Err(PlanError(format!(
+                    "context_window: {} needs {prompt_tokens} prompt tokens ({tokenizer}) + {max_tokens} max_tokens; \
+                     its window is {}",
+                    provider.name, provider.config.context_window
+                )));
+            }
         }
         let params = &self.request.params;
         self.check_capabilities(provider, &prompt)?;

@@ -299,7 +299,7 @@ fn run_writer(mut conn: rusqlite::Connection, mut rx: mpsc::Receiver<WriteCmd>) 
 /// One transaction of writes, each in its own savepoint unless it is alone
 /// (then the transaction is its own, and a failure rolls it back whole).
 fn commit(conn: &mut rusqlite::Connection, run: impl ExactSizeIterator<Item = Write>) {
-    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+    if let Err(e) = control(conn, "BEGIN IMMEDIATE") {
         tracing::error!(error = %e, "sqlite writer could not begin a transaction");
         let message = e.to_string();
         for op in run {
@@ -318,16 +318,16 @@ fn commit(conn: &mut rusqlite::Connection, run: impl ExactSizeIterator<Item = Wr
             delivers.push(deliver);
             continue;
         }
-        if let Err(e) = conn.execute_batch("SAVEPOINT op") {
+        if let Err(e) = control(conn, "SAVEPOINT op") {
             let (_, deliver) = op(Err(format!("sqlite savepoint failed: {e}")));
             delivers.push(deliver);
             continue;
         }
         let (ok, deliver) = op(Ok(&mut *conn));
         if !ok {
-            let _ = conn.execute_batch("ROLLBACK TO SAVEPOINT op");
+            let _ = control(conn, "ROLLBACK TO SAVEPOINT op");
         }
-        let _ = conn.execute_batch("RELEASE SAVEPOINT op");
+        let _ = control(conn, "RELEASE SAVEPOINT op");
         delivers.push(deliver);
     }
     let end = if lone_write_failed {
@@ -335,7 +335,7 @@ fn commit(conn: &mut rusqlite::Connection, run: impl ExactSizeIterator<Item = Wr
     } else {
         "COMMIT"
     };
-    let commit = conn.execute_batch(end).map_err(|e| {
+    let commit = control(conn, end).map_err(|e| {
         tracing::error!(error = %e, "sqlite writer commit failed; the batch is rolled back");
         let _ = conn.execute_batch("ROLLBACK");
         e.to_string()
@@ -343,6 +343,12 @@ fn commit(conn: &mut rusqlite::Connection, run: impl ExactSizeIterator<Item = Wr
     for deliver in delivers {
         deliver(commit.clone());
     }
+}
+
+/// A transaction-control statement, kept prepared: `execute_batch` would
+/// parse it again on every call, and a batch runs two per write.
+fn control(conn: &rusqlite::Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(drop)
 }
 
 /// Apply the migrations not yet applied, each in its own transaction with

@@ -5,7 +5,7 @@
 
 use crate::clock::Clock;
 use crate::config::RouteConfig;
-use crate::domain::fingerprint::{canonical_json, fingerprint};
+use crate::domain::fingerprint::{canonical_json, fingerprint_of_canonical};
 use crate::domain::job::NewJob;
 use crate::domain::request::IdempotencyKey;
 use crate::domain::{Attempt, Job, JobId, JobRequest, OwnerId, RequestError};
@@ -129,7 +129,8 @@ pub async fn submit(
         .into());
     };
     let normalised = request.to_value();
-    let fingerprint = fingerprint(&normalised);
+    let stored_request = canonical_json(&normalised);
+    let fingerprint = fingerprint_of_canonical(&stored_request);
 
     // Nothing is read before the create: the UNIQUE constraint says whether
     // the key exists (invariant 1), and a create that meets it returns the
@@ -165,7 +166,7 @@ pub async fn submit(
         }
         return Err(refused.into());
     }
-    let (id, stored_request) = (JobId::new(), canonical_json(&normalised));
+    let id = JobId::new();
     // Created, claimed and its primary attempt started in one commit where
     // the route allows: this process drives it at once.
     let prestart = engine.and_then(|e| {

@@ -14,20 +14,28 @@ const MAX_EXACT_F64_INT: f64 = 9_007_199_254_740_992.0;
 
 /// The canonical JSON text of `value`.
 pub fn canonical_json(value: &Value) -> String {
-    let mut out = String::new();
+    let mut out = Vec::new();
     write_canonical(value, &mut out);
-    out
+    // serde_json writes UTF-8 only, and so does every other arm.
+    String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// Hex SHA-256 of the canonical JSON of `value`.
 pub fn fingerprint(value: &Value) -> String {
-    let digest = Sha256::digest(canonical_json(value).as_bytes());
-    hex::encode(digest)
+    fingerprint_of_canonical(&canonical_json(value))
 }
 
-fn write_canonical(value: &Value, out: &mut String) {
+/// Hex SHA-256 of a text [`canonical_json`] wrote, for a caller that keeps
+/// that text too (the job's stored request) and so writes it once.
+pub fn fingerprint_of_canonical(canonical: &str) -> String {
+    hex::encode(Sha256::digest(canonical.as_bytes()))
+}
+
+fn write_canonical(value: &Value, out: &mut Vec<u8>) {
     match value {
-        Value::Null | Value::Bool(_) | Value::String(_) => out.push_str(&value.to_string()),
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
+        Value::String(s) => write_string(s, out),
         Value::Number(n) => match n.as_f64() {
             Some(f)
                 if !n.is_i64()
@@ -36,41 +44,66 @@ fn write_canonical(value: &Value, out: &mut String) {
                     && f.abs() <= MAX_EXACT_F64_INT =>
             {
                 // Whole float: write it the way the integer would be written.
-                out.push_str(&format!("{}", f as i64));
+                out.extend_from_slice((f as i64).to_string().as_bytes());
             }
-            _ => out.push_str(&n.to_string()),
+            _ => out.extend_from_slice(n.to_string().as_bytes()),
         },
         Value::Array(items) => {
-            out.push('[');
+            out.push(b'[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 write_canonical(item, out);
             }
-            out.push(']');
+            out.push(b']');
         }
         Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            out.push('{');
-            for (i, key) in keys.into_iter().enumerate() {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            out.push(b'{');
+            for (i, (key, value)) in entries.into_iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
-                out.push_str(&Value::String(key.clone()).to_string());
-                out.push(':');
-                write_canonical(&map[key], out);
+                write_string(key, out);
+                out.push(b':');
+                write_canonical(value, out);
             }
-            out.push('}');
+            out.push(b'}');
         }
     }
+}
+
+/// `s` quoted and escaped as serde_json escapes it, straight into `out`.
+fn write_string(s: &str, out: &mut Vec<u8>) {
+    // Writing to a Vec cannot fail, nor can serialising a str.
+    let _ = serde_json::to_writer(&mut *out, s);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Strings and keys are escaped exactly as serde_json's own text of
+    /// the value escapes them, which is what fingerprints stored by earlier
+    /// builds were made from.
+    #[test]
+    fn strings_are_escaped_as_serde_json_escapes_them() {
+        for text in [
+            "plain",
+            "quote \" and backslash \\",
+            "controls \u{0} \u{1f} \n \t \r \u{8} \u{c}",
+            "unicode é 数据 🦀 \u{2028} \u{7f}",
+            "</script>",
+        ] {
+            let value = Value::String(text.to_string());
+            assert_eq!(canonical_json(&value), value.to_string());
+            let object = json!({ text: [text, null, true, false, 1, -2, 1.5] });
+            assert_eq!(canonical_json(&object), object.to_string());
+        }
+    }
 
     #[test]
     fn key_order_and_whitespace_do_not_matter() {

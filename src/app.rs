@@ -8,7 +8,7 @@ use crate::config::Config;
 use crate::contracts::EligibilityCache;
 use crate::engine::gate::EligibilityGate;
 use crate::engine::Engine;
-use crate::http::{self, AppState};
+use crate::http::{self, AppServices, AppState};
 use crate::metrics::Metrics;
 use crate::providers::catalog::Catalog;
 use crate::providers::switches::{ProviderSwitches, REFRESH_EVERY};
@@ -141,7 +141,7 @@ impl Application {
                 metrics.clone(),
             )
         });
-        let state = AppState {
+        let state = AppState::new(AppServices {
             config,
             store,
             clock,
@@ -155,7 +155,7 @@ impl Application {
             replays: Arc::default(),
             ui_sessions: Arc::default(),
             webhooks,
-        };
+        });
         Ok(Application { listener, state })
     }
 

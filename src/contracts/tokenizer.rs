@@ -278,6 +278,9 @@ fn role_name(role: crate::domain::request::Role) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::contracts::definition::load_all;
+    use crate::contracts::render::WireFormat;
+    use std::path::Path;
 
     /// The bound the plan trusts instead of a count: never below the count,
     /// for plain text, text that packs many bytes in a token, and text of
@@ -311,9 +314,6 @@ mod tests {
             }
         }
     }
-    use crate::contracts::definition::load_all;
-    use crate::contracts::render::WireFormat;
-    use std::path::Path;
 
     #[test]
     fn arabic_and_emoji_round_trip_through_both_tokenizers() {

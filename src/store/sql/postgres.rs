@@ -152,8 +152,9 @@ impl Db for sqlx::PgConnection {
 ///
 /// Two attempts of one job in a batch both meet the job's row in the
 /// `UPDATE … FROM`, which updates it once, with one of them: that one is
-/// the winner, and its output the result. The usage rows are summed per rollup row first,
-/// since `ON CONFLICT DO UPDATE` may touch a row only once per statement.
+/// the winner, and its output the result. The usage rows are summed per
+/// rollup row first, since `ON CONFLICT DO UPDATE` may touch a row only
+/// once per statement.
 pub(crate) async fn finish_won_batched(
     conn: &mut sqlx::PgConnection,
     finishes: &[FinishAttempt],

@@ -220,11 +220,40 @@ pub fn check_prompt(
 
 /// Our chat-format prompt token count alone (what an honest provider, or
 /// the simulator, should report as `prompt_tokens`).
+///
+/// A prompt of more than [`COUNT_IN_PLACE_BYTES`] is counted with the
+/// runtime's worker handed to another thread first (`block_in_place`):
+/// counting encodes and decodes every text, milliseconds for a few hundred
+/// KiB, and `onejob serve` may run one async worker (`[server] workers`),
+/// whose other requests would wait that long.
 pub fn count_prompt_tokens(
     tokenizer_name: &str,
     prompt: &RenderedPrompt,
 ) -> Result<u32, TokenizerViolation> {
-    check_prompt(tokenizer_name, u32::MAX, 0, prompt).map(|t| t.prompt_tokens)
+    let count = || check_prompt(tokenizer_name, u32::MAX, 0, prompt).map(|t| t.prompt_tokens);
+    if prompt_tokens_at_most(prompt) > COUNT_IN_PLACE_BYTES {
+        off_the_worker(count)
+    } else {
+        count()
+    }
+}
+
+/// The largest prompt (in bytes, as [`prompt_tokens_at_most`] bounds it)
+/// counted on the async worker itself.
+pub const COUNT_IN_PLACE_BYTES: u64 = 64 * 1024;
+
+/// Run CPU-bound `work` without holding up the async tasks queued behind
+/// it: on a multi-thread runtime's worker, its other tasks move to another
+/// thread for the while. Elsewhere (a current-thread runtime, a blocking
+/// thread, no runtime) `work` simply runs.
+fn off_the_worker<T>(work: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(work)
+        }
+        _ => work(),
+    }
 }
 
 /// The most tokens `prompt` can count under either supported tokenizer,
@@ -313,6 +342,51 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A prompt past the in-place size is counted off the worker on a
+    /// multi-thread runtime, and counted the same with no runtime, on a
+    /// current-thread runtime (where `block_in_place` would panic) and on a
+    /// blocking thread.
+    #[test]
+    fn a_large_prompt_counts_the_same_on_every_kind_of_thread() {
+        use crate::domain::request::{Message, Role};
+        let prompt = RenderedPrompt {
+            system: None,
+            messages: vec![Message::new(Role::User, "order 42 shipped. ".repeat(5_000))],
+        };
+        assert!(prompt_tokens_at_most(&prompt) > COUNT_IN_PLACE_BYTES);
+        let count = || count_prompt_tokens("o200k_base", &prompt).unwrap();
+        let alone = count();
+        assert!(alone > 10_000, "{alone}");
+        let current = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        assert_eq!(current.block_on(async { count() }), alone);
+        let multi = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap();
+        let on_worker = multi.block_on({
+            let prompt = prompt.clone();
+            async move {
+                tokio::spawn(async move { count_prompt_tokens("o200k_base", &prompt).unwrap() })
+                    .await
+                    .unwrap()
+            }
+        });
+        assert_eq!(on_worker, alone);
+        let on_blocking = multi.block_on({
+            let prompt = prompt.clone();
+            async move {
+                tokio::task::spawn_blocking(move || {
+                    count_prompt_tokens("o200k_base", &prompt).unwrap()
+                })
+                .await
+                .unwrap()
+            }
+        });
+        assert_eq!(on_blocking, alone);
     }
 
     #[test]

@@ -50,13 +50,9 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
     Ok(store)
 }
 
-pub async fn serve(
-    db: &DbArgs,
-    listen: Option<String>,
-    validate: bool,
-    check_reachable: bool,
-) -> anyhow::Result<()> {
-    let config = db.load(listen)?;
+/// `onejob serve`, on a configuration loaded before the runtime started
+/// (its `[server] workers` sizes the runtime: see [`serve_runtime`]).
+pub async fn serve(config: Config, validate: bool, check_reachable: bool) -> anyhow::Result<()> {
     let _telemetry = crate::telemetry::init(&config.telemetry)?;
     if validate {
         return validate::validate(&config, check_reachable).await;
@@ -69,6 +65,15 @@ pub async fn serve(
     app.run_until_stopped(stop).await?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The runtime `onejob serve` runs on: `[server] workers` async threads
+/// (the SQLite writer and the blocking readers have threads of their own).
+pub fn serve_runtime(config: &Config) -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.workers)
+        .enable_all()
+        .build()
 }
 
 pub async fn migrate(db: &DbArgs) -> anyhow::Result<()> {

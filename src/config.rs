@@ -115,6 +115,25 @@ pub struct ServerSection {
     /// With `idempotency = "fingerprint"`: how long after a job's creation
     /// a keyless request with the same body is that job [default: 300].
     pub fingerprint_window_s: Option<u64>,
+    /// Threads that run requests and jobs [default: the machine's cores
+    /// less one, at least 1]. See [`default_workers`].
+    pub workers: Option<usize>,
+}
+
+/// The largest `[server] workers` accepted: more threads than this is a typo.
+pub const MAX_WORKERS: usize = 1024;
+
+/// `[server] workers` when the file sets none: one thread per core but one,
+/// and at least one. The core left over is the SQLite writer's (about 40%
+/// of the server's CPU under load runs there) and the rest of the machine's.
+/// On a 2-core machine a second async worker mostly costs the wake-ups of
+/// handing tasks between the two: one worker used 11–14% less CPU per
+/// durable job, at the same or a higher rate (docs/benchmarks.md).
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .saturating_sub(1)
+        .max(1)
 }
 
 /// `[server] idempotency`: what a create without `Idempotency-Key` gets.
@@ -351,6 +370,8 @@ pub struct Config {
     pub idempotency: IdempotencyMode,
     /// See [`IdempotencyMode::Fingerprint`].
     pub fingerprint_window: std::time::Duration,
+    /// Async worker threads of `onejob serve`'s runtime (`[server] workers`).
+    pub workers: usize,
     pub limits: crate::domain::limits::LimitsConfig,
     /// Set by `onejob demo` and tests that start their own simulator: every
     /// `kind = "sim"` provider talks to this URL instead of its `base_url`.
@@ -435,6 +456,15 @@ impl Config {
             },
             (None, None) => DatabaseUrl::Sqlite(base_dir.join("onejob.db")),
         };
+        let workers = match file.server.workers {
+            None => default_workers(),
+            Some(n) if (1..=MAX_WORKERS).contains(&n) => n,
+            Some(n) => {
+                return Err(invalid(format!(
+                    "server.workers: {n} is not between 1 and {MAX_WORKERS}"
+                )))
+            }
+        };
         let mut routes = file.routes;
         for (name, route) in &routes {
             route
@@ -492,6 +522,7 @@ impl Config {
             fingerprint_window: std::time::Duration::from_secs(
                 file.server.fingerprint_window_s.unwrap_or(300).max(1),
             ),
+            workers,
             limits: file.limits,
             sim_base_url: None,
             telemetry: file.telemetry,
@@ -634,6 +665,32 @@ mod tests {
             resolve(None, None),
             DatabaseUrl::Sqlite("cfg/onejob.db".into())
         );
+    }
+
+    #[test]
+    fn workers_default_to_the_cores_but_one_and_a_bad_count_is_refused_by_name() {
+        let resolve = |text: &str| {
+            let file = Config::parse_file(Path::new("onejob.toml"), text)?;
+            Config::resolve(
+                file,
+                PathBuf::from("."),
+                Path::new("onejob.toml"),
+                &Overrides::default(),
+            )
+        };
+        let cores = std::thread::available_parallelism().unwrap().get();
+        assert_eq!(resolve("").unwrap().workers, (cores - 1).max(1));
+        assert_eq!(resolve("[server]\nworkers = 3\n").unwrap().workers, 3);
+        for bad in ["0", "1025"] {
+            let e = resolve(&format!("[server]\nworkers = {bad}\n")).unwrap_err();
+            assert!(
+                e.to_string()
+                    .contains(&format!("server.workers: {bad} is not between 1 and 1024")),
+                "{e}"
+            );
+        }
+        let e = resolve("[server]\nworkers = -1\n").unwrap_err();
+        assert!(e.to_string().contains("workers"), "{e}");
     }
 
     #[test]

@@ -366,13 +366,18 @@ enum JobsCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // `serve` sets up logging from its config's [telemetry]; the other
-    // commands log as text to stderr.
-    let _telemetry = if matches!(cli.command, Command::Serve { .. }) {
-        None
-    } else {
-        onejob::telemetry::init(&Default::default()).ok()
+    let command = match cli.command {
+        Command::Serve {
+            db,
+            listen,
+            validate,
+            check_reachable,
+        } => return serve(&db, listen, validate, check_reachable),
+        other => other,
     };
+    // The other commands log as text to stderr (`serve` sets up logging
+    // from its config's [telemetry]).
+    let _telemetry = onejob::telemetry::init(&Default::default()).ok();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -381,13 +386,9 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        match cli.command {
-            Command::Serve {
-                db,
-                listen,
-                validate,
-                check_reachable,
-            } => cli::serve(&db, listen, validate, check_reachable).await,
+        match command {
+            // Returned above: `serve` builds a runtime of its own.
+            Command::Serve { .. } => unreachable!("serve runs on its own runtime"),
             Command::Sim { listen, config } => {
                 cli::sim::run(listen.as_deref(), config.as_deref()).await
             }
@@ -521,6 +522,22 @@ fn main() -> ExitCode {
             }
         }
     });
+    exit_code(result)
+}
+
+/// `onejob serve`: the configuration is read first, because its `[server]
+/// workers` sizes the runtime the server runs on. Logging is set up from
+/// its `[telemetry]` inside.
+fn serve(db: &DbArgs, listen: Option<String>, validate: bool, check_reachable: bool) -> ExitCode {
+    let result = db.load(listen).and_then(|config| {
+        let runtime = cli::serve_runtime(&config)
+            .map_err(|e| anyhow::anyhow!("cannot start the async runtime: {e}"))?;
+        runtime.block_on(cli::serve(config, validate, check_reachable))
+    });
+    exit_code(result)
+}
+
+fn exit_code(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

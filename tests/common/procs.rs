@@ -118,6 +118,11 @@ impl Process {
         Process::start_with_env(&args, "onejob listening on ", envs)
     }
 
+    /// The child's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGKILL: no shutdown hook runs, nothing is flushed or released.
     pub fn kill(mut self) {
         self.child.kill().unwrap();

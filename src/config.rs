@@ -127,8 +127,9 @@ pub const MAX_WORKERS: usize = 1024;
 /// and at least one. The core left over is the SQLite writer's (about 40%
 /// of the server's CPU under load runs there) and the rest of the machine's.
 /// On a 2-core machine a second async worker mostly costs the wake-ups of
-/// handing tasks between the two: one worker used 11–14% less CPU per
-/// durable job, at the same or a higher rate (docs/benchmarks.md).
+/// handing tasks between the two: in six runs beside two workers, one used
+/// 4–12% less CPU per durable job through `/v1/jobs` (chat: −16% to +1%),
+/// at a rate within the machine's noise (docs/benchmarks.md).
 pub fn default_workers() -> usize {
     std::thread::available_parallelism()
         .map_or(1, |n| n.get())

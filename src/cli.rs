@@ -59,7 +59,12 @@ pub async fn serve(config: Config, validate: bool, check_reachable: bool) -> any
     }
     let app = Application::build(config.clone()).await?;
     let stop = shutdown_signal();
-    tracing::info!(address = %app.local_addr(), database = %config.database, "onejob serving");
+    tracing::info!(
+        address = %app.local_addr(),
+        database = %config.database,
+        workers = config.workers,
+        "onejob serving"
+    );
     // Scripts (and tests started on port 0) read the address from here.
     println!("onejob listening on http://{}", app.local_addr());
     app.run_until_stopped(stop).await?;

@@ -410,7 +410,25 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
             )
         })
         .collect();
-    let beside_target = if !on_postgres[0] && on_postgres.iter().any(|pg| *pg) {
+    // Each server on PostgreSQL beside the same binary on SQLite, when the
+    // run has one: the PostgreSQL target compares a build with itself.
+    let same_build_on_sqlite: Vec<Option<usize>> = servers
+        .iter()
+        .zip(&on_postgres)
+        .map(|(server, pg)| {
+            pg.then(|| {
+                servers
+                    .iter()
+                    .zip(&on_postgres)
+                    .position(|(other, other_pg)| !other_pg && other.bin == server.bin)
+            })
+            .flatten()
+        })
+        .collect();
+    let beside_target = if !on_postgres[0]
+        && on_postgres.iter().any(|pg| *pg)
+        && same_build_on_sqlite.iter().all(Option::is_none)
+    {
         "PostgreSQL beside SQLite: ≥ 75%, ≤ 100%"
     } else {
         ""
@@ -545,6 +563,27 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
                     )
                 }),
                 beside_target,
+            );
+        }
+        if same_build_on_sqlite.iter().any(Option::is_some) {
+            row(
+                "  on PostgreSQL ÷ the same build on SQLite",
+                same_build_on_sqlite
+                    .iter()
+                    .zip(&tallies)
+                    .map(|(sqlite, t)| match sqlite {
+                        Some(i) => {
+                            let (pg, lite) = (&t.doors[d].jobs, &tallies[*i].doors[d].jobs);
+                            format!(
+                                "{:.0}%, {:.0}%",
+                                100.0 * pg.rate() / lite.rate().max(0.001),
+                                100.0 * pg.cpu_us() / lite.cpu_us().max(0.001)
+                            )
+                        }
+                        None => String::new(),
+                    })
+                    .collect(),
+                "jobs/s ≥ 75%, CPU ≤ 100%",
             );
         }
         if let Some(peer) = &peer_label {

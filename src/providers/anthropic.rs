@@ -322,7 +322,6 @@ impl Provider for AnthropicProvider {
         &self.name
     }
 
-    #[tracing::instrument(skip_all, fields(provider = %self.name, key = %request.idempotency_key))]
     async fn call(&self, request: &ChatRequest) -> AttemptOutcome {
         let body = match request_body(&self.model, request) {
             Ok(body) => body,
@@ -356,13 +355,12 @@ impl Provider for AnthropicProvider {
             }
             Err(outcome) => outcome,
         };
-        super::trace_outcome(&outcome);
+        super::trace_outcome(&outcome, &request.idempotency_key);
         outcome
     }
 
     /// Streamed, with `stream: true`. A trailing assistant turn is sent as
     /// it is: the Messages API continues it (prefill).
-    #[tracing::instrument(skip_all, fields(provider = %self.name, key = %request.idempotency_key))]
     async fn stream(&self, request: &ChatRequest, deltas: &DeltaSender) -> Streamed {
         let mut body = match request_body(&self.model, request) {
             Ok(body) => body,
@@ -389,7 +387,7 @@ impl Provider for AnthropicProvider {
         }
         let streamed =
             stream::run(builder, &self.timeouts, AnthropicReader::default(), deltas).await;
-        super::trace_outcome(&streamed.0);
+        super::trace_outcome(&streamed.0, &request.idempotency_key);
         streamed
     }
 

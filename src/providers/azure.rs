@@ -141,7 +141,6 @@ impl Provider for AzureOpenAiProvider {
         &self.name
     }
 
-    #[tracing::instrument(skip_all, fields(provider = %self.name, key = %request.idempotency_key))]
     async fn call(&self, request: &ChatRequest) -> AttemptOutcome {
         let mut body = request_body(&self.model, request, false);
         super::openai::leave_out(&mut body, &self.refuses);
@@ -155,11 +154,10 @@ impl Provider for AzureOpenAiProvider {
             }
             Err(outcome) => outcome,
         };
-        super::trace_outcome(&outcome);
+        super::trace_outcome(&outcome, &request.idempotency_key);
         outcome
     }
 
-    #[tracing::instrument(skip_all, fields(provider = %self.name, key = %request.idempotency_key))]
     async fn stream(&self, request: &ChatRequest, deltas: &DeltaSender) -> Streamed {
         let mut body = request_body(&self.model, request, false);
         super::openai::leave_out(&mut body, &self.refuses);
@@ -177,7 +175,7 @@ impl Provider for AzureOpenAiProvider {
             },
         )
         .await;
-        super::trace_outcome(&streamed.0);
+        super::trace_outcome(&streamed.0, &request.idempotency_key);
         streamed
     }
 

@@ -549,7 +549,6 @@ impl Provider for BedrockProvider {
         &self.name
     }
 
-    #[tracing::instrument(skip_all, fields(provider = %self.name, key = %request.idempotency_key))]
     async fn call(&self, request: &ChatRequest) -> AttemptOutcome {
         let converse = match request_body(request) {
             Ok(c) => c,
@@ -574,11 +573,10 @@ impl Provider for BedrockProvider {
             }
             Err(outcome) => outcome,
         };
-        super::trace_outcome(&outcome);
+        super::trace_outcome(&outcome, &request.idempotency_key);
         outcome
     }
 
-    #[tracing::instrument(skip_all, fields(provider = %self.name, key = %request.idempotency_key))]
     async fn stream(&self, request: &ChatRequest, deltas: &DeltaSender) -> Streamed {
         let converse = match request_body(request) {
             Ok(c) => c,
@@ -599,7 +597,7 @@ impl Provider for BedrockProvider {
             },
         )
         .await;
-        super::trace_outcome(&streamed.0);
+        super::trace_outcome(&streamed.0, &request.idempotency_key);
         streamed
     }
 

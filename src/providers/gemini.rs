@@ -621,7 +621,6 @@ impl Provider for GeminiProvider {
         &self.name
     }
 
-    #[tracing::instrument(skip_all, fields(provider = %self.name, key = %request.idempotency_key))]
     async fn call(&self, request: &ChatRequest) -> AttemptOutcome {
         let body = match request_body(request) {
             Ok(body) => body,
@@ -641,11 +640,10 @@ impl Provider for GeminiProvider {
             }
             Err(outcome) => outcome,
         };
-        super::trace_outcome(&outcome);
+        super::trace_outcome(&outcome, &request.idempotency_key);
         outcome
     }
 
-    #[tracing::instrument(skip_all, fields(provider = %self.name, key = %request.idempotency_key))]
     async fn stream(&self, request: &ChatRequest, deltas: &DeltaSender) -> Streamed {
         let body = match request_body(request) {
             Ok(body) => body,
@@ -668,7 +666,7 @@ impl Provider for GeminiProvider {
             },
         )
         .await;
-        super::trace_outcome(&streamed.0);
+        super::trace_outcome(&streamed.0, &request.idempotency_key);
         streamed
     }
 

@@ -185,24 +185,29 @@ fn vertex_auth_of(
     )))
 }
 
-/// Log how a call ended, once, where it ended.
-fn trace_outcome(outcome: &AttemptOutcome) {
+/// Log how a call ended, once, where it ended: in the span of the attempt
+/// that made it (`job_id`, `attempt_id`, `provider`, `kind`; a contract
+/// run's `contract`, `provider`), with the key the provider saw, so its own
+/// logs can be searched for it. A call has no span of its own: the
+/// attempt's is the call's, in the logs and in an exported trace.
+fn trace_outcome(outcome: &AttemptOutcome, key: &str) {
     match outcome {
         AttemptOutcome::Succeeded(s) => {
             tracing::debug!(
+                key,
                 latency_ms = s.latency.as_millis() as u64,
                 "provider call succeeded"
             )
         }
         AttemptOutcome::Failed(f) => tracing::warn!(
-            kind = %f.kind, retryable = f.retryable, status = f.status,
+            key, kind = %f.kind, retryable = f.retryable, status = f.status,
             message = %f.message, "provider call failed"
         ),
         AttemptOutcome::Unknown(a) => tracing::warn!(
-            kind = %a.kind, message = %a.message, "provider call outcome unknown"
+            key, kind = %a.kind, message = %a.message, "provider call outcome unknown"
         ),
         AttemptOutcome::Abandoned { reason } => {
-            tracing::info!(%reason, "provider call abandoned")
+            tracing::info!(key, %reason, "provider call abandoned")
         }
     }
 }

@@ -321,7 +321,7 @@ pub(crate) async fn stream_openai_wire(
         builder = builder.bearer_auth(key.expose());
     }
     let streamed = stream::run(builder, &p.timeouts, OpenAiReader::default(), deltas).await;
-    super::trace_outcome(&streamed.0);
+    super::trace_outcome(&streamed.0, &request.idempotency_key);
     streamed
 }
 
@@ -331,14 +331,12 @@ impl Provider for OpenAiProvider {
         &self.name
     }
 
-    #[tracing::instrument(skip_all, fields(provider = %self.name, key = %request.idempotency_key))]
     async fn call(&self, request: &ChatRequest) -> AttemptOutcome {
         let outcome = call_openai_wire(self, request).await;
-        super::trace_outcome(&outcome);
+        super::trace_outcome(&outcome, &request.idempotency_key);
         outcome
     }
 
-    #[tracing::instrument(skip_all, fields(provider = %self.name, key = %request.idempotency_key))]
     async fn stream(&self, request: &ChatRequest, deltas: &DeltaSender) -> Streamed {
         stream_openai_wire(self, request, deltas).await
     }

@@ -42,10 +42,9 @@ impl Provider for SimProvider {
         self.inner.name()
     }
 
-    #[tracing::instrument(skip_all, fields(provider = %self.inner.name(), key = %request.idempotency_key))]
     async fn call(&self, request: &ChatRequest) -> AttemptOutcome {
         let outcome = call_openai_wire(&self.inner, request).await;
-        super::trace_outcome(&outcome);
+        super::trace_outcome(&outcome, &request.idempotency_key);
         outcome
     }
 

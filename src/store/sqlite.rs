@@ -3,8 +3,10 @@
 //! Durability: WAL with `synchronous=FULL`, so a commit has reached the disk
 //! before any caller is answered. Writes go through one writer thread that
 //! groups the writes of concurrent callers into `BEGIN IMMEDIATE`
-//! transactions (group commit), each write inside its own savepoint so one
-//! failed write never undoes another. `BEGIN IMMEDIATE` takes SQLite's write
+//! transactions (group commit). A batch runs its writes one after the
+//! other; if one fails, the batch is rolled back and run again with each
+//! write in its own savepoint, so one failed write never undoes another.
+//! `BEGIN IMMEDIATE` takes SQLite's write
 //! lock up front, which makes every guarded step atomic against other
 //! processes on the same file too (they wait up to the busy timeout). Reads
 //! use a few connections of their own and never wait for the writer.
@@ -51,8 +53,9 @@ const MAX_BATCH: usize = 128;
 /// How long a writer waits for another process's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// The page size of a new database file, in bytes. Every page a commit
-/// changes is written whole to the WAL (and, inside a batch, copied to the
-/// savepoint's journal): a job's commits change about 25 pages, most of them
+/// changes is written whole to the WAL (and, in a batch run again for a
+/// failed write, copied to a savepoint's journal): a job's commits change
+/// about 25 pages, most of them
 /// index pages holding one new entry. Half SQLite's default 4,096 halves
 /// those bytes; `docs/benchmarks.md` has the measurement (1,024 made the
 /// trees deeper and gained no more).
@@ -63,15 +66,18 @@ const READERS: usize = 4;
 /// with room to spare.
 const PREPARED_STATEMENTS: usize = 64;
 
-/// Hands a write's result to its caller once the batch's commit is known.
-type Deliver = Box<dyn FnOnce(Result<(), String>) + Send>;
+/// One queued write. `run` does it on the writer's connection inside the
+/// batch's transaction, keeps its result and says whether it succeeded; it
+/// may run again when the batch's first try is rolled back (a write is a
+/// function of the database, so the second run is the one that counts).
+/// `deliver` hands the last result to its caller once the commit is known,
+/// or the commit's error; a write never run gets that error.
+trait QueuedWrite: Send {
+    fn run(&mut self, conn: &mut rusqlite::Connection) -> bool;
+    fn deliver(self: Box<Self>, commit: Result<(), String>);
+}
 
-/// One queued write: runs on the writer's connection inside the
-/// transaction and says whether it succeeded (a failed write is rolled back
-/// to its savepoint) and how to deliver its result. Given `Err` (the
-/// transaction could not even begin) it runs nothing and delivers that
-/// error.
-type Write = Box<dyn FnOnce(Result<&mut rusqlite::Connection, String>) -> (bool, Deliver) + Send>;
+type Write = Box<dyn QueuedWrite>;
 
 enum WriteCmd {
     Write(Write),
@@ -200,11 +206,12 @@ impl SqliteStore {
         &self.path
     }
 
-    /// Run `op` in the next group commit; its result arrives after the commit.
+    /// Run `op` in the next group commit; its result arrives after the
+    /// commit. `op` may be run twice (see [`QueuedWrite`]).
     async fn write<T, F>(&self, op: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: FnOnce(&mut rusqlite::Connection) -> Result<T, StoreError> + Send + 'static,
+        F: FnMut(&mut rusqlite::Connection) -> Result<T, StoreError> + Send + 'static,
     {
         let (reply, answer) = oneshot::channel::<Result<T, StoreError>>();
         self.writer
@@ -218,28 +225,41 @@ impl SqliteStore {
 fn wrap<T, F>(op: F, reply: Option<oneshot::Sender<Result<T, StoreError>>>) -> Write
 where
     T: Send + 'static,
-    F: FnOnce(&mut rusqlite::Connection) -> Result<T, StoreError> + Send + 'static,
+    F: FnMut(&mut rusqlite::Connection) -> Result<T, StoreError> + Send + 'static,
 {
-    Box::new(move |conn| {
-        let result = match conn {
-            Ok(conn) => op(conn),
-            Err(message) => Err(StoreError::Batch(message)),
-        };
-        (result.is_ok(), deliver(result, reply))
+    Box::new(Queued {
+        op,
+        result: None,
+        reply,
     })
 }
 
-/// How a write's result reaches its caller, given the commit's.
-fn deliver<T: Send + 'static>(
-    result: Result<T, StoreError>,
+/// A write and its caller (`None`: detached, a failure is logged).
+struct Queued<T, F> {
+    op: F,
+    result: Option<Result<T, StoreError>>,
     reply: Option<oneshot::Sender<Result<T, StoreError>>>,
-) -> Deliver {
-    Box::new(move |commit| {
-        let result = match commit {
-            Ok(()) => result,
-            Err(message) => Err(StoreError::Batch(message)),
+}
+
+impl<T, F> QueuedWrite for Queued<T, F>
+where
+    T: Send + 'static,
+    F: FnMut(&mut rusqlite::Connection) -> Result<T, StoreError> + Send + 'static,
+{
+    fn run(&mut self, conn: &mut rusqlite::Connection) -> bool {
+        let result = (self.op)(conn);
+        let ok = result.is_ok();
+        self.result = Some(result);
+        ok
+    }
+
+    fn deliver(self: Box<Self>, commit: Result<(), String>) {
+        let result = match (commit, self.result) {
+            (Ok(()), Some(result)) => result,
+            (Ok(()), None) => Err(StoreError::Batch("the write was not run".into())),
+            (Err(message), _) => Err(StoreError::Batch(message)),
         };
-        match reply {
+        match self.reply {
             // The caller may have gone away; what was committed stays committed.
             Some(reply) => {
                 let _ = reply.send(result);
@@ -250,7 +270,7 @@ fn deliver<T: Send + 'static>(
                 }
             }
         }
-    })
+    }
 }
 
 /// A connection to the file: `synchronous` and `foreign_keys` are a
@@ -285,7 +305,10 @@ fn run_writer(mut conn: rusqlite::Connection, mut rx: mpsc::Receiver<WriteCmd>) 
             }
         }
         if !batch.is_empty() {
-            commit(&mut conn, batch.drain(..));
+            let committed = commit(&mut conn, &mut batch);
+            for write in batch.drain(..) {
+                write.deliver(committed.clone());
+            }
         }
         if let Some(done) = closing.take() {
             rx.close();
@@ -296,57 +319,63 @@ fn run_writer(mut conn: rusqlite::Connection, mut rx: mpsc::Receiver<WriteCmd>) 
     }
 }
 
-/// One transaction of writes, each in its own savepoint unless it is alone
-/// (then the transaction is its own, and a failure rolls it back whole).
-fn commit(conn: &mut rusqlite::Connection, run: impl ExactSizeIterator<Item = Write>) {
-    if let Err(e) = control(conn, "BEGIN IMMEDIATE") {
-        tracing::error!(error = %e, "sqlite writer could not begin a transaction");
-        let message = e.to_string();
-        for op in run {
-            let (_, deliver) = op(Err(message.clone()));
-            deliver(Err(message.clone()));
+/// One transaction of writes. They run one after the other, with no
+/// savepoint: a savepoint copies each page a write first touches to its
+/// journal, and costs two statements more per write. If one fails, the
+/// transaction is rolled back (a failed write may have written part of
+/// what it meant to) and the batch runs again with each write in its own
+/// savepoint, so only the failed ones are undone. A write alone is its own
+/// transaction, and a failure rolls it back whole.
+fn commit(conn: &mut rusqlite::Connection, run: &mut [Write]) -> Result<(), String> {
+    begin(conn)?;
+    if run.len() == 1 {
+        if !run[0].run(conn) {
+            return match control(conn, "ROLLBACK") {
+                Ok(()) => Ok(()),
+                Err(e) => Err(rolled_back(conn, e)),
+            };
         }
-        return;
+    } else if !run.iter_mut().all(|write| write.run(conn)) {
+        // An error may have ended the transaction already (SQLite rolls
+        // back by itself on some); then there is nothing to roll back.
+        if let Err(e) = control(conn, "ROLLBACK") {
+            if !conn.is_autocommit() {
+                return Err(rolled_back(conn, e));
+            }
+        }
+        begin(conn)?;
+        for write in run.iter_mut() {
+            if let Err(e) = control(conn, "SAVEPOINT op") {
+                tracing::error!(error = %e, "sqlite savepoint failed; the batch is rolled back");
+                return Err(rolled_back(conn, e));
+            }
+            if !write.run(conn) {
+                let _ = control(conn, "ROLLBACK TO SAVEPOINT op");
+            }
+            let _ = control(conn, "RELEASE SAVEPOINT op");
+        }
     }
-    let lone = run.len() == 1;
-    let mut lone_write_failed = false;
-    let mut delivers = Vec::with_capacity(run.len());
-    for op in run {
-        if lone {
-            let (ok, deliver) = op(Ok(&mut *conn));
-            lone_write_failed = !ok;
-            delivers.push(deliver);
-            continue;
-        }
-        if let Err(e) = control(conn, "SAVEPOINT op") {
-            let (_, deliver) = op(Err(format!("sqlite savepoint failed: {e}")));
-            delivers.push(deliver);
-            continue;
-        }
-        let (ok, deliver) = op(Ok(&mut *conn));
-        if !ok {
-            let _ = control(conn, "ROLLBACK TO SAVEPOINT op");
-        }
-        let _ = control(conn, "RELEASE SAVEPOINT op");
-        delivers.push(deliver);
-    }
-    let end = if lone_write_failed {
-        "ROLLBACK"
-    } else {
-        "COMMIT"
-    };
-    let commit = control(conn, end).map_err(|e| {
+    control(conn, "COMMIT").map_err(|e| {
         tracing::error!(error = %e, "sqlite writer commit failed; the batch is rolled back");
-        let _ = conn.execute_batch("ROLLBACK");
+        rolled_back(conn, e)
+    })
+}
+
+fn begin(conn: &rusqlite::Connection) -> Result<(), String> {
+    control(conn, "BEGIN IMMEDIATE").map_err(|e| {
+        tracing::error!(error = %e, "sqlite writer could not begin a transaction");
         e.to_string()
-    });
-    for deliver in delivers {
-        deliver(commit.clone());
-    }
+    })
+}
+
+/// Roll back what the transaction holds, for `error`'s sake.
+fn rolled_back(conn: &rusqlite::Connection, error: rusqlite::Error) -> String {
+    let _ = conn.execute_batch("ROLLBACK");
+    error.to_string()
 }
 
 /// A transaction-control statement, kept prepared: `execute_batch` would
-/// parse it again on every call, and a batch runs two per write.
+/// parse it again on every call, and a batch run again runs two per write.
 fn control(conn: &rusqlite::Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(drop)
 }
@@ -453,7 +482,8 @@ impl Store for SqliteStore {
 #[async_trait]
 impl JobStore for SqliteStore {
     async fn create_job(&self, job: NewJob) -> Result<CreateOutcome, StoreError> {
-        self.write(move |c| db::now(ops::create_job(c, job))).await
+        self.write(move |c| db::now(ops::create_job(c, job.clone())))
+            .await
     }
 
     async fn find_job_by_key(
@@ -521,7 +551,7 @@ impl JobStore for SqliteStore {
                 c,
                 &job_id,
                 lease_owner.as_deref(),
-                transition,
+                transition.clone(),
                 at,
             ))
         })
@@ -573,7 +603,12 @@ impl JobStore for SqliteStore {
         let reason = reason.to_string();
         self.write(move |c| {
             db::now(ops::resolve_job(
-                c, &job_id, resolution, &actor, &reason, at,
+                c,
+                &job_id,
+                resolution.clone(),
+                &actor,
+                &reason,
+                at,
             ))
         })
         .await
@@ -596,12 +631,12 @@ impl AttemptStore for SqliteStore {
         &self,
         attempt: NewAttempt,
     ) -> Result<Result<Attempt, GuardRefusal>, StoreError> {
-        self.write(move |c| db::now(ops::start_attempt(c, attempt)))
+        self.write(move |c| db::now(ops::start_attempt(c, attempt.clone())))
             .await
     }
 
     async fn finish_attempt(&self, finish: FinishAttempt) -> Result<FinishOutcome, StoreError> {
-        self.write(move |c| db::now(ops::finish_attempt(c, finish)))
+        self.write(move |c| db::now(ops::finish_attempt(c, finish.clone())))
             .await
     }
 
@@ -643,7 +678,7 @@ impl AttemptStore for SqliteStore {
             db::now(ops::resolve_attempt(
                 c,
                 &attempt_id,
-                resolution,
+                resolution.clone(),
                 &actor,
                 &reason,
                 at,
@@ -656,12 +691,12 @@ impl AttemptStore for SqliteStore {
 #[async_trait]
 impl EventStore for SqliteStore {
     async fn record_event(&self, event: NewEvent) -> Result<(), StoreError> {
-        self.write(move |c| db::now(ops::record_event(c, event)))
+        self.write(move |c| db::now(ops::record_event(c, event.clone())))
             .await
     }
 
     async fn record_events(&self, events: Vec<NewEvent>) -> Result<(), StoreError> {
-        self.write(move |c| db::now(ops::record_events(c, events)))
+        self.write(move |c| db::now(ops::record_events(c, events.clone())))
             .await
     }
 
@@ -677,7 +712,7 @@ impl EventStore for SqliteStore {
 #[async_trait]
 impl KeyStore for SqliteStore {
     async fn insert_api_key(&self, key: ApiKey) -> Result<(), StoreError> {
-        self.write(move |c| db::now(ops::insert_api_key(c, key)))
+        self.write(move |c| db::now(ops::insert_api_key(c, key.clone())))
             .await
     }
 
@@ -703,12 +738,12 @@ impl KeyStore for SqliteStore {
 
     async fn rotate_api_key(&self, rotation: Rotation, actor: &str) -> Result<bool, StoreError> {
         let actor = actor.to_string();
-        self.write(move |c| db::now(ops::rotate_api_key(c, rotation, &actor)))
+        self.write(move |c| db::now(ops::rotate_api_key(c, rotation.clone(), &actor)))
             .await
     }
 
     async fn touch_api_keys(&self, used: Vec<(String, Millis)>) -> Result<(), StoreError> {
-        self.write(move |c| db::now(ops::touch_api_keys(c, used)))
+        self.write(move |c| db::now(ops::touch_api_keys(c, used.clone())))
             .await
     }
 
@@ -721,7 +756,7 @@ impl KeyStore for SqliteStore {
     }
 
     async fn set_owner_limits(&self, row: OwnerLimitsRow) -> Result<(), StoreError> {
-        self.write(move |c| db::now(ops::set_owner_limits(c, row)))
+        self.write(move |c| db::now(ops::set_owner_limits(c, row.clone())))
             .await
     }
 
@@ -767,8 +802,17 @@ impl KeyStore for SqliteStore {
         let id = id.to_string();
         let actor = actor.to_string();
         let reason = reason.to_string();
-        self.write(move |c| db::now(ops::set_key_limits(c, &id, limits, &actor, &reason, at)))
-            .await
+        self.write(move |c| {
+            db::now(ops::set_key_limits(
+                c,
+                &id,
+                limits.clone(),
+                &actor,
+                &reason,
+                at,
+            ))
+        })
+        .await
     }
 
     async fn usage(
@@ -821,7 +865,7 @@ impl SwitchStore for SqliteStore {
 #[async_trait]
 impl ContractRunStore for SqliteStore {
     async fn insert_contract_run(&self, run: NewContractRun) -> Result<(), StoreError> {
-        self.write(move |c| db::now(ops::insert_contract_run(c, run)))
+        self.write(move |c| db::now(ops::insert_contract_run(c, run.clone())))
             .await
     }
 
@@ -866,7 +910,7 @@ impl HedgingStore for SqliteStore {
         shares: Vec<HedgingShare>,
         forget_before: Millis,
     ) -> Result<(), StoreError> {
-        self.write(move |c| db::now(ops::put_hedging_shares(c, shares, forget_before)))
+        self.write(move |c| db::now(ops::put_hedging_shares(c, shares.clone(), forget_before)))
             .await
     }
 
@@ -878,7 +922,7 @@ impl HedgingStore for SqliteStore {
 #[async_trait]
 impl WebhookStore for SqliteStore {
     async fn insert_webhook_endpoint(&self, endpoint: WebhookEndpoint) -> Result<(), StoreError> {
-        self.write(move |c| db::now(ops::insert_webhook_endpoint(c, endpoint)))
+        self.write(move |c| db::now(ops::insert_webhook_endpoint(c, endpoint.clone())))
             .await
     }
 
@@ -944,7 +988,7 @@ impl WebhookStore for SqliteStore {
     }
 
     async fn record_webhook_try(&self, record: WebhookTryRecord) -> Result<bool, StoreError> {
-        self.write(move |c| db::now(ops::record_webhook_try(c, record)))
+        self.write(move |c| db::now(ops::record_webhook_try(c, record.clone())))
             .await
     }
 
@@ -1033,11 +1077,14 @@ mod tests {
         let holder = {
             let store = store.clone();
             tokio::spawn(async move {
+                let (mut started, mut released) = (Some(started), Some(released));
                 store
                     .write(move |_| {
-                        let _ = started.send(());
-                        // The writer's own thread, outside any runtime.
-                        let _ = released.blocking_recv();
+                        if let (Some(started), Some(released)) = (started.take(), released.take()) {
+                            let _ = started.send(());
+                            // The writer's own thread, outside any runtime.
+                            let _ = released.blocking_recv();
+                        }
                         Ok(())
                     })
                     .await
@@ -1072,8 +1119,18 @@ mod tests {
 
     /// Insert `n` into the probe; an odd `n` then fails.
     async fn insert_probe(store: &SqliteStore, n: i64) -> Result<i64, StoreError> {
+        insert_probe_counted(store, n, Arc::default()).await
+    }
+
+    /// [`insert_probe`], counting each time the write runs in `runs`.
+    async fn insert_probe_counted(
+        store: &SqliteStore,
+        n: i64,
+        runs: Arc<std::sync::atomic::AtomicUsize>,
+    ) -> Result<i64, StoreError> {
         store
             .write(move |c| {
+                runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 db::now(db::Db::execute(
                     c,
                     "INSERT INTO probe (n) VALUES ($1)",
@@ -1110,6 +1167,48 @@ mod tests {
         let mut rows = probe_rows(&store).await;
         rows.sort();
         assert_eq!(rows, vec![0, 2, 4, 6, 8]);
+    }
+
+    /// A batch runs each write once when all succeed. When one fails, the
+    /// batch is rolled back and runs again, each write in a savepoint: the
+    /// writes before the failure run twice, and their rows are written once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_run_again_for_a_failure_writes_each_row_once() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let (_dir, store) = store_with_probe().await;
+        let batch = |ns: Vec<i64>, runs: Arc<AtomicUsize>| {
+            let store = store.clone();
+            async move {
+                let (release, holder) = hold_writer(&store).await;
+                let mut writes = Vec::new();
+                for (i, n) in ns.into_iter().enumerate() {
+                    let (store2, runs) = (store.clone(), runs.clone());
+                    writes.push(tokio::spawn(async move {
+                        insert_probe_counted(&store2, n, runs).await
+                    }));
+                    // Queued in this order, so the failure's place is known.
+                    wait_until_queued(&store, i + 1).await;
+                }
+                release.send(()).unwrap();
+                holder.await.unwrap().unwrap();
+                let mut results = Vec::new();
+                for write in writes {
+                    results.push(write.await.unwrap().is_ok());
+                }
+                results
+            }
+        };
+        let runs = Arc::new(AtomicUsize::new(0));
+        let all_ok = batch(vec![0, 2, 4, 6], runs.clone()).await;
+        assert_eq!(all_ok, vec![true; 4]);
+        assert_eq!(runs.load(Ordering::SeqCst), 4, "each write ran once");
+
+        let runs = Arc::new(AtomicUsize::new(0));
+        let one_failed = batch(vec![10, 12, 13, 14], runs.clone()).await;
+        assert_eq!(one_failed, vec![true, true, false, true]);
+        // 10, 12 and 13 (which failed) on the first try; all four again.
+        assert_eq!(runs.load(Ordering::SeqCst), 7);
+        assert_eq!(probe_rows(&store).await, vec![0, 2, 4, 6, 10, 12, 14]);
     }
 
     /// A closed store refuses reads.

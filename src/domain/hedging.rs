@@ -118,18 +118,22 @@ impl LatencyEstimate {
 
     /// The estimate as of `now`: weights decayed to `now`, per bucket.
     pub fn snapshot(&self, now: Millis) -> Snapshot {
-        let scale = 1.0 / self.growth(now);
         Snapshot {
             at: now,
             half_life_ms: self.half_life_ms as i64,
-            buckets: self
-                .buckets
-                .iter()
-                .map(|(b, w)| (*b, w * scale))
-                .filter(|(_, w)| *w > 1e-6)
-                .collect(),
+            buckets: self.decayed(now).collect(),
             observed: self.observed,
         }
+    }
+
+    /// Each bucket's weight decayed to `now`, by bucket, leaving out those
+    /// that have decayed to nothing.
+    fn decayed(&self, now: Millis) -> impl Iterator<Item = (i32, f64)> + '_ {
+        let scale = 1.0 / self.growth(now);
+        self.buckets
+            .iter()
+            .map(move |(b, w)| (*b, w * scale))
+            .filter(|(_, w)| *w > 1e-6)
     }
 }
 
@@ -150,7 +154,10 @@ pub struct Reading {
     /// Decayed sample count.
     pub samples: f64,
     pub observed: u64,
-    buckets: BTreeMap<i32, f64>,
+    /// (bucket, weight), by bucket, each bucket once. A reading is made
+    /// for each round a job starts, so it is a vector, not a map: a map
+    /// allocated a node for each of the tens of buckets, each time.
+    buckets: Vec<(i32, f64)>,
 }
 
 impl Reading {
@@ -158,12 +165,39 @@ impl Reading {
     pub fn add(&mut self, snapshot: &Snapshot, now: Millis) {
         let age = (now - snapshot.at).max(0) as f64;
         let scale = (-age / snapshot.half_life_ms.max(1) as f64).exp2();
-        for (b, w) in &snapshot.buckets {
-            let w = w * scale;
-            *self.buckets.entry(*b).or_default() += w;
+        self.merge(snapshot.buckets.iter().map(|(b, w)| (*b, w * scale)));
+        self.observed += snapshot.observed;
+    }
+
+    /// Add `estimate` as of `now`: the same as adding its
+    /// [`snapshot`](LatencyEstimate::snapshot) at `now`, without making one.
+    pub fn add_estimate(&mut self, estimate: &LatencyEstimate, now: Millis) {
+        self.merge(estimate.decayed(now));
+        self.observed += estimate.observed;
+    }
+
+    /// Add each (bucket, weight) to the bucket's weight, in the order given
+    /// (so the sums are the same as a map's would be).
+    fn merge(&mut self, weights: impl Iterator<Item = (i32, f64)>) {
+        let had = self.buckets.len();
+        for (b, w) in weights {
+            self.buckets.push((b, w));
             self.samples += w;
         }
-        self.observed += snapshot.observed;
+        let sorted = self.buckets.windows(2).all(|p| p[0].0 < p[1].0);
+        if had == 0 && sorted {
+            return;
+        }
+        // Stable: a bucket's weights stay in the order they were added.
+        self.buckets.sort_by_key(|(b, _)| *b);
+        let mut merged: Vec<(i32, f64)> = Vec::with_capacity(self.buckets.len());
+        for (b, w) in self.buckets.drain(..) {
+            match merged.last_mut() {
+                Some((last, sum)) if *last == b => *sum += w,
+                _ => merged.push((b, w)),
+            }
+        }
+        self.buckets = merged;
     }
 
     /// The `q` quantile (ms), interpolated within its bucket.
@@ -181,7 +215,7 @@ impl Reading {
             }
             seen += w;
         }
-        self.buckets.keys().next_back().map(|b| bucket_low(b + 1))
+        self.buckets.last().map(|(b, _)| bucket_low(b + 1))
     }
 }
 
@@ -365,6 +399,43 @@ mod tests {
         assert!((r.samples - 2.0).abs() < 0.01, "{}", r.samples);
         let q = r.quantile(0.95).unwrap();
         assert!((285.0..=315.0).contains(&q), "{q}");
+    }
+
+    #[test]
+    fn an_estimate_added_directly_reads_as_its_snapshot() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let (mut a, mut b) = (
+            LatencyEstimate::new(5_000, 0),
+            LatencyEstimate::new(5_000, 0),
+        );
+        for t in 0..2_000 {
+            a.observe(rng.gen_range(1..5_000), t * 10);
+            b.observe(rng.gen_range(1..500), t * 10);
+        }
+        let now = 30_000;
+        let (mut by_snapshot, mut direct) = (Reading::default(), Reading::default());
+        by_snapshot.add(&a.snapshot(now), now);
+        by_snapshot.add(&b.snapshot(now - 1_000), now);
+        direct.add_estimate(&a, now);
+        direct.add(&b.snapshot(now - 1_000), now);
+        assert_eq!(direct, by_snapshot);
+        assert!(direct.buckets.windows(2).all(|p| p[0].0 < p[1].0));
+        assert!(direct.buckets.len() > 10, "{:?}", direct.buckets);
+        for q in [0.5, 0.9, 0.95, 0.99] {
+            assert_eq!(direct.quantile(q), by_snapshot.quantile(q));
+        }
+        // Each bucket's weight is the sum of both estimates' weights there.
+        let shared = a
+            .snapshot(now)
+            .buckets
+            .iter()
+            .filter(|(x, _)| b.snapshot(now - 1_000).buckets.iter().any(|(y, _)| x == y))
+            .count();
+        assert!(shared > 0);
+        assert_eq!(
+            direct.buckets.len(),
+            a.snapshot(now).buckets.len() + b.snapshot(now - 1_000).buckets.len() - shared
+        );
     }
 
     #[test]

@@ -134,7 +134,7 @@ impl Hedging {
     ) -> Reading {
         let mut reading = Reading::default();
         if let Some(own) = r.estimates.get(&(provider.to_string(), measure)) {
-            reading.add(&own.snapshot(now), now);
+            reading.add_estimate(own, now);
         }
         for share in others.values() {
             for (p, m, snapshot) in &share.estimates {

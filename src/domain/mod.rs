@@ -24,6 +24,14 @@ pub use ids::{AttemptId, JobId, OwnerId};
 pub use job::{Job, JobState};
 pub use request::{JobRequest, RequestError};
 
+/// `value` as compact JSON text, the same as `value.to_string()`, written
+/// straight into the string: `to_string` goes through `fmt`, a call per
+/// token, and cost twice as much on a job's path. (Serialising a `Value`
+/// cannot fail: its keys are strings.)
+pub fn json_text(value: &serde_json::Value) -> String {
+    serde_json::to_string(value).unwrap_or_default()
+}
+
 /// Milliseconds since the Unix epoch; every timestamp onejob stores.
 pub type Millis = i64;
 

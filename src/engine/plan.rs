@@ -317,7 +317,9 @@ impl JobPlan {
         }
         if !success.tool_calls.is_empty() {
             let content = (!output.is_empty()).then_some(output);
-            return Ok(json!({"content": content, "tool_calls": success.tool_calls}).to_string());
+            return Ok(crate::domain::json_text(
+                &json!({"content": content, "tool_calls": success.tool_calls}),
+            ));
         }
         let format = self.request.params.response_format.as_ref();
         match format.and_then(|f| f["type"].as_str()) {
@@ -353,6 +355,7 @@ impl JobPlan {
             }
             _ => {}
         }
-        Ok(Value::String(output.to_string()).to_string())
+        // A JSON string, as `Value::String` writes one, without copying it first.
+        Ok(serde_json::to_string(output).unwrap_or_default())
     }
 }

@@ -301,7 +301,7 @@ pub(super) fn decode(raw: &[u8]) -> Result<Decoded, CompatError> {
     }
     let body = json!({ "messages": messages, "params": params, "route": model });
     Ok(Decoded {
-        job_body: body.to_string().into_bytes(),
+        job_body: crate::domain::json_text(&body).into_bytes(),
         stream,
     })
 }

@@ -111,7 +111,7 @@ pub(crate) fn started_event(new: &NewAttempt, seq: i64, version: i64) -> NewEven
         attempt_id: Some(new.id.clone()),
         kind: event::ATTEMPT_STARTED,
         actor: "engine".to_string(),
-        detail: Some(detail.to_string()),
+        detail: Some(crate::domain::json_text(&detail)),
         at: new.started_at,
     }
 }
@@ -151,7 +151,9 @@ pub(crate) async fn finish_attempt<C: Db>(
             let version = read_version + 1;
             let won_event = event_for(
                 event::ATTEMPT_SUCCEEDED,
-                Some(serde_json::json!({ "version": version }).to_string()),
+                Some(crate::domain::json_text(
+                    &serde_json::json!({ "version": version }),
+                )),
             );
             let won = Won {
                 job_id: &job_id,
@@ -209,7 +211,7 @@ pub(crate) async fn finish_attempt<C: Db>(
                 args![&finish.attempt_id, reason, at],
             )
             .await?;
-            let detail = serde_json::json!({ "reason": reason }).to_string();
+            let detail = crate::domain::json_text(&serde_json::json!({ "reason": reason }));
             insert_event(conn, &event_for(event::ATTEMPT_ABANDONED, Some(detail))).await?;
             Ok(FinishOutcome::Lost)
         }
@@ -270,8 +272,9 @@ pub(crate) async fn finish_attempt<C: Db>(
                 )
                 .await?;
             }
-            let detail =
-                serde_json::json!({ "error_kind": error_kind, "message": message }).to_string();
+            let detail = crate::domain::json_text(
+                &serde_json::json!({ "error_kind": error_kind, "message": message }),
+            );
             insert_event(conn, &event_for(kind, Some(detail))).await?;
             Ok(FinishOutcome::Recorded)
         }

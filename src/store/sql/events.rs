@@ -120,7 +120,7 @@ pub(super) async fn decision_event(
             attempt_id: attempt_id.map(Into::into),
             kind,
             actor: actor.to_string(),
-            detail: Some(detail.to_string()),
+            detail: Some(crate::domain::json_text(&detail)),
             at,
         },
     )

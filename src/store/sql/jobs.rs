@@ -250,7 +250,7 @@ pub(crate) async fn transition_job(
                 actor: lease_owner
                     .map(|o| format!("engine:{o}"))
                     .unwrap_or_else(|| "engine".into()),
-                detail: Some(detail.to_string()),
+                detail: Some(crate::domain::json_text(&detail)),
                 at,
             },
         )

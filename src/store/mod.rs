@@ -88,7 +88,7 @@
 //! | row lock in a guarded step | none (`BEGIN IMMEDIATE` excludes every writer) | `FOR UPDATE` |
 //! | concurrent claims | none (writes are serialised) | `FOR UPDATE SKIP LOCKED` |
 //! | byte order of keys | `idempotency_key` (BINARY collation) | `idempotency_key COLLATE "C"` |
-//! | a job's create (create, claim, primary start) | four statements in the write queue (`create_job` in `sql/sqlite.rs`) | one statement of writable CTEs shared by concurrent creates, committing on its own (`insert_jobs_batched` in `sql/postgres.rs`, queued by `batches.rs`) |
+//! | a job's create (create, claim, primary start) | three statements in the write queue (`create_job` in `sql/sqlite.rs`) | one statement of writable CTEs shared by concurrent creates, committing on its own (`insert_jobs_batched` in `sql/postgres.rs`, queued by `batches.rs`) |
 //! | a succeeded attempt's finish | its statements in the write queue (`finish_attempt`, whose `Won::bid` is the CAS) | first the win, in one statement shared by concurrent finishes (`finish_won_batched` in `sql/postgres.rs`, queued by `batches.rs`); else the whole step (`finish_attempt`) in a transaction |
 //! | rollup rows (`usage_daily`, `attempt_hours`) | shard 0 | 16 shards by the attempt's id (`rollup_shard!`), so finishes do not queue on one row's lock |
 //!

@@ -84,6 +84,17 @@ pub(super) async fn insert_started_attempt(
     seq: i64,
     version: i64,
 ) -> Result<(), StoreError> {
+    insert_started_attempt_row(conn, new, seq, version).await?;
+    insert_event(conn, &started_event(new, seq, version)).await
+}
+
+/// The attempt row of a start the guard admitted, without its event.
+pub(super) async fn insert_started_attempt_row(
+    conn: &mut impl Db,
+    new: &NewAttempt,
+    seq: i64,
+    version: i64,
+) -> Result<(), StoreError> {
     conn.execute(
         "INSERT INTO attempts (id, job_id, seq, provider, kind, state, read_version, started_at) \
          VALUES ($1, $2, $3, $4, $5, 'started', $6, $7)",
@@ -98,7 +109,7 @@ pub(super) async fn insert_started_attempt(
         ],
     )
     .await?;
-    insert_event(conn, &started_event(new, seq, version)).await
+    Ok(())
 }
 
 /// The event of an attempt's start.

@@ -23,6 +23,35 @@ pub(crate) async fn insert_event(conn: &mut impl Db, ev: &NewEvent) -> Result<()
     Ok(())
 }
 
+/// Two events in one statement, `first` first (a new job's `created` and
+/// its primary attempt's start): one statement fewer on a job's path.
+pub(crate) async fn insert_event_pair(
+    conn: &mut impl Db,
+    first: &NewEvent,
+    second: &NewEvent,
+) -> Result<(), StoreError> {
+    conn.execute(
+        "INSERT INTO job_events (job_id, attempt_id, kind, actor, detail, at) \
+         VALUES ($1, $2, $3, $4, $5, $6), ($7, $8, $9, $10, $11, $12)",
+        args![
+            &first.job_id,
+            &first.attempt_id,
+            first.kind.as_str(),
+            &first.actor,
+            &first.detail,
+            first.at,
+            &second.job_id,
+            &second.attempt_id,
+            second.kind.as_str(),
+            &second.actor,
+            &second.detail,
+            second.at
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
 /// Many events in one statement per chunk (the replay audit's flush).
 pub(crate) async fn insert_events(
     conn: &mut impl Db,

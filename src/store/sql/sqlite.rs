@@ -2,10 +2,10 @@
 //! (the write queue), which already excludes every other writer, in this
 //! process or another: no row lock is needed and claims never race.
 //!
-//! Its own way of a job's create is here (`create_job`: four statements in
+//! Its own way of a job's create is here (`create_job`: three statements in
 //! the write queue's transaction).
 
-use super::attempts::insert_started_attempt;
+use super::attempts::{insert_started_attempt_row, started_event};
 use super::console::list_jobs_sql;
 use super::db::Db;
 use super::db::{Arg, Row, SqliteRow};
@@ -179,7 +179,7 @@ impl rusqlite::ToSql for Arg<'_> {
 }
 
 /// Insert the job unless (owner, key) exists (the UNIQUE constraint
-/// decides), with its `created` event and its primary attempt, as four
+/// decides), with its primary attempt and both their events, as three
 /// statements in the caller's transaction (the write queue's).
 pub(crate) async fn create_job(
     conn: &mut impl Db,
@@ -198,12 +198,21 @@ async fn insert_job_statement_by_statement(
 ) -> Result<bool, StoreError> {
     let inserted = conn.execute(insert_job!(), &job_args(job)).await? == 1;
     if inserted {
-        super::events::insert_event(conn, &created_event(job)).await?;
-        if let Some(primary) = &job.primary {
-            // The job was created by this very statement: it takes
-            // attempts and has none, so the guard of `start_attempt`
-            // (invariant 4) admits a primary without reading anything.
-            insert_started_attempt(conn, primary, 1, 0).await?;
+        match &job.primary {
+            Some(primary) => {
+                // The job was created by this very statement: it takes
+                // attempts and has none, so the guard of `start_attempt`
+                // (invariant 4) admits a primary without reading anything.
+                insert_started_attempt_row(conn, primary, 1, 0).await?;
+                // Both events in one statement, `created` first.
+                super::events::insert_event_pair(
+                    conn,
+                    &created_event(job),
+                    &started_event(primary, 1, 0),
+                )
+                .await?;
+            }
+            None => super::events::insert_event(conn, &created_event(job)).await?,
         }
     }
     Ok(inserted)

@@ -311,9 +311,79 @@ pub(crate) async fn call_openai_wire(p: &OpenAiProvider, request: &ChatRequest) 
     };
     let latency = response.latency;
     classify_response(response.status, &response.headers, &response.body, |body| {
-        let value: Value = serde_json::from_slice(body).map_err(|e| error_chain(&e))?;
-        completion_to_success(&value, latency)
+        read_completion(body, latency)
     })
+}
+
+/// A chat completion's body read: [`completion_to_success`] of its JSON.
+/// The common answer (one choice with its text, a string id, whole token
+/// counts) is read straight into [`Plain`], without a `Value` of the whole
+/// body; anything else (tool calls, a refusal, a filtered or malformed
+/// answer, a repeated key) is read the general way, so both give the same.
+fn read_completion(body: &[u8], latency: Duration) -> Result<Result<Success, Failure>, String> {
+    if let Some(success) = Plain::read(body, latency) {
+        return Ok(Ok(success));
+    }
+    let value: Value = serde_json::from_slice(body).map_err(|e| error_chain(&e))?;
+    completion_to_success(&value, latency)
+}
+
+/// The common chat completion, as [`read_completion`] reads it in one pass.
+/// A field of another type, a repeated key or any other shape makes
+/// [`Plain::read`] give up.
+#[derive(serde::Deserialize)]
+struct Plain {
+    id: Option<String>,
+    choices: Vec<PlainChoice>,
+    usage: Option<PlainUsage>,
+}
+
+#[derive(serde::Deserialize)]
+struct PlainChoice {
+    message: PlainMessage,
+    finish_reason: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+struct PlainMessage {
+    content: String,
+    refusal: Option<String>,
+    tool_calls: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(serde::Deserialize)]
+struct PlainUsage {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+}
+
+impl Plain {
+    fn read(body: &[u8], latency: Duration) -> Option<Success> {
+        let plain: Plain = serde_json::from_slice(body).ok()?;
+        let choice = plain.choices.into_iter().next()?;
+        let message = choice.message;
+        // What `completion_to_success` reads otherwise than as text.
+        if message.tool_calls.is_some()
+            || message.refusal.is_some_and(|r| !r.is_empty())
+            || choice.finish_reason.as_deref() == Some("content_filter")
+        {
+            return None;
+        }
+        let count = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+        let usage = plain.usage.and_then(|u| {
+            Some(Usage {
+                prompt_tokens: count(u.prompt_tokens?),
+                completion_tokens: count(u.completion_tokens?),
+            })
+        });
+        Some(Success {
+            output: message.content,
+            tool_calls: Vec::new(),
+            usage,
+            provider_request_id: plain.id,
+            latency,
+        })
+    }
 }
 
 /// The same request, streamed (`stream: true`, usage in the last chunk).
@@ -364,5 +434,79 @@ impl Provider for OpenAiProvider {
                 Lookup::CannotTell(format!("provider {} has no lookup configured", self.name))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The general way: the whole body as a `Value`, then read.
+    fn by_value(body: &[u8]) -> Result<Result<Success, Failure>, String> {
+        let value: Value = serde_json::from_slice(body).map_err(|e| error_chain(&e))?;
+        completion_to_success(&value, Duration::from_millis(7))
+    }
+
+    #[test]
+    fn a_completion_read_in_one_pass_reads_as_its_value() {
+        let plain = [
+            r#"{"id":"c1","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#,
+            r#"{"choices":[{"message":{"content":"h\u00e9 \"q\"\n","refusal":null,"tool_calls":null},"finish_reason":null}]}"#,
+            r#"{"id":null,"choices":[{"message":{"content":"","refusal":""}}],"usage":null}"#,
+            r#"{"id":"c2","choices":[{"message":{"content":"a"}},{"message":{"content":"b"}}],"usage":{"prompt_tokens":5}}"#,
+            r#"{"id":"c3","choices":[{"message":{"content":"big"}}],"usage":{"prompt_tokens":5000000000,"completion_tokens":null}}"#,
+            r#"{"id":"c4","choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":5000000000,"completion_tokens":2}}"#,
+            "  {\"choices\":[{\"message\":{\"content\":\"ws\"}}]}\n",
+        ];
+        let general = [
+            r#"{"id":"t","choices":[{"message":{"content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{}"}}]},"finish_reason":"tool_calls"}]}"#,
+            r#"{"choices":[{"message":{"content":"x","tool_calls":[]}}]}"#,
+            r#"{"choices":[{"message":{"content":null,"refusal":"no"}}]}"#,
+            r#"{"choices":[{"message":{"content":"x"},"finish_reason":"content_filter"}]}"#,
+            r#"{"choices":[{"message":{"content":null}}]}"#,
+            r#"{"choices":[{"message":{}}]}"#,
+            r#"{"choices":[]}"#,
+            r#"{"choices":[{"message":{"content":"first","content":"last"}}]}"#,
+            r#"{"id":7,"choices":[{"message":{"content":"x"}}]}"#,
+            r#"{"choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":1.5,"completion_tokens":2}}"#,
+            r#"{"choices":[{"message":{"content":"x"}}],"usage":{"prompt_tokens":-1,"completion_tokens":2}}"#,
+            r#"{"choices":[{"message":{"content":[{"type":"text","text":"parts"}]}}]}"#,
+            r#"{"choices":[{"message":{"content":"x"}}]} trailing"#,
+            r#"[1, 2]"#,
+            "not json",
+        ];
+        for body in plain {
+            assert!(
+                Plain::read(body.as_bytes(), Duration::from_millis(7)).is_some(),
+                "{body}"
+            );
+            let read = read_completion(body.as_bytes(), Duration::from_millis(7));
+            assert_eq!(read, by_value(body.as_bytes()), "{body}");
+            assert!(matches!(read, Ok(Ok(_))), "{body}");
+        }
+        for body in general {
+            assert!(
+                Plain::read(body.as_bytes(), Duration::from_millis(7)).is_none(),
+                "{body}"
+            );
+            assert_eq!(
+                read_completion(body.as_bytes(), Duration::from_millis(7)),
+                by_value(body.as_bytes()),
+                "{body}"
+            );
+        }
+        // The one pass keeps what the general way reads.
+        let Ok(Ok(success)) = read_completion(plain[0].as_bytes(), Duration::from_millis(7)) else {
+            panic!("the plain answer is a success");
+        };
+        assert_eq!(success.output, "hi");
+        assert_eq!(success.provider_request_id.as_deref(), Some("c1"));
+        assert_eq!(
+            success.usage,
+            Some(Usage {
+                prompt_tokens: 3,
+                completion_tokens: 1
+            })
+        );
     }
 }

@@ -2,7 +2,7 @@
 
 use crate::domain::{EventKind, Millis};
 use crate::store::rows::EventRow;
-use crate::store::sql::db::{args, Db, IntoArg};
+use crate::store::sql::db::{args, Arg, Db, IntoArg};
 use crate::store::{JobEvent, NewEvent, StoreError};
 use std::fmt::Write;
 
@@ -10,14 +10,7 @@ pub(crate) async fn insert_event(conn: &mut impl Db, ev: &NewEvent) -> Result<()
     conn.execute(
         "INSERT INTO job_events (job_id, attempt_id, kind, actor, detail, at) \
          VALUES ($1, $2, $3, $4, $5, $6)",
-        args![
-            &ev.job_id,
-            &ev.attempt_id,
-            ev.kind.as_str(),
-            &ev.actor,
-            &ev.detail,
-            ev.at
-        ],
+        &event_args(ev),
     )
     .await?;
     Ok(())
@@ -33,23 +26,22 @@ pub(crate) async fn insert_event_pair(
     conn.execute(
         "INSERT INTO job_events (job_id, attempt_id, kind, actor, detail, at) \
          VALUES ($1, $2, $3, $4, $5, $6), ($7, $8, $9, $10, $11, $12)",
-        args![
-            &first.job_id,
-            &first.attempt_id,
-            first.kind.as_str(),
-            &first.actor,
-            &first.detail,
-            first.at,
-            &second.job_id,
-            &second.attempt_id,
-            second.kind.as_str(),
-            &second.actor,
-            &second.detail,
-            second.at
-        ],
+        &[event_args(first), event_args(second)].concat(),
     )
     .await?;
     Ok(())
+}
+
+/// An event's six columns, in the order every insert here names them.
+fn event_args(ev: &NewEvent) -> [Arg<'_>; 6] {
+    [
+        (&ev.job_id).arg(),
+        (&ev.attempt_id).arg(),
+        ev.kind.as_str().arg(),
+        (&ev.actor).arg(),
+        (&ev.detail).arg(),
+        ev.at.arg(),
+    ]
 }
 
 /// Many events in one statement per chunk (the replay audit's flush).
@@ -77,14 +69,7 @@ pub(crate) async fn insert_events(
                 n + 5,
                 n + 6
             );
-            args.extend([
-                (&ev.job_id).arg(),
-                (&ev.attempt_id).arg(),
-                ev.kind.as_str().arg(),
-                (&ev.actor).arg(),
-                (&ev.detail).arg(),
-                ev.at.arg(),
-            ]);
+            args.extend(event_args(ev));
         }
         // Its text varies with the chunk's size: not kept among the
         // connection's prepared statements, where it would push out

@@ -21,17 +21,84 @@
 
 use super::{CreateOutcome, FinishAttempt, FinishOutcome, StoreError};
 use crate::domain::job::NewJob;
-use sqlx::PgPool;
+use sqlx::pool::PoolConnection;
+use sqlx::{PgPool, Postgres};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 use super::sql::postgres as ops;
 
 /// One batch's statement: each call's answer, in the batch's order.
 type RunBatch<T, R> =
-    Box<dyn Fn(PgPool, Vec<T>) -> Pin<Box<dyn Future<Output = Vec<R>> + Send>> + Send + Sync>;
+    Box<dyn Fn(Arc<Conns>, Vec<T>) -> Pin<Box<dyn Future<Output = Vec<R>> + Send>> + Send + Sync>;
+
+/// Kept connections, each with when it was last used.
+type Kept = Vec<(PoolConnection<Postgres>, Instant)>;
+
+/// The connections a batcher's statements run on, kept between batches.
+/// A connection given back to sqlx's pool is pinged there, always: a round
+/// trip to PostgreSQL (and a wake-up of its backend) for every batch, as
+/// many as the statements themselves. A kept connection is given back only
+/// when a batch fails on it or its caller goes away mid-statement, or
+/// when the store closes.
+pub(crate) struct Conns {
+    pool: PgPool,
+    /// `None` once closed.
+    kept: Mutex<Option<Kept>>,
+    /// The most kept at once: the batches in flight.
+    most: usize,
+    /// A connection unused this long is pinged before it is used again.
+    ping_idle_after: Duration,
+}
+
+impl Conns {
+    pub(crate) fn new(pool: PgPool, most: usize, ping_idle_after: Duration) -> Self {
+        Conns {
+            pool,
+            kept: Mutex::new(Some(Vec::new())),
+            most,
+            ping_idle_after,
+        }
+    }
+
+    /// A kept connection, or one from the pool. One idle for a while may
+    /// have been dropped by the server meanwhile (a restart, an idle
+    /// timeout), so it is pinged first, as the pool pings its idle ones.
+    pub(crate) async fn take(&self) -> Result<PoolConnection<Postgres>, sqlx::Error> {
+        let kept = self
+            .kept
+            .lock()
+            .ok()
+            .and_then(|mut kept| kept.as_mut().and_then(Vec::pop));
+        if let Some((mut conn, used)) = kept {
+            if used.elapsed() < self.ping_idle_after
+                || sqlx::Connection::ping(&mut *conn).await.is_ok()
+            {
+                return Ok(conn);
+            }
+        }
+        self.pool.acquire().await
+    }
+
+    /// Keep `conn`, which a batch used without an error, for the next.
+    pub(crate) fn keep(&self, conn: PoolConnection<Postgres>) {
+        if let Ok(mut kept) = self.kept.lock() {
+            if let Some(kept) = kept.as_mut().filter(|kept| kept.len() < self.most) {
+                kept.push((conn, Instant::now()));
+            }
+        }
+    }
+
+    /// Give every kept connection back to the pool, and keep none from
+    /// now on (the pool waits for its connections when it closes).
+    pub(crate) fn close(&self) {
+        let kept = self.kept.lock().ok().and_then(|mut kept| kept.take());
+        drop(kept);
+    }
+}
 
 /// Calls of one kind waiting for their shared statement, each with where
 /// its own answer goes.
@@ -40,7 +107,7 @@ pub(crate) struct Batcher<T, R> {
 }
 
 struct Shared<T, R> {
-    pool: PgPool,
+    conns: Arc<Conns>,
     queue: Mutex<Vec<(T, oneshot::Sender<R>)>>,
     slots: Arc<Semaphore>,
     max_batch: usize,
@@ -50,20 +117,32 @@ struct Shared<T, R> {
 impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
     /// Batches of at most `max_batch` calls, at most `in_flight` at once,
     /// each run by `run`, which answers each call in the batch's order.
-    pub(crate) fn new<F, Fut>(pool: PgPool, in_flight: usize, max_batch: usize, run: F) -> Self
+    pub(crate) fn new<F, Fut>(
+        pool: PgPool,
+        ping_idle_after: Duration,
+        in_flight: usize,
+        max_batch: usize,
+        run: F,
+    ) -> Self
     where
-        F: Fn(PgPool, Vec<T>) -> Fut + Send + Sync + 'static,
+        F: Fn(Arc<Conns>, Vec<T>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Vec<R>> + Send + 'static,
     {
         Batcher {
             shared: Arc::new(Shared {
-                pool,
+                conns: Arc::new(Conns::new(pool, in_flight, ping_idle_after)),
                 queue: Mutex::new(Vec::new()),
                 slots: Arc::new(Semaphore::new(in_flight)),
                 max_batch,
-                run: Box::new(move |pool, items| Box::pin(run(pool, items))),
+                run: Box::new(move |conns, items| Box::pin(run(conns, items))),
             }),
         }
+    }
+
+    /// Give the kept connections back to the pool, and keep none from now
+    /// on: before the pool closes.
+    pub(crate) fn close(&self) {
+        self.shared.conns.close();
     }
 
     /// Queue `item` for the next statement and wait for its answer.
@@ -93,7 +172,7 @@ impl<T: Send + 'static, R: Send + 'static> Shared<T, R> {
             return;
         }
         let (items, replies): (Vec<T>, Vec<_>) = batch.into_iter().unzip();
-        let answers = (self.run)(self.pool.clone(), items).await;
+        let answers = (self.run)(self.conns.clone(), items).await;
         for (reply, answer) in replies.into_iter().zip(answers) {
             // The caller may have gone; what was committed stays committed.
             let _ = reply.send(answer);
@@ -151,10 +230,10 @@ pub(crate) const CREATE_BATCHES_IN_FLIGHT: usize = 4;
 /// Each job's outcome, in `jobs`' order. A batch that fails is tried again
 /// job by job, so a row that fails fails only its own create.
 pub(crate) async fn create_batch(
-    pool: PgPool,
+    conns: Arc<Conns>,
     jobs: Vec<NewJob>,
 ) -> Vec<Result<CreateOutcome, StoreError>> {
-    let mut conn = match pool.acquire().await {
+    let mut conn = match conns.take().await {
         Ok(conn) => conn,
         Err(e) => return every_one_fails(jobs.len(), e.into()),
     };
@@ -179,6 +258,9 @@ pub(crate) async fn create_batch(
     for (job, inserted) in jobs.into_iter().zip(inserted) {
         outcomes.push(ops::create_outcome(&mut *conn, job, inserted).await);
     }
+    if outcomes.iter().all(Result::is_ok) {
+        conns.keep(conn);
+    }
     outcomes
 }
 
@@ -196,8 +278,8 @@ pub(crate) type TriedWin = Result<Result<FinishOutcome, Box<FinishAttempt>>, Sto
 
 /// Each finish's try, in `finishes`' order. A batch that fails is tried
 /// again finish by finish.
-pub(crate) async fn finish_batch(pool: PgPool, finishes: Vec<FinishAttempt>) -> Vec<TriedWin> {
-    let mut conn = match pool.acquire().await {
+pub(crate) async fn finish_batch(conns: Arc<Conns>, finishes: Vec<FinishAttempt>) -> Vec<TriedWin> {
+    let mut conn = match conns.take().await {
         Ok(conn) => conn,
         Err(e) => return every_one_fails(finishes.len(), e.into()),
     };
@@ -214,6 +296,7 @@ pub(crate) async fn finish_batch(pool: PgPool, finishes: Vec<FinishAttempt>) -> 
             return tries;
         }
     };
+    conns.keep(conn);
     finishes
         .into_iter()
         .zip(won)
@@ -250,19 +333,25 @@ mod tests {
         let (started, first_started) = oneshot::channel::<()>();
         let started = Mutex::new(Some(started));
         let first = AtomicBool::new(true);
-        let batcher = Arc::new(Batcher::new(pool, 1, 8, move |_pool, items: Vec<u32>| {
-            let hold = first.swap(false, Ordering::SeqCst);
-            let started = started.lock().unwrap().take();
-            async move {
-                if hold {
-                    if let Some(started) = started {
-                        let _ = started.send(());
+        let batcher = Arc::new(Batcher::new(
+            pool,
+            Duration::from_secs(1),
+            1,
+            8,
+            move |_conns, items: Vec<u32>| {
+                let hold = first.swap(false, Ordering::SeqCst);
+                let started = started.lock().unwrap().take();
+                async move {
+                    if hold {
+                        if let Some(started) = started {
+                            let _ = started.send(());
+                        }
+                        std::future::pending::<()>().await;
                     }
-                    std::future::pending::<()>().await;
+                    items.into_iter().map(|n| n * 10).collect()
                 }
-                items.into_iter().map(|n| n * 10).collect()
-            }
-        }));
+            },
+        ));
         let holder = tokio::spawn({
             let batcher = batcher.clone();
             async move { batcher.call(1).await }
@@ -282,5 +371,68 @@ mod tests {
             .unwrap();
         assert_eq!(answer.unwrap(), 20);
         assert!(batcher.shared.queue.lock().unwrap().is_empty());
+    }
+
+    /// A batch's connection serves the next batch as it is, not given back
+    /// to the pool in between; one the server dropped meanwhile is pinged,
+    /// found dead and replaced; and closing gives the kept ones back, so
+    /// that the pool can close.
+    #[tokio::test]
+    async fn a_kept_connection_serves_the_next_batch_and_a_dead_one_is_replaced() {
+        let Some(url) = std::env::var("ONEJOB_TEST_POSTGRES_URL")
+            .ok()
+            .filter(|u| !u.is_empty())
+        else {
+            eprintln!(
+                "SKIPPED (PostgreSQL): set ONEJOB_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/postgres to run it"
+            );
+            return;
+        };
+        async fn backend(conn: &mut PoolConnection<Postgres>) -> i32 {
+            sqlx::query_scalar("SELECT pg_backend_pid()")
+                .fetch_one(&mut **conn)
+                .await
+                .unwrap()
+        }
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(4)
+            .connect(&url)
+            .await
+            .unwrap();
+        // Pinged whenever it is taken again.
+        let conns = Conns::new(pool.clone(), 1, Duration::ZERO);
+
+        let mut conn = conns.take().await.unwrap();
+        let first = backend(&mut conn).await;
+        conns.keep(conn);
+        let kept = |conns: &Conns| conns.kept.lock().unwrap().as_ref().map(Vec::len);
+        assert_eq!(kept(&conns), Some(1));
+        assert_eq!(
+            (pool.size(), pool.num_idle()),
+            (1, 0),
+            "kept, not in the pool"
+        );
+        let mut conn = conns.take().await.unwrap();
+        assert_eq!(backend(&mut conn).await, first);
+        conns.keep(conn);
+
+        // The server drops it (a restart, an idle timeout).
+        let mut other = pool.acquire().await.unwrap();
+        let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+            .bind(first)
+            .fetch_one(&mut *other)
+            .await
+            .unwrap();
+        assert!(terminated);
+        drop(other);
+        let mut conn = conns.take().await.unwrap();
+        assert_ne!(backend(&mut conn).await, first);
+        conns.keep(conn);
+
+        conns.close();
+        assert_eq!(kept(&conns), None);
+        tokio::time::timeout(Duration::from_secs(10), pool.close())
+            .await
+            .expect("the kept connection went back to the pool");
     }
 }

@@ -71,12 +71,14 @@ impl PgStore {
             .await?;
         let creates = Batcher::new(
             pool.clone(),
+            PING_IDLE_AFTER,
             batches::CREATE_BATCHES_IN_FLIGHT,
             batches::MAX_CREATE_BATCH,
             batches::create_batch,
         );
         let wins = Batcher::new(
             pool.clone(),
+            PING_IDLE_AFTER,
             batches::FINISH_BATCHES_IN_FLIGHT,
             batches::MAX_FINISH_BATCH,
             batches::finish_batch,
@@ -124,6 +126,8 @@ impl Store for PgStore {
     }
 
     async fn close(&self) {
+        self.creates.close();
+        self.wins.close();
         self.pool.close().await;
     }
 }

@@ -7,7 +7,13 @@
 //! Migration 0013 rewrites the lists of the job path's CHECKs and triggers:
 //! on a new file and on one migrated to 0012, a job's writes build no
 //! temporary b-tree, and the constraints refuse what they refused.
+//! PostgreSQL's migration 0013 calls plpgsql once per statement, not once
+//! per row, for an ended attempt's rollup and an ended job's webhook
+//! deliveries, and never for a row its trigger has nothing to write for:
+//! on a new database and on one migrated to 0012, the same rows are written.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
 
 use onejob::domain::JobId;
 use onejob::store::prelude::*;
@@ -18,8 +24,15 @@ use std::path::Path;
 
 /// The SQLite migrations numbered below `before`, in a directory of their own.
 fn migrations_before(before: u32) -> tempfile::TempDir {
+    backend_migrations_before("sqlite", before)
+}
+
+/// One backend's migrations numbered below `before`, in a directory of their own.
+fn backend_migrations_before(backend: &str, before: u32) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/sqlite");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("migrations")
+        .join(backend);
     for entry in std::fs::read_dir(source).unwrap() {
         let path = entry.unwrap().path();
         let name = path.file_name().unwrap().to_str().unwrap().to_string();
@@ -220,5 +233,188 @@ async fn a_jobs_writes_build_no_temporary_btree_and_the_checks_still_refuse() {
                 "earlier build {earlier_build}: {sql}: {refused}"
             );
         }
+    }
+}
+
+/// How often each of PostgreSQL's trigger functions ran in the current
+/// transaction (`track_functions` must be on for it).
+async fn trigger_calls(conn: &mut sqlx::PgConnection) -> std::collections::BTreeMap<String, i64> {
+    sqlx::query_as::<_, (String, i64)>(
+        "SELECT funcname::text, calls FROM pg_stat_xact_user_functions",
+    )
+    .fetch_all(conn)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect()
+}
+
+/// `sql` on `conn`.
+async fn run(conn: &mut sqlx::PgConnection, sql: &str) {
+    sqlx::query(sql).execute(conn).await.unwrap();
+}
+
+/// Three attempt ids whose rollup rows share a shard (`hashtext(id) & 15`),
+/// so one statement that ends them upserts one `attempt_hours` row three times.
+async fn attempts_of_one_shard(conn: &mut sqlx::PgConnection) -> Vec<String> {
+    sqlx::query_as::<_, (String,)>(
+        "SELECT 'att-' || g FROM generate_series(1, 1000) g \
+         WHERE hashtext('att-' || g) & 15 = 3 ORDER BY g LIMIT 3",
+    )
+    .fetch_all(conn)
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|(id,)| id)
+    .collect()
+}
+
+#[tokio::test]
+async fn postgres_triggers_run_once_per_statement_and_write_what_they_wrote() {
+    let Some(admin) = common::postgres_admin_url() else {
+        return;
+    };
+    for earlier_build in [false, true] {
+        let name = format!("onejob_t_{}", uuid::Uuid::new_v4().simple());
+        let mut server = sqlx::PgConnection::connect(&admin).await.unwrap();
+        run(&mut server, &format!("CREATE DATABASE {name}")).await;
+        let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
+        let url = format!("{base}/{name}");
+        let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+        if earlier_build {
+            let old = backend_migrations_before("postgres", 13);
+            let migrator = sqlx::migrate::Migrator::new(old.path()).await.unwrap();
+            migrator.run(&mut conn).await.unwrap();
+            // An attempt that ended before this migration, counted by the row trigger.
+            run(
+                &mut conn,
+                "INSERT INTO jobs (id, owner_id, idempotency_key, fingerprint, request, route, \
+                 state, created_at, updated_at) VALUES ('job-0', 'o', 'k0', 'f', '{}', 'default', \
+                 'running', 1000, 1000)",
+            )
+            .await;
+            run(
+                &mut conn,
+                "INSERT INTO attempts (id, job_id, seq, provider, kind, state, read_version, \
+                 started_at) VALUES ('att-0', 'job-0', 1, 'p', 'primary', 'started', 0, 1000)",
+            )
+            .await;
+            run(
+                &mut conn,
+                "UPDATE attempts SET state = 'failed', finished_at = 1005 WHERE id = 'att-0'",
+            )
+            .await;
+        }
+        let store = onejob::store::postgres::PgStore::connect(&url)
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        store.close().await;
+
+        let ids = attempts_of_one_shard(&mut conn).await;
+        run(&mut conn, "SET track_functions = 'pl'").await;
+        run(&mut conn, "BEGIN").await;
+        run(
+            &mut conn,
+            "INSERT INTO webhook_endpoints (id, owner_id, url, description, events, secret, \
+             enabled, created_at, updated_at) VALUES \
+             ('ep-1', 'o', 'https://example.com/', '', ' job.succeeded ', 's', true, 1, 1), \
+             ('ep-2', 'other', 'https://example.com/', '', ' job.failed ', 's', true, 1, 1)",
+        )
+        .await;
+        run(
+            &mut conn,
+            "INSERT INTO jobs (id, owner_id, idempotency_key, fingerprint, request, route, state, \
+             created_at, updated_at) SELECT 'job-' || g, 'o', 'k' || g, 'f', '{}', 'default', \
+             'running', 1000, 1000 FROM generate_series(1, 3) g",
+        )
+        .await;
+        for (n, id) in ids.iter().enumerate() {
+            sqlx::query(
+                "INSERT INTO attempts (id, job_id, seq, provider, kind, state, read_version, \
+                 started_at) VALUES ($1, $2, 1, 'p', 'primary', 'started', 0, 1000)",
+            )
+            .bind(id)
+            .bind(format!("job-{}", n + 1))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        }
+        assert_eq!(
+            trigger_calls(&mut conn).await,
+            Default::default(),
+            "earlier build {earlier_build}: a started attempt's insert calls no trigger function"
+        );
+
+        // One statement ends all three attempts (as a batch of wins does),
+        // and one ends their jobs; a lease change ends nothing.
+        sqlx::query(
+            "UPDATE attempts SET state = 'succeeded', finished_at = 1007 WHERE id = ANY($1)",
+        )
+        .bind(&ids)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        run(
+            &mut conn,
+            "UPDATE jobs SET state = 'succeeded', version = version + 1, updated_at = 1008 \
+             WHERE id IN ('job-1', 'job-2', 'job-3')",
+        )
+        .await;
+        run(
+            &mut conn,
+            "UPDATE jobs SET lease_owner = 'x', lease_until = 9 WHERE id IN ('job-1', 'job-2')",
+        )
+        .await;
+        let calls = trigger_calls(&mut conn).await;
+        let expected: std::collections::BTreeMap<String, i64> = [
+            ("attempt_hours_count_ended".to_string(), 1),
+            ("webhook_on_jobs_end".to_string(), 2),
+        ]
+        .into();
+        assert_eq!(calls, expected, "earlier build {earlier_build}");
+        run(&mut conn, "COMMIT").await;
+
+        let hours: Vec<(i64, String, i64, i64, i64)> = sqlx::query_as(
+            "SELECT hour, state, latency_le, shard::int8, attempts FROM attempt_hours \
+             ORDER BY state, shard",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        let mut want = vec![(0, "succeeded".to_string(), 7, 3, 3)];
+        if earlier_build {
+            let shard: (i32,) = sqlx::query_as("SELECT hashtext('att-0') & 15")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap();
+            want.insert(0, (0, "failed".to_string(), 0, i64::from(shard.0), 1));
+        }
+        assert_eq!(
+            hours, want,
+            "earlier build {earlier_build}: the rollup rows"
+        );
+
+        let deliveries: Vec<(String, String, String, i64)> = sqlx::query_as(
+            "SELECT endpoint_id, job_id, event_type, job_version FROM webhook_deliveries \
+             ORDER BY job_id",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        let want: Vec<(String, String, String, i64)> = (1..=3)
+            .map(|n| {
+                let job = format!("job-{n}");
+                ("ep-1".to_string(), job, "job.succeeded".to_string(), 1)
+            })
+            .collect();
+        assert_eq!(
+            deliveries, want,
+            "earlier build {earlier_build}: one delivery per ended job, to its owner's endpoint"
+        );
+
+        conn.close().await.unwrap();
+        run(&mut server, &format!("DROP DATABASE {name}")).await;
+        server.close().await.unwrap();
     }
 }

@@ -223,9 +223,14 @@ impl<T: Send + 'static, R: Send + 'static> Drop for Slot<T, R> {
 
 /// Most creates one statement carries.
 pub(crate) const MAX_CREATE_BATCH: usize = 64;
-/// Batched creates in flight at once; while they run, the next batches
-/// fill up.
-pub(crate) const CREATE_BATCHES_IN_FLIGHT: usize = 4;
+/// Batched creates in flight at once: one. While it runs, the next batch
+/// fills up. With more, a caller that finds a slot free sends its batch at
+/// once, so under load the statements carry few rows each, and most of
+/// PostgreSQL's work per statement (plan nodes, triggers' set-up, commit)
+/// is paid per job again: where PostgreSQL shares the cores with onejob, 4
+/// in flight (and 2 finishes) did 16–23% fewer jobs/s than 1 at C=32, with
+/// half as much again of PostgreSQL's CPU per job (`docs/benchmarks.md`).
+pub(crate) const CREATE_BATCHES_IN_FLIGHT: usize = 1;
 
 /// Each job's outcome, in `jobs`' order. A batch that fails is tried again
 /// job by job, so a row that fails fails only its own create.
@@ -266,8 +271,8 @@ pub(crate) async fn create_batch(
 
 /// Most winning finishes one statement carries.
 pub(crate) const MAX_FINISH_BATCH: usize = 64;
-/// Batched finishes in flight at once.
-pub(crate) const FINISH_BATCHES_IN_FLIGHT: usize = 2;
+/// Batched finishes in flight at once: one, as for creates.
+pub(crate) const FINISH_BATCHES_IN_FLIGHT: usize = 1;
 
 /// A succeeded attempt's finish tried as a win in a shared statement:
 /// `Ok(Ok(won))` when it won there, `Ok(Err(finish))` (the finish given

@@ -154,7 +154,10 @@ impl Db for sqlx::PgConnection {
 /// `UPDATE … FROM`, which updates it once, with one of them: that one is
 /// the winner, and its output the result. The usage rows are summed per
 /// rollup row first, since `ON CONFLICT DO UPDATE` may touch a row only
-/// once per statement.
+/// once per statement, and upserted in key order: batches of several
+/// instances share rollup rows, and a hash aggregate's order is not the
+/// same for two different sets of keys, so two batches could each hold a
+/// row the other waits for.
 pub(crate) async fn finish_won_batched(
     conn: &mut sqlx::PgConnection,
     finishes: &[FinishAttempt],
@@ -225,7 +228,8 @@ pub(crate) async fn finish_won_batched(
         rollup_shard!(),
         ", COUNT(*), COUNT(*), SUM(w.in_prompt), SUM(w.in_completion), 0 ",
         "FROM winner w JOIN attempts a ON a.id = w.in_attempt JOIN jobs j ON j.id = a.job_id ",
-        "WHERE w.in_usage IS NOT NULL GROUP BY 1, 2, 3, 4, 5, 6, 7",
+        "WHERE w.in_usage IS NOT NULL GROUP BY 1, 2, 3, 4, 5, 6, 7 ",
+        "ORDER BY 1, 2, 3, 4, 5, 6, 7",
         usage_on_conflict!(),
         "), event AS (",
         "INSERT INTO job_events (job_id, attempt_id, kind, actor, detail, at) ",

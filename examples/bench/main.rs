@@ -113,15 +113,17 @@ struct Args {
     #[arg(long)]
     server_db: Vec<String>,
     /// With --server-bin: a gateway to compare with (`LABEL=COMMAND`,
-    /// `{port}` in COMMAND replaced by a free port), started by the bench
-    /// as a process of its own and driven through its `/v1/chat/completions`
-    /// against the same simulator (`{sim}` in --peer-header is its address):
-    /// its CPU per request and requests/s beside onejob's, in one run. It is
-    /// not durable and keeps no job.
+    /// `{port}` in COMMAND replaced by a free port and `{sim}` by the
+    /// simulator's address), started by the bench as a process of its own
+    /// and driven through its `/v1/chat/completions` against the same
+    /// simulator: its CPU per request and requests/s beside onejob's, in one
+    /// run. It is not durable and keeps no job. Give it again for another;
+    /// the targets' ratios are to the first.
     #[arg(long)]
-    peer: Option<String>,
-    /// A header every request to the peer carries (`NAME=VALUE`), e.g.
-    /// `x-portkey-provider=openai` and `x-portkey-custom-host={sim}/v1`.
+    peer: Vec<String>,
+    /// A header every request to a peer carries (`NAME=VALUE`, `{sim}` in
+    /// VALUE replaced as above), e.g. `x-portkey-provider=openai` and
+    /// `x-portkey-custom-host={sim}/v1`.
     #[arg(long)]
     peer_header: Vec<String>,
 }

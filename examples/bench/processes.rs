@@ -283,10 +283,10 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
             .or(args.database_url.as_deref());
         servers.push(Server::start(&label, bin, &sim_toml, database_url, args).await?);
     }
-    let peer = match &args.peer {
-        Some(spec) => Some(Peer::start(spec, &args.peer_header, &sim.base_url(), args).await?),
-        None => None,
-    };
+    let mut peers = Vec::with_capacity(args.peer.len());
+    for spec in &args.peer {
+        peers.push(Peer::start(spec, &args.peer_header, &sim.base_url(), args).await?);
+    }
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
         "onejob bench, process mode: each server its own process, the load and the simulator in \
@@ -305,7 +305,7 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
             s.database
         );
     }
-    if let Some(p) = &peer {
+    for p in &peers {
         println!(
             "  {:<8} {} (pid {}, a gateway that keeps no job)",
             p.label, p.command, p.pid
@@ -339,8 +339,8 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
         "max_tokens": 64,
     }))?;
     let mut direct = Tally::default();
-    let mut peer_tally = DoorTallies::default();
-    if let Some(p) = &peer {
+    let mut peer_tallies: Vec<DoorTallies> = peers.iter().map(|_| DoorTallies::default()).collect();
+    for p in &peers {
         jobs_phase(&p.bench, "warm-peer", 300, args.concurrency).await;
     }
     for round in 0..args.rounds.max(1) {
@@ -361,8 +361,8 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
                 .await;
             }
         }
-        if let Some(p) = &peer {
-            peer_round(p, &mut peer_tally, &format!("r{round}"), args).await;
+        for (p, tally) in peers.iter().zip(&mut peer_tallies) {
+            peer_round(p, tally, &format!("r{round}"), args).await;
         }
         // The upstream alone, for the added latency.
         let started = Instant::now();
@@ -436,8 +436,8 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
     for server in servers {
         server.stop().await;
     }
-    let peer_label = peer.as_ref().map(|p| p.label.clone());
-    drop(peer);
+    let peer_labels: Vec<String> = peers.iter().map(|p| p.label.clone()).collect();
+    drop(peers);
 
     let (d50, d99) = (direct.quantile(0.5), direct.quantile(0.99));
     println!();
@@ -586,8 +586,7 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
                 "jobs/s ≥ 75%, CPU ≤ 100%",
             );
         }
-        if let Some(peer) = &peer_label {
-            let p = &peer_tally;
+        if let (Some(peer), Some(p)) = (peer_labels.first(), peer_tallies.first()) {
             row(
                 &format!("  durable job CPU ÷ {peer}'s per request"),
                 per_door(&|t| format!("1/{:.1}", p.jobs.cpu_us() / t.jobs.cpu_us().max(0.001))),
@@ -605,8 +604,7 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
             "0",
         );
     }
-    if let Some(peer) = &peer_label {
-        let p = &peer_tally;
+    for (peer, p) in peer_labels.iter().zip(&peer_tallies) {
         println!("{peer}, /v1/chat/completions (not durable: no job, no replay)");
         row(
             &format!("  server CPU per request (C={c})"),
@@ -625,6 +623,11 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
                 ms(p.lone.quantile(0.5).saturating_sub(d50)),
                 ms(p.lone.quantile(0.99).saturating_sub(d99))
             )],
+            "",
+        );
+        row(
+            "    server CPU per lone request",
+            vec![format!("{:.0} µs", p.lone.cpu_us())],
             "",
         );
         row(
@@ -710,7 +713,9 @@ impl Peer {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
-        let command = command.replace("{port}", &port.to_string());
+        let command = command
+            .replace("{port}", &port.to_string())
+            .replace("{sim}", sim);
         let mut words = command.split_whitespace();
         let program = words
             .next()

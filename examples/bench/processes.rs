@@ -191,6 +191,8 @@ struct Tally {
     server_cpu: Duration,
     /// PostgreSQL's own processes over the phase (zero on SQLite).
     db_cpu: Duration,
+    /// This process (the load and the simulator) over the phase.
+    bench_cpu: Duration,
     wall: f64,
     latencies: Vec<Duration>,
     failed: usize,
@@ -223,6 +225,10 @@ impl Tally {
 
     fn db_cpu_us(&self) -> f64 {
         self.db_cpu.as_secs_f64() * 1e6 / self.count().max(1) as f64
+    }
+
+    fn bench_cpu_us(&self) -> f64 {
+        self.bench_cpu.as_secs_f64() * 1e6 / self.count().max(1) as f64
     }
 
     fn quantile(&self, q: f64) -> Duration {
@@ -500,6 +506,11 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
             );
         }
         row(
+            "  the bench's own CPU per job",
+            per_door(&|t| format!("{:.0} µs", t.jobs.bench_cpu_us())),
+            "",
+        );
+        row(
             "  server CPU per replay",
             per_door(&|t| format!("{:.0} µs", t.replays.cpu_us())),
             "",
@@ -657,11 +668,13 @@ async fn door_round(
     args: &Args,
 ) {
     let (started, cpu, db_cpu) = (Instant::now(), server.cpu(), server.db_cpu());
+    let own = proc_cpu("self");
     let samples = jobs_phase(bench, prefix, args.jobs, args.concurrency).await;
     tally
         .jobs
         .add(&samples, started, server.cpu().saturating_sub(cpu));
     tally.jobs.db_cpu += server.db_cpu().saturating_sub(db_cpu);
+    tally.jobs.bench_cpu += proc_cpu("self").saturating_sub(own);
 
     let (started, cpu) = (Instant::now(), server.cpu());
     let lone = lone_phase(bench, prefix, args.lone).await;

@@ -16,6 +16,8 @@ use crate::store::{
     event, AttemptResolution, CreateOutcome, JobResolution, NewEvent, Store, StoreError,
 };
 use crate::tenants::{check_new_job, Admission, CheckError, LimitError};
+use sha2::{Digest, Sha256};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
@@ -27,7 +29,7 @@ pub struct Submission {
     pub job: Job,
     /// True when the job existed already (a replay of the same intent).
     pub replayed: bool,
-    /// SHA-256 of the request body, which matched the job's fingerprint.
+    /// The body's digest ([`JobBody`]), which matched the job's fingerprint.
     pub body_digest: [u8; 32],
     /// True when a replay was answered without reading the database.
     pub from_memory: bool,
@@ -63,6 +65,70 @@ impl From<CheckError> for SubmitError {
     }
 }
 
+/// A job request as a door hands it to [`submit`].
+pub enum JobBody<'a> {
+    /// The bytes of a job request (`POST /v1/jobs`'s body shape), parsed
+    /// only when the replay memory does not answer them.
+    Bytes(&'a [u8]),
+    /// A request a dialect door decoded from its own body, with that body's
+    /// digest ([`JobBody::decoded`]): nothing is encoded to be parsed again.
+    Decoded {
+        request: Box<JobRequest>,
+        digest: [u8; 32],
+    },
+}
+
+impl<'a> JobBody<'a> {
+    /// A request `door` decoded from `raw`. Its digest is that of the door's
+    /// name and the raw bytes: the same bytes at the same door decode to
+    /// the same request, so the replay memory may answer them unread, and
+    /// no other door's body (nor the job's own shape) shares it.
+    pub fn decoded(door: &str, raw: &[u8], request: JobRequest) -> Self {
+        let mut hasher = Sha256::new();
+        hasher.update(door.as_bytes());
+        hasher.update([0]);
+        hasher.update(raw);
+        JobBody::Decoded {
+            request: Box::new(request),
+            digest: hasher.finalize().into(),
+        }
+    }
+
+    fn digest(&self) -> [u8; 32] {
+        match self {
+            JobBody::Bytes(body) => body_digest(body),
+            JobBody::Decoded { digest, .. } => *digest,
+        }
+    }
+
+    /// The request, parsed and validated.
+    pub fn request(&self) -> Result<Cow<'_, JobRequest>, RequestError> {
+        match self {
+            JobBody::Bytes(body) => JobRequest::parse(body).map(Cow::Owned),
+            JobBody::Decoded { request, .. } => {
+                request.validate()?;
+                Ok(Cow::Borrowed(&**request))
+            }
+        }
+    }
+
+    /// The route it names, if it names one (read again from bytes only for
+    /// a refusal's log line).
+    pub fn route(&self) -> Option<String> {
+        match self {
+            JobBody::Bytes(body) => {
+                #[derive(serde::Deserialize)]
+                struct Routed {
+                    route: Option<String>,
+                }
+                let Routed { route } = serde_json::from_slice(body).ok()?;
+                Some(route.unwrap_or_else(|| "default".to_string()))
+            }
+            JobBody::Decoded { request, .. } => Some(request.route.clone()),
+        }
+    }
+}
+
 /// What accepting a job needs of the server: its store, clock, routes,
 /// engine (`None` when this server only stores jobs) and replay memory.
 /// Every front door submits through one of these.
@@ -89,7 +155,7 @@ pub async fn submit(
     intake: Intake<'_>,
     caller: &Caller,
     key: &IdempotencyKey,
-    body: &[u8],
+    body: &JobBody<'_>,
     admission: &Admission,
 ) -> Result<Submission, SubmitError> {
     let Intake {
@@ -101,7 +167,7 @@ pub async fn submit(
     } = intake;
     // A replay of a job that can no longer change, with the very bytes that
     // matched it before: answered from memory, nothing parsed or read.
-    let digest = body_digest(body);
+    let digest = body.digest();
     let remembered = replays.finished.get(&caller.owner_id, key.as_str());
     if let Some(hit) = &remembered {
         if hit.same_body(&digest) {
@@ -118,7 +184,7 @@ pub async fn submit(
             });
         }
     }
-    let request = JobRequest::parse(body)?;
+    let request = body.request()?;
     let Some(route) = routes.get(&request.route) else {
         let known: Vec<&str> = routes.keys().map(String::as_str).collect();
         return Err(RequestError::Invalid(format!(
@@ -402,6 +468,24 @@ pub fn attempt_resolution(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_decoded_body_is_known_by_its_door_and_bytes_alone() {
+        let request = || JobRequest::parse(br#"{"messages":[{"role":"user","content":"hi"}]}"#);
+        let raw = br#"{"model":"default","messages":[{"role":"user","content":"hi"}]}"#;
+        let digest =
+            |door: &str, raw: &[u8]| JobBody::decoded(door, raw, request().unwrap()).digest();
+        assert_eq!(digest("openai.chat", raw), digest("openai.chat", raw));
+        assert_ne!(digest("openai.chat", raw), digest("anthropic", raw));
+        assert_ne!(digest("openai.chat", raw), digest("openai.chat", b"{}"));
+        // Nor is it the digest of the same bytes sent as a job.
+        assert_ne!(digest("openai.chat", raw), JobBody::Bytes(raw).digest());
+        // A decoded request is held to the job's rules too.
+        let mut empty = request().unwrap();
+        empty.route = " ".into();
+        let body = JobBody::decoded("openai.chat", raw, empty);
+        assert!(matches!(body.request(), Err(RequestError::Invalid(m)) if m.starts_with("route:")));
+    }
 
     #[test]
     fn a_job_decision_is_its_action_and_a_result_only_to_complete() {

@@ -208,7 +208,7 @@ impl Bench {
             intake,
             &caller,
             &IdempotencyKey::parse(key.as_bytes()).unwrap(),
-            body.to_string().as_bytes(),
+            &onejob::jobs::JobBody::Bytes(body.to_string().as_bytes()),
             &Admission::unlimited(&OWNER.into()),
         )
         .await

@@ -191,7 +191,13 @@ impl JobRequest {
         Some(request)
     }
 
+    /// The request a JSON tree holds, validated; a field of the wrong type
+    /// is named by its path.
     pub fn from_value(value: Value) -> Result<Self, RequestError> {
+        if let Ok(request) = JobRequest::deserialize(&value) {
+            request.validate()?;
+            return Ok(request);
+        }
         if !value.is_object() {
             return Err(RequestError::Invalid("body must be a JSON object".into()));
         }
@@ -208,7 +214,9 @@ impl JobRequest {
         Ok(request)
     }
 
-    fn validate(&self) -> Result<(), RequestError> {
+    /// The request's rules beyond its shape, which [`JobRequest::parse`]
+    /// checks too; a door that builds a request itself checks them here.
+    pub fn validate(&self) -> Result<(), RequestError> {
         let invalid = |m: &str| Err(RequestError::Invalid(m.to_string()));
         match (&self.contract, &self.messages) {
             (Some(_), Some(_)) => {

@@ -19,6 +19,7 @@ use crate::domain::request::IdempotencyKey;
 use crate::domain::{Attempt, AttemptId, ErrorKind, Job, JobState, OwnerId};
 use crate::engine::stream::{StreamEvent, StreamHub};
 use crate::engine::Handed;
+pub use crate::jobs::JobBody;
 use crate::jobs::{self, Intake, Submission};
 use crate::keys::Caller;
 use crate::metrics::Metrics;
@@ -143,9 +144,9 @@ pub fn door_key(state: &AppState, headers: &HeaderMap) -> Result<DoorKey, ApiErr
 async fn fingerprint_key(
     state: &AppState,
     owner: &OwnerId,
-    job_body: &[u8],
+    job_body: &JobBody<'_>,
 ) -> Result<IdempotencyKey, ApiError> {
-    let request = crate::domain::JobRequest::parse(job_body).map_err(jobs::SubmitError::Request)?;
+    let request = job_body.request().map_err(jobs::SubmitError::Request)?;
     let fingerprint = crate::domain::fingerprint::fingerprint(&request.to_value());
     let digest = fingerprint.get(..32).unwrap_or(&fingerprint);
     let window = state.config.fingerprint_window.as_millis().max(1) as i64;
@@ -179,7 +180,11 @@ impl Arrival {
     /// Under `idempotency = "fingerprint"`, a keyless request's key is its
     /// body's: every door calls this with the job body it decoded, before
     /// the key is used (the submit, a stream's hub). Otherwise a no-op.
-    pub async fn key_body(&mut self, state: &AppState, job_body: &[u8]) -> Result<(), ApiError> {
+    pub async fn key_body(
+        &mut self,
+        state: &AppState,
+        job_body: &JobBody<'_>,
+    ) -> Result<(), ApiError> {
         if self.key.by_body {
             self.key.key = fingerprint_key(state, &self.caller.owner_id, job_body).await?;
             self.key.by_body = false;
@@ -200,11 +205,11 @@ pub fn arrive(state: &AppState, caller: Caller, headers: &HeaderMap) -> Result<A
 }
 
 /// The one submit every door makes, with its counters: `job_body` is the
-/// job request the door decoded (`POST /v1/jobs`'s body shape).
+/// job request the door decoded, or `POST /v1/jobs`'s body as it came.
 pub async fn submit(
     state: &AppState,
     arrival: &Arrival,
-    job_body: &[u8],
+    job_body: &JobBody<'_>,
 ) -> Result<Submission, ApiError> {
     if arrival.key.by_body {
         // A door that skipped `key_body` would run under the placeholder: a
@@ -231,17 +236,12 @@ pub async fn submit(
     let submission = match submitted {
         Ok(s) => s,
         Err(e) => {
-            // The route, for the refusal's log line (read again only here).
-            #[derive(serde::Deserialize)]
-            struct Routed {
-                route: Option<String>,
-            }
-            // Only a configured route's name: whatever else a client wrote
-            // there (a key pasted as the model) is never logged.
-            if let Ok(Routed { route }) = serde_json::from_slice(job_body) {
-                let route = route.as_deref().unwrap_or("default");
-                if state.config.routes.contains_key(route) {
-                    super::refusals::note_route(route);
+            // The route, for the refusal's log line. Only a configured
+            // route's name: whatever else a client wrote there (a key
+            // pasted as the model) is never logged.
+            if let Some(route) = job_body.route() {
+                if state.config.routes.contains_key(&route) {
+                    super::refusals::note_route(&route);
                 }
             }
             if matches!(e, jobs::SubmitError::KeyReused { .. }) {
@@ -311,7 +311,7 @@ impl Settled {
 pub async fn run(
     state: &AppState,
     arrival: &mut Arrival,
-    job_body: &[u8],
+    job_body: &JobBody<'_>,
     headers: &HeaderMap,
 ) -> Result<Settled, ApiError> {
     arrival.key_body(state, job_body).await?;
@@ -593,7 +593,7 @@ impl Opened {
 pub async fn open_stream(
     state: &AppState,
     arrival: &mut Arrival,
-    job_body: &[u8],
+    job_body: &JobBody<'_>,
     headers: &HeaderMap,
 ) -> Result<Opened, ApiError> {
     arrival.key_body(state, job_body).await?;

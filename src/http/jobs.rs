@@ -24,6 +24,7 @@ pub async fn create(
     LimitedBody(body): LimitedBody,
 ) -> Result<Response, ApiError> {
     let mut arrival = door::arrive(&state, caller, &headers)?;
+    let body = door::JobBody::Bytes(&body);
     arrival.key_body(&state, &body).await?;
     let mut submission = door::submit(&state, &arrival, &body).await?;
     let status = if submission.replayed {

@@ -14,7 +14,7 @@ use onejob::domain::request::IdempotencyKey;
 use onejob::domain::{JobState, Millis};
 use onejob::engine::hedging::RouteHedging;
 use onejob::engine::{Engine, Gate};
-use onejob::jobs::{submit, Intake};
+use onejob::jobs::{submit, Intake, JobBody};
 use onejob::keys::Caller;
 use onejob::metrics::Metrics;
 use onejob::providers::catalog::Catalog;
@@ -215,7 +215,7 @@ async fn drive(run: HedgeRun, db: std::path::PathBuf) -> HedgeOutcome {
                 intake,
                 &caller,
                 &key,
-                &body(n),
+                &JobBody::Bytes(&body(n)),
                 &Admission::unlimited(&OWNER.into()),
             )
             .await

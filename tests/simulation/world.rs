@@ -11,7 +11,7 @@ use onejob::config::{Config, Overrides};
 use onejob::domain::request::IdempotencyKey;
 use onejob::domain::{Attempt, Job, JobId, JobState, Millis};
 use onejob::engine::{Engine, Gate};
-use onejob::jobs::{submit, Intake, SubmitError};
+use onejob::jobs::{submit, Intake, JobBody, SubmitError};
 use onejob::keys::Caller;
 use onejob::metrics::Metrics;
 use onejob::providers::catalog::Catalog;
@@ -326,7 +326,7 @@ async fn click(shared: Rc<Shared>, job: usize, c: usize) {
                 intake,
                 &caller,
                 &key,
-                &body(&text),
+                &JobBody::Bytes(&body(&text)),
                 &Admission::unlimited(&OWNER.into()),
             )
             .await;

@@ -9,6 +9,8 @@
 //! 400 `invalid_request_error` naming the field, never dropped.
 
 use super::error::AnthropicError;
+use crate::domain::JobRequest;
+use crate::jobs::SubmitError;
 use serde_json::{json, Map, Value};
 
 /// Fields of a Messages request onejob carries to the job (or handles
@@ -37,9 +39,9 @@ pub(super) enum Endpoint {
 
 /// A Messages request, decoded.
 pub(super) struct Decoded {
-    /// The job request (`POST /v1/jobs`'s shape). `stream` never enters
-    /// it, so it is not part of the fingerprint.
-    pub job_body: Vec<u8>,
+    /// The job request. `stream` never enters it, so it is not part of
+    /// the fingerprint.
+    pub request: JobRequest,
     pub stream: bool,
 }
 
@@ -135,10 +137,11 @@ pub(super) fn decode(raw: &[u8], endpoint: Endpoint) -> Result<Decoded, Invalid>
         Some(_) => return Err(invalid("stream", "a boolean is required")),
     };
     let body = json!({ "messages": messages, "params": params, "route": model });
-    Ok(Decoded {
-        job_body: body.to_string().into_bytes(),
-        stream,
-    })
+    // The tree just built, read as the job request: nothing is written out
+    // to be parsed again.
+    let request = JobRequest::from_value(body)
+        .map_err(|e| AnthropicError::submit(SubmitError::from(e).into()))?;
+    Ok(Decoded { request, stream })
 }
 
 fn text_of<'a>(block: &'a Value, field: &str) -> Result<&'a str, Invalid> {

@@ -28,8 +28,6 @@ use super::AppState;
 use crate::contracts::render::RenderedPrompt;
 use crate::contracts::tokenizer::count_prompt_tokens;
 use crate::domain::request::{Message, Role};
-use crate::domain::JobRequest;
-use crate::jobs::SubmitError;
 use crate::keys::Caller;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -49,14 +47,15 @@ pub async fn create(
     let LimitedBody(raw) = body?;
     let mut arrival = door::arrive(&state, caller, &headers)?;
     let decoded = decode::decode(&raw, Endpoint::Messages)?;
+    let job_body = door::JobBody::decoded("anthropic.messages", &raw, decoded.request);
     if decoded.stream {
-        let opened = door::open_stream(&state, &mut arrival, &decoded.job_body, &headers)
+        let opened = door::open_stream(&state, &mut arrival, &job_body, &headers)
             .await
             .map_err(AnthropicError::submit)?;
         let encoder = encode::Encoder::new(&opened.job);
         return Ok(door::stream_response(opened, &arrival.key, encoder)?);
     }
-    let settled = door::run(&state, &mut arrival, &decoded.job_body, &headers)
+    let settled = door::run(&state, &mut arrival, &job_body, &headers)
         .await
         .map_err(AnthropicError::submit)?;
     let response = door::respond(
@@ -81,9 +80,7 @@ pub async fn count_tokens(
 ) -> Result<Response, AnthropicError> {
     caller?;
     let LimitedBody(raw) = body?;
-    let decoded = decode::decode(&raw, Endpoint::CountTokens)?;
-    let request = JobRequest::parse(&decoded.job_body)
-        .map_err(|e| AnthropicError::submit(SubmitError::from(e).into()))?;
+    let request = decode::decode(&raw, Endpoint::CountTokens)?.request;
     let Some(route) = state.config.routes.get(&request.route) else {
         return Err(AnthropicError::new(
             StatusCode::NOT_FOUND,

@@ -4,7 +4,11 @@
 
 use super::error::CompatError;
 use super::stream::StreamAsk;
+use crate::domain::request::{Message, Params, Role};
+use crate::domain::JobRequest;
+use crate::http::error::ApiError;
 use axum::http::StatusCode;
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 /// Fields of a chat completion request onejob carries to the job (or, for
@@ -44,11 +48,11 @@ const ACCEPTED: &[&str] = &[
 /// text (images are passed to providers that accept them).
 fn content_of(
     i: usize,
-    content: Option<&Value>,
+    content: Option<Value>,
 ) -> Result<(String, Option<Vec<Value>>), CompatError> {
-    let field = format!("messages[{i}].content");
+    let field = || format!("messages[{i}].content");
     match content {
-        Some(Value::String(s)) => Ok((s.clone(), None)),
+        Some(Value::String(s)) => Ok((s, None)),
         None | Some(Value::Null) => Ok((String::new(), None)),
         Some(Value::Array(parts)) => {
             let mut text = String::new();
@@ -59,7 +63,7 @@ fn content_of(
                         Some(t) => text.push_str(t),
                         None => {
                             return Err(CompatError::invalid(
-                                &format!("{field}[{j}].text"),
+                                &format!("{}[{j}].text", field()),
                                 "a string is required",
                             ))
                         }
@@ -71,30 +75,30 @@ fn content_of(
                     }
                     Some("image_url") => {
                         return Err(CompatError::invalid(
-                            &format!("{field}[{j}].image_url.url"),
+                            &format!("{}[{j}].image_url.url", field()),
                             "a string is required",
                         ))
                     }
                     _ => {
                         return Err(CompatError::unsupported(
-                            &format!("{field}[{j}].type"),
+                            &format!("{}[{j}].type", field()),
                             "only text and image_url parts are supported",
                         ))
                     }
                 }
             }
-            Ok((text, other.then(|| parts.clone())))
+            Ok((text, other.then_some(parts)))
         }
         Some(_) => Err(CompatError::invalid(
-            &field,
+            &field(),
             "a string or a list of content parts is required",
         )),
     }
 }
 
 /// One chat message as a job message.
-fn message_of(i: usize, m: &Value) -> Result<Value, CompatError> {
-    let Some(fields) = m.as_object() else {
+fn message_of(i: usize, m: Value) -> Result<Message, CompatError> {
+    let Value::Object(mut fields) = m else {
         return Err(CompatError::invalid(
             &format!("messages[{i}]"),
             "an object is required",
@@ -111,9 +115,11 @@ fn message_of(i: usize, m: &Value) -> Result<Value, CompatError> {
             ));
         }
     }
-    let role = match m["role"].as_str() {
-        Some("developer" | "system") => "system",
-        Some(role @ ("user" | "assistant" | "tool")) => role,
+    let role = match fields.get("role").and_then(Value::as_str) {
+        Some("developer" | "system") => Role::System,
+        Some("user") => Role::User,
+        Some("assistant") => Role::Assistant,
+        Some("tool") => Role::Tool,
         _ => {
             return Err(CompatError::invalid(
                 &format!("messages[{i}].role"),
@@ -121,18 +127,12 @@ fn message_of(i: usize, m: &Value) -> Result<Value, CompatError> {
             ))
         }
     };
-    let (content, parts) = content_of(i, m.get("content"))?;
-    let mut message = Map::new();
-    message.insert("role".into(), json!(role));
-    message.insert("content".into(), json!(content));
-    if let Some(parts) = parts {
-        message.insert("parts".into(), Value::Array(parts));
-    }
-    match m.get("name") {
+    let (content, parts) = content_of(i, fields.remove("content"))?;
+    let mut message = Message::new(role, content);
+    message.parts = parts;
+    match fields.remove("name") {
         None | Some(Value::Null) => {}
-        Some(Value::String(name)) if !name.is_empty() => {
-            message.insert("name".into(), json!(name));
-        }
+        Some(Value::String(name)) if !name.is_empty() => message.name = Some(name),
         Some(_) => {
             return Err(CompatError::invalid(
                 &format!("messages[{i}].name"),
@@ -140,11 +140,9 @@ fn message_of(i: usize, m: &Value) -> Result<Value, CompatError> {
             ))
         }
     }
-    match (role, m.get("tool_calls")) {
+    match (role, fields.remove("tool_calls")) {
         (_, None | Some(Value::Null)) => {}
-        ("assistant", Some(Value::Array(calls))) => {
-            message.insert("tool_calls".into(), Value::Array(calls.clone()));
-        }
+        (Role::Assistant, Some(Value::Array(calls))) => message.tool_calls = Some(calls),
         _ => {
             return Err(CompatError::invalid(
                 &format!("messages[{i}].tool_calls"),
@@ -152,12 +150,10 @@ fn message_of(i: usize, m: &Value) -> Result<Value, CompatError> {
             ))
         }
     }
-    if role == "tool" {
-        match m["tool_call_id"].as_str() {
-            Some(id) => {
-                message.insert("tool_call_id".into(), json!(id));
-            }
-            None => {
+    if role == Role::Tool {
+        match fields.remove("tool_call_id") {
+            Some(Value::String(id)) => message.tool_call_id = Some(id),
+            _ => {
                 return Err(CompatError::invalid(
                     &format!("messages[{i}].tool_call_id"),
                     "required on a tool turn",
@@ -165,21 +161,22 @@ fn message_of(i: usize, m: &Value) -> Result<Value, CompatError> {
             }
         }
     }
-    Ok(Value::Object(message))
+    Ok(message)
 }
 
 /// A completion request, decoded: the job request it makes, and what the
 /// client asked of the stream when it asked for one.
 pub(super) struct Decoded {
-    pub job_body: Vec<u8>,
+    pub request: JobRequest,
     pub stream: Option<StreamAsk>,
 }
 
-/// The job request a completion request makes. `stream` and
-/// `stream_options` never enter it, so they are not part of its
-/// fingerprint: one intent may be replayed streamed or not.
+/// The job request a completion request makes, built from the request's
+/// fields as they were parsed (nothing is written out to be parsed again).
+/// `stream` and `stream_options` never enter it, so they are not part of
+/// its fingerprint: one intent may be replayed streamed or not.
 pub(super) fn decode(raw: &[u8]) -> Result<Decoded, CompatError> {
-    let request: Map<String, Value> = serde_json::from_slice(raw).map_err(|e| CompatError {
+    let mut request: Map<String, Value> = serde_json::from_slice(raw).map_err(|e| CompatError {
         status: StatusCode::BAD_REQUEST,
         kind: "invalid_request_error",
         code: "malformed_json".into(),
@@ -191,8 +188,8 @@ pub(super) fn decode(raw: &[u8]) -> Result<Decoded, CompatError> {
     if let Some(field) = request.keys().find(|k| !ACCEPTED.contains(&k.as_str())) {
         return Err(CompatError::unsupported(field, "not supported by onejob"));
     }
-    let model = match request.get("model") {
-        Some(Value::String(m)) if !m.is_empty() => m.clone(),
+    let route = match request.remove("model") {
+        Some(Value::String(m)) if !m.is_empty() => m,
         _ => {
             return Err(CompatError::invalid(
                 "model",
@@ -240,13 +237,13 @@ pub(super) fn decode(raw: &[u8]) -> Result<Decoded, CompatError> {
     };
     let mut openai = Map::new();
     for name in crate::domain::request::OPENAI_PASS_THROUGH {
-        if let Some(v) = request.get(*name).filter(|v| !v.is_null()) {
-            openai.insert((*name).to_string(), v.clone());
+        if let Some(v) = request.remove(*name).filter(|v| !v.is_null()) {
+            openai.insert((*name).to_string(), v);
         }
     }
-    let messages = match request.get("messages") {
+    let messages = match request.remove("messages") {
         Some(Value::Array(m)) => m
-            .iter()
+            .into_iter()
             .enumerate()
             .map(|(i, m)| message_of(i, m))
             .collect::<Result<Vec<_>, _>>()?,
@@ -258,23 +255,24 @@ pub(super) fn decode(raw: &[u8]) -> Result<Decoded, CompatError> {
         }
     };
     let mut params = Map::new();
-    let max_tokens = request
-        .get("max_completion_tokens")
-        .filter(|v| !v.is_null())
-        .or(request.get("max_tokens"));
+    let max_completion_tokens = request
+        .remove("max_completion_tokens")
+        .filter(|v| !v.is_null());
+    let max_tokens = max_completion_tokens.or(request.remove("max_tokens"));
+    let mut take = |name: &str| request.remove(name);
     for (name, value) in [
-        ("temperature", request.get("temperature")),
-        ("top_p", request.get("top_p")),
+        ("temperature", take("temperature")),
+        ("top_p", take("top_p")),
         ("max_tokens", max_tokens),
-        ("seed", request.get("seed")),
-        ("user", request.get("user")),
-        ("presence_penalty", request.get("presence_penalty")),
-        ("frequency_penalty", request.get("frequency_penalty")),
-        ("tools", request.get("tools")),
-        ("tool_choice", request.get("tool_choice")),
+        ("seed", take("seed")),
+        ("user", take("user")),
+        ("presence_penalty", take("presence_penalty")),
+        ("frequency_penalty", take("frequency_penalty")),
+        ("tools", take("tools")),
+        ("tool_choice", take("tool_choice")),
     ] {
         if let Some(v) = value.filter(|v| !v.is_null()) {
-            params.insert(name.into(), v.clone());
+            params.insert(name.into(), v);
         }
     }
     if let Some(parallel) = parallel_tool_calls {
@@ -283,25 +281,137 @@ pub(super) fn decode(raw: &[u8]) -> Result<Decoded, CompatError> {
     if !openai.is_empty() {
         params.insert("openai".into(), Value::Object(openai));
     }
-    match request.get("stop") {
+    match request.remove("stop") {
         None | Some(Value::Null) => {}
         Some(Value::String(s)) => {
             params.insert("stop".into(), json!([s]));
         }
         Some(list) => {
-            params.insert("stop".into(), list.clone());
+            params.insert("stop".into(), list);
         }
     }
-    match request.get("response_format") {
+    match request.remove("response_format") {
         None | Some(Value::Null) => {}
         Some(format) if format["type"] == "text" => {}
         Some(format) => {
-            params.insert("response_format".into(), format.clone());
+            params.insert("response_format".into(), format);
         }
     }
-    let body = json!({ "messages": messages, "params": params, "route": model });
     Ok(Decoded {
-        job_body: crate::domain::json_text(&body).into_bytes(),
+        request: JobRequest {
+            contract: None,
+            input: None,
+            messages: Some(messages),
+            params: params_of(Value::Object(params))?,
+            route,
+            door: None,
+        },
         stream,
     })
+}
+
+/// The job's params from the fields the request gave them, refused with
+/// the job API's wording (`params.<field>: <why>`) when one has the wrong
+/// type.
+fn params_of(params: Value) -> Result<Params, CompatError> {
+    if let Ok(params) = Params::deserialize(&params) {
+        return Ok(params);
+    }
+    let refused = match serde_path_to_error::deserialize::<_, Params>(params) {
+        Ok(params) => return Ok(params),
+        Err(e) => {
+            let path = e.path().to_string();
+            format!("params.{path}: {}", e.into_inner())
+        }
+    };
+    Err(CompatError::submitted(ApiError::InvalidRequest(refused)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decoded(body: Value) -> Result<Decoded, CompatError> {
+        decode(serde_json::to_vec(&body).unwrap().as_slice())
+    }
+
+    #[test]
+    fn a_completion_request_is_the_job_request_the_jobs_api_would_take() {
+        let chat = json!({
+            "model": "default",
+            "messages": [
+                {"role": "developer", "content": "be brief"},
+                {"role": "user", "name": "ana", "content": [
+                    {"type": "text", "text": "what is "},
+                    {"type": "image_url", "image_url": {"url": "https://x/y.png"}},
+                    {"type": "text", "text": "this?"}
+                ]},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ]},
+                {"role": "tool", "tool_call_id": "c1", "content": "42"}
+            ],
+            "temperature": 0.5, "top_p": 0.9, "max_tokens": 10, "max_completion_tokens": 64,
+            "seed": 7, "user": "u-1", "stop": "END", "presence_penalty": 0.1,
+            "frequency_penalty": null, "parallel_tool_calls": false,
+            "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto",
+            "response_format": {"type": "json_object"}, "metadata": {"a": "b"},
+            "store": false, "stream": true, "stream_options": {"include_usage": true}
+        });
+        let job = json!({
+            "route": "default",
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "name": "ana", "content": "what is this?", "parts": [
+                    {"type": "text", "text": "what is "},
+                    {"type": "image_url", "image_url": {"url": "https://x/y.png"}},
+                    {"type": "text", "text": "this?"}
+                ]},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ]},
+                {"role": "tool", "tool_call_id": "c1", "content": "42"}
+            ],
+            "params": {
+                "temperature": 0.5, "top_p": 0.9, "max_tokens": 64, "seed": 7, "user": "u-1",
+                "stop": ["END"], "presence_penalty": 0.1, "parallel_tool_calls": false,
+                "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto",
+                "response_format": {"type": "json_object"},
+                "openai": {"metadata": {"a": "b"}, "store": false}
+            }
+        });
+        let got = decoded(chat).unwrap();
+        let want = JobRequest::parse(job.to_string().as_bytes()).unwrap();
+        assert_eq!(got.request, want);
+        assert!(got.stream.is_some_and(|s| s.include_usage));
+    }
+
+    #[test]
+    fn a_param_of_the_wrong_type_is_refused_by_its_name() {
+        for (field, value, path) in [
+            (
+                "temperature",
+                json!("hot"),
+                "params.temperature: invalid type",
+            ),
+            ("stop", json!(["a", 1]), "params.stop[1]: invalid type"),
+            ("max_tokens", json!(-1), "params.max_tokens: invalid value"),
+        ] {
+            let mut body =
+                json!({"model": "default", "messages": [{"role": "user", "content": "hi"}]});
+            body[field] = value;
+            let Err(e) = decoded(body) else {
+                panic!("{field} of the wrong type was taken")
+            };
+            assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY, "{field}");
+            assert_eq!(e.code, "invalid_request", "{field}");
+            let param = path
+                .split(':')
+                .next()
+                .unwrap()
+                .trim_start_matches("params.");
+            assert_eq!(e.param.as_deref(), Some(param), "{field}");
+            assert!(e.message.starts_with(path), "{field}: {}", e.message);
+        }
+    }
 }

@@ -42,14 +42,15 @@ pub async fn create(
     let LimitedBody(raw) = body?;
     let mut arrival = door::arrive(&state, caller, &headers)?;
     let decoded = decode::decode(&raw)?;
+    let job_body = door::JobBody::decoded("openai.chat", &raw, decoded.request);
     if let Some(ask) = decoded.stream {
-        let opened = door::open_stream(&state, &mut arrival, &decoded.job_body, &headers)
+        let opened = door::open_stream(&state, &mut arrival, &job_body, &headers)
             .await
             .map_err(CompatError::submitted)?;
         let renderer = stream::Renderer::new(&opened.job, ask, &headers);
         return Ok(door::stream_response(opened, &arrival.key, renderer)?);
     }
-    let settled = door::run(&state, &mut arrival, &decoded.job_body, &headers)
+    let settled = door::run(&state, &mut arrival, &job_body, &headers)
         .await
         .map_err(CompatError::submitted)?;
     let response = door::respond(

@@ -60,6 +60,7 @@ pub async fn create(
         None => Vec::new(),
     };
     let job_body = decoded.job_body(history);
+    let job_body = door::JobBody::Bytes(&job_body);
     if decoded.stream {
         let opened = door::open_stream(&state, &mut arrival, &job_body, &headers)
             .await

@@ -5,32 +5,81 @@ use super::error::CompatError;
 use crate::domain::Job;
 use crate::http::door::{Answer, Refused};
 use axum::Json;
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 
-/// A succeeded job as a `chat.completion`.
-pub(super) fn completion(job: &Job, answer: Answer) -> Json<Value> {
-    let content = answer.text.map_or(Value::Null, Value::String);
-    let (message, finish_reason) = if answer.tool_calls.is_empty() {
-        (
-            json!({"role": "assistant", "content": content, "refusal": null}),
-            "stop",
-        )
+/// A succeeded job as a `chat.completion`, written straight from the
+/// answer (no JSON tree built first).
+pub(super) fn completion(job: &Job, answer: Answer) -> Json<Completion> {
+    let (prompt, completion) = (
+        u64::from(answer.usage.prompt_tokens),
+        u64::from(answer.usage.completion_tokens),
+    );
+    let finish_reason = if answer.tool_calls.is_empty() {
+        "stop"
     } else {
-        (
-            json!({"role": "assistant", "content": content,
-                   "tool_calls": answer.tool_calls, "refusal": null}),
-            "tool_calls",
-        )
+        "tool_calls"
     };
-    let (prompt, completion) = (answer.usage.prompt_tokens, answer.usage.completion_tokens);
-    Json(json!({
-        "id": format!("chatcmpl-{}", job.id),
-        "object": "chat.completion",
-        "created": job.created_at / 1000,
-        "model": answer.model,
-        "choices": [{ "index": 0, "message": message, "finish_reason": finish_reason, "logprobs": null }],
-        "usage": { "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion }
-    }))
+    Json(Completion {
+        id: format!("chatcmpl-{}", job.id),
+        object: "chat.completion",
+        created: job.created_at / 1000,
+        model: answer.model,
+        choices: [Choice {
+            index: 0,
+            message: Turn {
+                role: "assistant",
+                content: answer.text,
+                tool_calls: answer.tool_calls,
+                refusal: (),
+            },
+            finish_reason,
+            logprobs: (),
+        }],
+        usage: Tokens {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: prompt + completion,
+        },
+    })
+}
+
+/// A `chat.completion` object, as OpenAI's API reference draws it.
+#[derive(Serialize)]
+pub(super) struct Completion {
+    id: String,
+    object: &'static str,
+    created: i64,
+    model: String,
+    choices: [Choice; 1],
+    usage: Tokens,
+}
+
+#[derive(Serialize)]
+struct Choice {
+    index: u32,
+    message: Turn,
+    finish_reason: &'static str,
+    /// Always `null`: a job keeps no token log probabilities.
+    logprobs: (),
+}
+
+#[derive(Serialize)]
+struct Turn {
+    role: &'static str,
+    /// `null` for a tool-call turn without text.
+    content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<Value>,
+    /// Always `null`: a refusal is answered as an error.
+    refusal: (),
+}
+
+#[derive(Serialize)]
+struct Tokens {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    total_tokens: u64,
 }
 
 /// A job that did not succeed: the provider's code kept, a status the SDKs

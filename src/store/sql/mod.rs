@@ -91,12 +91,14 @@ macro_rules! usage_on_conflict {
 }
 
 /// The job's insert unless its (owner, key) exists, as a literal for
-/// `concat!`; `$1`..`$12` are `jobs::job_args`.
+/// `concat!`; `$1`..`$12` are `jobs::job_args`, each first named in order
+/// (so SQLite binds them by index, not by name).
 macro_rules! insert_job {
     () => {
-        "INSERT INTO jobs (id, owner_id, idempotency_key, fingerprint, request, route, state, \
-         version, attempt_count, created_at, updated_at, next_run_at, lease_owner, lease_until, key_id) \
-         VALUES ($1, $2, $3, $4, $5, $6, $11, 0, $12, $7, $7, $7, $8, $9, $10) \
+        "INSERT INTO jobs (id, owner_id, idempotency_key, fingerprint, request, route, \
+         created_at, updated_at, next_run_at, lease_owner, lease_until, key_id, state, version, \
+         attempt_count) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $7, $8, $9, $10, $11, 0, $12) \
          ON CONFLICT (owner_id, idempotency_key) DO NOTHING"
     };
 }

@@ -10,6 +10,7 @@
 
 use super::error::ResponsesError;
 use super::input;
+use crate::domain::{JobRequest, RequestError};
 use axum::http::StatusCode;
 use serde_json::{json, Map, Value};
 
@@ -54,21 +55,27 @@ pub(super) struct Decoded {
 
 impl Decoded {
     /// The job request: the instructions (never those of a previous
-    /// response), the previous response's turns, then this input.
-    pub(super) fn job_body(&self, history: Vec<Value>) -> Vec<u8> {
+    /// response), the previous response's turns, then this input. The tree
+    /// built is read as the request (nothing is written out to be parsed
+    /// again).
+    pub(super) fn request(&self, history: Vec<Value>) -> Result<JobRequest, RequestError> {
+        JobRequest::from_value(self.body(history))
+    }
+
+    /// The job request as JSON, in `POST /v1/jobs`'s shape.
+    fn body(&self, history: Vec<Value>) -> Value {
         let mut messages = Vec::new();
         if let Some(text) = &self.instructions {
             messages.push(json!({"role": "system", "content": text}));
         }
         messages.extend(history);
         messages.extend(self.messages.iter().cloned());
-        let body = json!({
+        json!({
             "messages": messages,
             "params": self.params,
             "route": self.route,
             "door": {"responses": self.echo},
-        });
-        body.to_string().into_bytes()
+        })
     }
 }
 
@@ -370,7 +377,7 @@ mod tests {
 
     fn job_request(body: Value) -> Value {
         let decoded = decode(body.to_string().as_bytes()).unwrap();
-        serde_json::from_slice(&decoded.job_body(Vec::new())).unwrap()
+        decoded.body(Vec::new())
     }
 
     fn refused(body: Value) -> ResponsesError {

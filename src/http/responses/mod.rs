@@ -59,8 +59,13 @@ pub async fn create(
         Some(id) => previous_turns(&state, &arrival.caller, id).await?,
         None => Vec::new(),
     };
-    let job_body = decoded.job_body(history);
-    let job_body = door::JobBody::Bytes(&job_body);
+    let request = decoded
+        .request(history)
+        .map_err(|e| error::submit(jobs::SubmitError::from(e).into()))?;
+    // A previous response's turns are part of the job, but need no place in
+    // its digest: only a completed response (which never changes) can be
+    // continued, and its id is in the bytes.
+    let job_body = door::JobBody::decoded("openai.responses", &raw, request);
     if decoded.stream {
         let opened = door::open_stream(&state, &mut arrival, &job_body, &headers)
             .await

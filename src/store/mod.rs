@@ -123,6 +123,7 @@ mod sql;
 pub mod sqlite;
 mod switches;
 pub mod tenants;
+mod wal_writes;
 pub mod webhooks;
 
 pub use attempts::{AttemptResolution, AttemptStore, FinishAttempt, FinishOutcome};

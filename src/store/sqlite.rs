@@ -404,7 +404,14 @@ where
 /// A connection to the file: `synchronous` and `foreign_keys` are a
 /// connection's own settings (WAL is the file's).
 fn open_conn(path: &Path) -> Result<rusqlite::Connection, StoreError> {
-    let conn = rusqlite::Connection::open(path)?;
+    // The WAL's frames reach the file in one write per commit; that needs
+    // `synchronous = FULL`, set next (see `wal_writes`).
+    super::wal_writes::register()?;
+    let conn = rusqlite::Connection::open_with_flags_and_vfs(
+        path,
+        rusqlite::OpenFlags::default(),
+        super::wal_writes::NAME,
+    )?;
     conn.busy_timeout(BUSY_TIMEOUT)?;
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;

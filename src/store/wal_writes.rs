@@ -464,4 +464,46 @@ mod tests {
             .unwrap();
         assert_eq!(check, "ok");
     }
+
+    #[test]
+    fn commits_after_a_checkpoint_restarts_the_wal_land_at_its_start() {
+        // A checkpoint that restarts the WAL makes the next commit write
+        // from its first frame again: a write before what waits, which
+        // must reach the file on its own.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let conn = open(&path);
+        conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")
+            .unwrap();
+        for round in 0..3 {
+            conn.execute_batch(
+                "BEGIN; WITH RECURSIVE n(v) AS (SELECT 1 UNION ALL SELECT v + 1 FROM n WHERE v < 100) \
+                 INSERT INTO t (body) SELECT printf('%0400d', v) FROM n; COMMIT;",
+            )
+            .unwrap();
+            if round < 2 {
+                let busy: i64 = conn
+                    .query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| r.get(0))
+                    .unwrap();
+                assert_eq!(busy, 0, "the checkpoint ran");
+            }
+        }
+        let copy = dir.path().join("copy.db");
+        std::fs::copy(&path, &copy).unwrap();
+        std::fs::copy(dir.path().join("t.db-wal"), dir.path().join("copy.db-wal")).unwrap();
+        drop(conn);
+        let other = Connection::open(&copy).unwrap();
+        let (count, sum): (i64, i64) = other
+            .query_row(
+                "SELECT COUNT(*), SUM(CAST(body AS INTEGER)) FROM t",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!((count, sum), (300, 3 * 100 * 101 / 2));
+        let check: String = other
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(check, "ok");
+    }
 }

@@ -11,6 +11,10 @@
 //! per row, for an ended attempt's rollup and an ended job's webhook
 //! deliveries, and never for a row its trigger has nothing to write for:
 //! on a new database and on one migrated to 0012, the same rows are written.
+//! SQLite's migration 0014 drops the rollup's trigger on an attempt's
+//! insert, which could never write: an attempt's insert enters no trigger
+//! program, its end still does, and the store inserts every attempt
+//! `started`.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 mod common;
@@ -234,6 +238,110 @@ async fn a_jobs_writes_build_no_temporary_btree_and_the_checks_still_refuse() {
             );
         }
     }
+}
+
+/// The trigger programs SQLite's plan for `sql` enters (`Program`).
+fn trigger_programs(conn: &rusqlite::Connection, sql: &str) -> usize {
+    let mut explain = conn.prepare(&format!("EXPLAIN {sql}")).unwrap();
+    let opcodes: Vec<String> = explain
+        .query_map([], |row| row.get::<_, String>(1))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    opcodes.iter().filter(|op| *op == "Program").count()
+}
+
+#[tokio::test]
+async fn an_attempts_insert_enters_no_trigger_and_its_end_is_still_counted() {
+    for earlier_build in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("onejob.db");
+        if earlier_build {
+            migrated_by_an_earlier_build(&file, 14)
+                .await
+                .close()
+                .await
+                .unwrap();
+        }
+        let store = SqliteStore::open(&file).await.unwrap();
+        store.migrate().await.unwrap();
+        store.close().await;
+
+        let conn = rusqlite::Connection::open(&file).unwrap();
+        let insert = "INSERT INTO attempts (id, job_id, seq, provider, kind, state, read_version, \
+                      started_at) VALUES ('a', 'j', 1, 'p', 'primary', 'started', 0, 1)";
+        let end = "UPDATE attempts SET state = 'succeeded', finished_at = 2 WHERE id = 'a'";
+        assert_eq!(
+            trigger_programs(&conn, insert),
+            0,
+            "earlier build {earlier_build}"
+        );
+        assert!(
+            trigger_programs(&conn, end) > 0,
+            "earlier build {earlier_build}"
+        );
+
+        conn.execute(
+            "INSERT INTO jobs (id, owner_id, idempotency_key, fingerprint, request, route, state, \
+             created_at, updated_at) VALUES ('j', 'o', 'k', 'f', '{}', 'default', 'running', 1, 1)",
+            [],
+        )
+        .unwrap();
+        conn.execute(insert, []).unwrap();
+        conn.execute(end, []).unwrap();
+        let counted: (String, i64) = conn
+            .query_row(
+                "SELECT state, attempts FROM attempt_hours WHERE provider = 'p'",
+                [],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(
+            counted,
+            ("succeeded".to_string(), 1),
+            "earlier build {earlier_build}"
+        );
+    }
+}
+
+/// The rule migration 0014 rests on: every insert of an attempt in the
+/// store's SQL writes it `started` (the hourly rollup counts an attempt
+/// when it leaves `started` or `unknown`).
+#[test]
+fn every_attempt_the_store_inserts_is_inserted_started() {
+    let mut inserts = 0;
+    let mut stack = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("src")];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            for (at, _) in text.match_indices("INSERT INTO attempts ") {
+                // Its columns and the row it inserts: up to the literal's
+                // closing quote, or the `FROM` of an `INSERT … SELECT`.
+                let statement = &text[at..];
+                let end = [statement.find("\","), statement.find(" FROM ")]
+                    .into_iter()
+                    .flatten()
+                    .min()
+                    .unwrap_or(statement.len());
+                let statement = &statement[..end];
+                inserts += 1;
+                assert!(
+                    statement.contains("'started'"),
+                    "{}: an attempt inserted in another state than 'started': {statement}",
+                    path.display()
+                );
+            }
+        }
+    }
+    assert!(
+        inserts >= 2,
+        "the store's attempt inserts were found ({inserts})"
+    );
 }
 
 /// How often each of PostgreSQL's trigger functions ran in the current

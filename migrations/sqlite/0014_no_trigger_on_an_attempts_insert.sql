@@ -1,0 +1,13 @@
+-- SQLite enters a trigger's program on every row the trigger may fire for,
+-- and tests its WHEN inside: each entry allocates, zeroes and frees a frame
+-- of the program's registers, whether or not the trigger writes anything.
+--
+-- `attempt_hours_on_insert` counted an attempt inserted already ended. onejob
+-- inserts every attempt `started` (`insert_started_attempt_row` in
+-- `src/store/sql/attempts.rs` writes that literal, and `tests/migrations.rs`
+-- holds every insert of the store to it), so the trigger never wrote; it
+-- cost each job's create about 9,000 instructions (callgrind). It goes: an
+-- attempt is counted in `attempt_hours` when it ends, by
+-- `attempt_hours_on_end`. PostgreSQL tests a trigger's WHEN before it calls
+-- the function, so its copy of the trigger costs nothing and stays.
+DROP TRIGGER attempt_hours_on_insert;

@@ -21,8 +21,9 @@
 //!
 //! Each backend implements every trait as ordinary code: `sqlite.rs`
 //! (reads on a reader connection on the caller's thread, writes through
-//! the group-commit write queue on the writer's thread; rusqlite alone)
-//! and `postgres.rs` (sqlx: reads and one-statement writes on a pooled
+//! the group-commit write queue on the writer's thread; rusqlite alone,
+//! every connection through `wal_writes.rs`, a VFS that writes a commit's
+//! WAL frames in one system call) and `postgres.rs` (sqlx: reads and one-statement writes on a pooled
 //! connection, the others in a transaction of their own). Each method
 //! calls the query of the same name in `sql/` (`ops::NAME(connection,
 //! arguments…)`).

@@ -161,16 +161,22 @@ async fn an_event_log_from_before_migration_0012_keeps_its_ids_and_stays_append_
     );
 }
 
-/// What SQLite's plan for `sql` opens as temporary b-trees (`OpenEphemeral`),
-/// with the trigger programs it calls.
-fn temporary_btrees(conn: &rusqlite::Connection, sql: &str) -> usize {
+/// How many times SQLite's plan for `sql` (with the trigger programs it
+/// calls) has the opcode `opcode`.
+fn opcodes(conn: &rusqlite::Connection, sql: &str, opcode: &str) -> usize {
     let mut explain = conn.prepare(&format!("EXPLAIN {sql}")).unwrap();
     let opcodes: Vec<String> = explain
         .query_map([], |row| row.get::<_, String>(1))
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
-    opcodes.iter().filter(|op| *op == "OpenEphemeral").count()
+    opcodes.iter().filter(|op| *op == opcode).count()
+}
+
+/// What SQLite's plan for `sql` opens as temporary b-trees (`OpenEphemeral`),
+/// with the trigger programs it calls.
+fn temporary_btrees(conn: &rusqlite::Connection, sql: &str) -> usize {
+    opcodes(conn, sql, "OpenEphemeral")
 }
 
 #[tokio::test]
@@ -242,13 +248,7 @@ async fn a_jobs_writes_build_no_temporary_btree_and_the_checks_still_refuse() {
 
 /// The trigger programs SQLite's plan for `sql` enters (`Program`).
 fn trigger_programs(conn: &rusqlite::Connection, sql: &str) -> usize {
-    let mut explain = conn.prepare(&format!("EXPLAIN {sql}")).unwrap();
-    let opcodes: Vec<String> = explain
-        .query_map([], |row| row.get::<_, String>(1))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
-    opcodes.iter().filter(|op| *op == "Program").count()
+    opcodes(conn, sql, "Program")
 }
 
 #[tokio::test]

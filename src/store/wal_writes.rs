@@ -384,6 +384,32 @@ mod tests {
         conn
     }
 
+    /// `t`'s rows and the sum of their bodies as numbers, read on SQLite's
+    /// own VFS, after `PRAGMA integrity_check` says the file is whole.
+    fn rows_and_sum(conn: &Connection) -> (i64, i64) {
+        let check: String = conn
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(check, "ok");
+        conn.query_row(
+            "SELECT COUNT(*), SUM(CAST(body AS INTEGER)) FROM t",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap()
+    }
+
+    /// A copy of `dir/t.db` and its WAL without the wal-index, opened on
+    /// SQLite's own VFS: SQLite rebuilds the index from the WAL's bytes, as
+    /// after a crash. `conn` (the writer) is closed after the copy.
+    fn recovered_copy(dir: &std::path::Path, conn: Connection) -> Connection {
+        let copy = dir.join("copy.db");
+        std::fs::copy(dir.join("t.db"), &copy).unwrap();
+        std::fs::copy(dir.join("t.db-wal"), dir.join("copy.db-wal")).unwrap();
+        drop(conn);
+        Connection::open(&copy).unwrap()
+    }
+
     #[test]
     fn a_commit_of_many_pages_is_one_write_and_every_byte_arrives() {
         let dir = tempfile::tempdir().unwrap();
@@ -414,18 +440,7 @@ mod tests {
 
         // Another connection, on SQLite's own VFS, reads what was committed.
         let other = Connection::open(&path).unwrap();
-        let (count, sum): (i64, i64) = other
-            .query_row(
-                "SELECT COUNT(*), SUM(CAST(body AS INTEGER)) FROM t",
-                [],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .unwrap();
-        assert_eq!((count, sum), (200, 200 * 201 / 2));
-        let check: String = other
-            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(check, "ok");
+        assert_eq!(rows_and_sum(&other), (200, 200 * 201 / 2));
     }
 
     #[test]
@@ -443,26 +458,12 @@ mod tests {
              UPDATE t SET body = printf('%0300d', id * 2) WHERE id % 7 = 0; COMMIT;",
         )
         .unwrap();
-        // A copy of the files without the wal-index: opening it, SQLite
-        // rebuilds the index from the WAL's bytes, as after a crash.
-        let copy = dir.path().join("copy.db");
-        std::fs::copy(&path, &copy).unwrap();
-        std::fs::copy(dir.path().join("t.db-wal"), dir.path().join("copy.db-wal")).unwrap();
-        drop(conn);
-        let other = Connection::open(&copy).unwrap();
-        let (count, sum): (i64, i64) = other
-            .query_row(
-                "SELECT COUNT(*), SUM(CAST(body AS INTEGER)) FROM t",
-                [],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .unwrap();
+        let other = recovered_copy(dir.path(), conn);
         let multiples_of_7: i64 = (1..=3000).filter(|v| v % 7 == 0).sum();
-        assert_eq!((count, sum), (3000, 3000 * 3001 / 2 + multiples_of_7));
-        let check: String = other
-            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(check, "ok");
+        assert_eq!(
+            rows_and_sum(&other),
+            (3000, 3000 * 3001 / 2 + multiples_of_7)
+        );
     }
 
     #[test]
@@ -488,22 +489,7 @@ mod tests {
                 assert_eq!(busy, 0, "the checkpoint ran");
             }
         }
-        let copy = dir.path().join("copy.db");
-        std::fs::copy(&path, &copy).unwrap();
-        std::fs::copy(dir.path().join("t.db-wal"), dir.path().join("copy.db-wal")).unwrap();
-        drop(conn);
-        let other = Connection::open(&copy).unwrap();
-        let (count, sum): (i64, i64) = other
-            .query_row(
-                "SELECT COUNT(*), SUM(CAST(body AS INTEGER)) FROM t",
-                [],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .unwrap();
-        assert_eq!((count, sum), (300, 3 * 100 * 101 / 2));
-        let check: String = other
-            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(check, "ok");
+        let other = recovered_copy(dir.path(), conn);
+        assert_eq!(rows_and_sum(&other), (300, 3 * 100 * 101 / 2));
     }
 }

@@ -30,7 +30,8 @@
 //! files keep SQLite's own file, methods and all.
 //!
 //! This is the crate's one module with `unsafe` code: a VFS is a table of C
-//! functions over raw pointers, and no maintained crate wraps another VFS.
+//! functions over raw pointers, and this one hands most calls on to
+//! SQLite's own, which rusqlite's safe API does not reach.
 #![allow(unsafe_code)]
 
 use std::ffi::{c_char, c_int, c_void, CStr};

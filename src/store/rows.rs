@@ -46,6 +46,16 @@ pub(crate) struct JobRow {
     budget_start: i64,
 }
 
+impl JobRow {
+    pub(crate) fn owner_id(&self) -> &str {
+        &self.owner_id
+    }
+
+    pub(crate) fn route(&self) -> &str {
+        &self.route
+    }
+}
+
 impl Row for JobRow {
     fn decode(row: &impl Columns) -> Result<Self, StoreError> {
         Ok(JobRow {

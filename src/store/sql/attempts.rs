@@ -4,12 +4,12 @@
 //! restart the job.
 
 use super::events::insert_event;
-use super::keys::add_usage;
+use super::keys::{add_usage, UsageOf};
 use super::{attempt_won, cas_won};
 use crate::domain::attempt::{may_start, Ambiguous, AttemptOutcome, Failure, NewAttempt};
 use crate::domain::{Attempt, AttemptState, EventKind, GuardRefusal, Job, LiveAttempts, Millis};
-use crate::store::rows::{attempt_columns, AttemptRow, JobRow, LiveRow};
-use crate::store::sql::db::{args, Db};
+use crate::store::rows::{attempt_columns, job_columns, AttemptRow, JobRow, LiveRow};
+use crate::store::sql::db::{args, Columns, Db, Row};
 use crate::store::sql::Dialect;
 use crate::store::{event, FinishAttempt, FinishOutcome, NewEvent, StoreError};
 use crate::{
@@ -131,10 +131,10 @@ pub(crate) async fn finish_attempt<C: Db>(
     conn: &mut C,
     finish: FinishAttempt,
 ) -> Result<FinishOutcome, StoreError> {
-    let row: Option<(String, String, i64)> = conn
+    let row: Option<(String, String, i64, String, String)> = conn
         .fetch_optional(C::Sql::FINISHING_ATTEMPT, args![&finish.attempt_id])
         .await?;
-    let Some((job_id, state, read_version)) = row else {
+    let Some((job_id, state, read_version, provider, kind)) = row else {
         return Err(StoreError::NotFound("attempt"));
     };
     let state = crate::store::parse_attempt_state(&state)?;
@@ -173,6 +173,8 @@ pub(crate) async fn finish_attempt<C: Db>(
                 output,
                 usage: usage.as_deref(),
                 provider_request_id: provider_request_id.as_deref(),
+                provider: &provider,
+                kind: &kind,
                 at,
                 event: &won_event,
             };
@@ -195,16 +197,29 @@ pub(crate) async fn finish_attempt<C: Db>(
                 args![&finish.attempt_id, &usage, provider_request_id, at],
             )
             .await?;
-            // A lost race is paid for all the same.
-            add_usage(conn, &finish.attempt_id, usage.as_deref(), false, at).await?;
-            let current: Option<(i64, Option<String>, String)> = conn
+            let current: Option<(i64, Option<String>, String, String, String, String)> = conn
                 .fetch_optional(
-                    "SELECT version, completed_by, state FROM jobs WHERE id = $1",
+                    "SELECT version, completed_by, state, owner_id, COALESCE(key_id, ''), route \
+                     FROM jobs WHERE id = $1",
                     args![&job_id],
                 )
                 .await?;
-            let (current_version, completed_by, job_state) =
-                current.unwrap_or((-1, None, String::new()));
+            let (current_version, completed_by, job_state) = match &current {
+                Some((version, completed_by, state, owner_id, key_id, route)) => {
+                    // A lost race is paid for all the same.
+                    let of = UsageOf {
+                        attempt_id: &finish.attempt_id,
+                        owner_id,
+                        key_id,
+                        route,
+                        provider: &provider,
+                        kind: &kind,
+                    };
+                    add_usage(conn, &of, usage.as_deref(), false, at).await?;
+                    (*version, completed_by.clone(), state.clone())
+                }
+                None => (-1, None, String::new()),
+            };
             let detail = serde_json::json!({
                 "read_version": read_version,
                 "current_version": current_version,
@@ -301,16 +316,34 @@ struct Won<'a> {
     output: &'a str,
     usage: Option<&'a str>,
     provider_request_id: Option<&'a str>,
+    /// The attempt's provider and kind, for its usage's row.
+    provider: &'a str,
+    kind: &'a str,
     at: Millis,
     event: &'a NewEvent,
+}
+
+/// The won job, with its key family for its usage's row.
+struct WonRow {
+    job: JobRow,
+    key_id: String,
+}
+
+impl Row for WonRow {
+    fn decode(row: &impl Columns) -> Result<Self, StoreError> {
+        Ok(WonRow {
+            job: JobRow::decode(row)?,
+            key_id: row.get("key_id")?,
+        })
+    }
 }
 
 impl Won<'_> {
     /// The job as the win left it, or `None`: another attempt won (or the
     /// job ended) and nothing was written.
     async fn bid(&self, conn: &mut impl Db) -> Result<Option<JobRow>, StoreError> {
-        let won: Option<JobRow> = conn
-            .fetch_optional(
+        let changed = conn
+            .execute(
                 cas_won!("$1", "$2", "$3", "$4", "$5"),
                 args![
                     self.job_id,
@@ -321,7 +354,23 @@ impl Won<'_> {
                 ],
             )
             .await?;
-        if won.is_some() {
+        // The won job is read back in the same transaction, not returned
+        // by the update: SQLite runs `RETURNING` as a trigger that fills a
+        // temporary table, dearer than a read by the primary key.
+        let won: Option<WonRow> = if changed == 1 {
+            conn.fetch_optional(
+                concat!(
+                    "SELECT ",
+                    job_columns!(),
+                    ", COALESCE(key_id, '') AS key_id FROM jobs WHERE id = $1"
+                ),
+                args![self.job_id],
+            )
+            .await?
+        } else {
+            None
+        };
+        if let Some(won) = &won {
             conn.execute(
                 attempt_won!("$1", "$2", "$3", "$4", "$5"),
                 args![
@@ -333,10 +382,18 @@ impl Won<'_> {
                 ],
             )
             .await?;
-            add_usage(conn, self.attempt_id, self.usage, true, self.at).await?;
+            let of = UsageOf {
+                attempt_id: self.attempt_id,
+                owner_id: won.job.owner_id(),
+                key_id: &won.key_id,
+                route: won.job.route(),
+                provider: self.provider,
+                kind: self.kind,
+            };
+            add_usage(conn, &of, self.usage, true, self.at).await?;
             insert_event(conn, self.event).await?;
         }
-        Ok(won)
+        Ok(won.map(|won| won.job))
     }
 }
 

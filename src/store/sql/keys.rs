@@ -368,11 +368,23 @@ pub(crate) fn usage_counts(usage: &str, won: bool) -> (i64, i64, i64) {
     (prompt, completion, discarded)
 }
 
+/// The row of `usage_daily` an attempt's usage adds to: whose it is, as
+/// the finish that records it has read them.
+pub(crate) struct UsageOf<'a> {
+    pub attempt_id: &'a str,
+    pub owner_id: &'a str,
+    /// The job's key family, `""` for none.
+    pub key_id: &'a str,
+    pub route: &'a str,
+    pub provider: &'a str,
+    pub kind: &'a str,
+}
+
 /// Add an attempt's reported usage to its owner's day, in the commit
 /// that records it. `usage` is the attempt's usage JSON.
 pub(crate) async fn add_usage<C: Db>(
     conn: &mut C,
-    attempt_id: &str,
+    of: &UsageOf<'_>,
     usage: Option<&str>,
     won: bool,
     at: Millis,
@@ -382,12 +394,17 @@ pub(crate) async fn add_usage<C: Db>(
     conn.execute(
         C::Sql::ADD_USAGE,
         args![
-            attempt_id,
+            of.owner_id,
             crate::store::tenants::day_of(at),
+            of.key_id,
+            of.route,
+            of.provider,
+            of.kind,
             i64::from(won),
             prompt,
             completion,
-            discarded
+            discarded,
+            of.attempt_id
         ],
     )
     .await?;

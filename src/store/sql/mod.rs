@@ -34,8 +34,8 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// The job a start's guard decides about (invariant 4): its state,
     /// version and attempt count, `$1` the job; locked until the commit.
     const GUARDED_JOB: &'static str;
-    /// The attempt a finish records: its job, state and read version, `$1`
-    /// the attempt; locked until the commit.
+    /// The attempt a finish records: its job, state, read version,
+    /// provider and kind, `$1` the attempt; locked until the commit.
     const FINISHING_ATTEMPT: &'static str;
     /// The job an engine step or a decision acts on (`JobRow`), `$1` the
     /// job; locked until the commit.
@@ -47,8 +47,7 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     const CLAIM_JOBS: &'static str;
     /// The claim of due webhook deliveries (`webhooks::claim_deliveries_sql!`).
     const CLAIM_DELIVERIES: &'static str;
-    /// An attempt's usage added to its owner's day (`usage_insert!`,
-    /// `$1` the attempt).
+    /// An attempt's usage added to its owner's day (`usage_insert!`).
     const ADD_USAGE: &'static str;
     /// How many jobs (up to 2,000) have a key in `[$1, $2)`, read on the
     /// key's index in its byte order.
@@ -61,20 +60,22 @@ pub(crate) trait Dialect: Send + Sync + 'static {
 }
 
 /// The usage of one attempt added to its owner's day (`keys.rs`
-/// `add_usage`, and inside a finish in `attempts.rs`): the insert's head
-/// (columns, then the `SELECT` of the owner's row from the attempt and its
-/// job, whose `WHERE` the caller writes), as a literal for `concat!`.
-/// Arguments: `$2` day, `$3` won (0/1), `$4` prompt, `$5` completion and
-/// `$6` discarded tokens. `$shard` is the dialect's shard of the row
-/// (migration 0009), an expression of the attempt's id `a.id`.
+/// `add_usage`): the insert's head, as a literal for `concat!`, with the
+/// row's values as the finish has them (no read of the attempt and its job
+/// inside the statement: SQLite journals an `INSERT … SELECT` statement by
+/// statement, and that cost a win about 14,000 instructions). Arguments:
+/// `$1` owner, `$2` day, `$3` key (`''` for none), `$4` route, `$5`
+/// provider, `$6` attempt kind, `$7` won (0/1), `$8` prompt, `$9`
+/// completion and `$10` discarded tokens, `$11` the attempt. `$shard` is
+/// the dialect's shard of the row (migration 0009).
 macro_rules! usage_insert {
     ($shard:expr) => {
         concat!(
             "INSERT INTO usage_daily (owner_id, day, key_id, route, provider, kind, shard, \
              attempts, won, prompt_tokens, completion_tokens, discarded_tokens) \
-             SELECT j.owner_id, $2, COALESCE(j.key_id, ''), j.route, a.provider, a.kind, ",
+             VALUES ($1, $2, $3, $4, $5, $6, ",
             $shard,
-            ", 1, $3, $4, $5, $6 FROM attempts a JOIN jobs j ON j.id = a.job_id "
+            ", 1, $7, $8, $9, $10)"
         )
     };
 }
@@ -107,6 +108,9 @@ macro_rules! insert_job {
 /// `$job`, `$version`, `$output`, `$attempt` and `$at` are in the statement
 /// it is part of. With a leading `from "FROM …";` they may name the
 /// columns of that `FROM` (PostgreSQL's batched win: one row per attempt).
+/// It answers no row: a caller that wants the won job appends `RETURNING`
+/// (PostgreSQL's batched win) or reads it by its id in the same
+/// transaction (`Won::bid`).
 macro_rules! cas_won {
     ($job:literal, $version:literal, $output:literal, $attempt:literal, $at:literal) => {
         $crate::store::sql::cas_won!(from ""; $job, $version, $output, $attempt, $at)
@@ -125,8 +129,7 @@ macro_rules! cas_won {
             $job,
             " AND version = ",
             $version,
-            " AND completed_by IS NULL RETURNING ",
-            $crate::store::rows::job_columns!()
+            " AND completed_by IS NULL"
         )
     };
 }

@@ -32,12 +32,13 @@ pub(crate) use super::{
 pub(crate) struct Postgres;
 
 /// The shard of a rollup row (`usage_daily`, `attempt_hours`; migration
-/// 0009) that attempt `a.id` adds to: one of 16, by the id's hash, so
+/// 0009) that attempt `$attempt` (an expression of its id) adds to: one of
+/// 16, by the id's hash, so
 /// concurrent finishes of one owner (or provider) upsert different rows,
 /// not one row each waits on.
 macro_rules! rollup_shard {
-    () => {
-        "(hashtext(a.id) & 15)"
+    ($attempt:literal) => {
+        concat!("(hashtext(", $attempt, ") & 15)")
     };
 }
 
@@ -45,7 +46,7 @@ impl Dialect for Postgres {
     const GUARDED_JOB: &'static str =
         "SELECT state, version, attempt_count FROM jobs WHERE id = $1 FOR UPDATE";
     const FINISHING_ATTEMPT: &'static str =
-        "SELECT job_id, state, read_version FROM attempts WHERE id = $1 FOR UPDATE";
+        "SELECT job_id, state, read_version, provider, kind FROM attempts WHERE id = $1 FOR UPDATE";
     const LOCKED_JOB: &'static str = concat!(
         "SELECT ",
         crate::store::rows::job_columns!(),
@@ -56,11 +57,8 @@ impl Dialect for Postgres {
     // Concurrent claimers pass over each other's locked rows.
     const CLAIM_JOBS: &'static str = claim_jobs_sql!(" FOR UPDATE SKIP LOCKED");
     const CLAIM_DELIVERIES: &'static str = claim_deliveries_sql!(" FOR UPDATE SKIP LOCKED");
-    const ADD_USAGE: &'static str = concat!(
-        usage_insert!(rollup_shard!()),
-        "WHERE a.id = $1",
-        usage_on_conflict!()
-    );
+    const ADD_USAGE: &'static str =
+        concat!(usage_insert!(rollup_shard!("$11")), usage_on_conflict!());
     // `jobs_by_key` is built `COLLATE "C"` (byte order); unary `+` is not
     // defined on text, so both lists compare the same way and the planner
     // picks the plan.
@@ -214,6 +212,8 @@ pub(crate) async fn finish_won_batched(
             from "FROM bid JOIN input ON in_attempt = b_attempt";
             "b_job", "b_version", "in_output", "b_attempt", "in_at"
         ),
+        " RETURNING ",
+        crate::store::rows::job_columns!(),
         "), winner AS (SELECT input.*, won.id AS w_job, won.version AS w_version ",
         "FROM input JOIN won ON won.completed_by = in_attempt",
         "), attempt AS (",
@@ -225,7 +225,7 @@ pub(crate) async fn finish_won_batched(
         "INSERT INTO usage_daily (owner_id, day, key_id, route, provider, kind, shard, ",
         "attempts, won, prompt_tokens, completion_tokens, discarded_tokens) ",
         "SELECT j.owner_id, w.in_day, COALESCE(j.key_id, ''), j.route, a.provider, a.kind, ",
-        rollup_shard!(),
+        rollup_shard!("a.id"),
         ", COUNT(*), COUNT(*), SUM(w.in_prompt), SUM(w.in_completion), 0 ",
         "FROM winner w JOIN attempts a ON a.id = w.in_attempt JOIN jobs j ON j.id = a.job_id ",
         "WHERE w.in_usage IS NOT NULL GROUP BY 1, 2, 3, 4, 5, 6, 7 ",

@@ -30,7 +30,7 @@ impl Dialect for Sqlite {
     const GUARDED_JOB: &'static str =
         "SELECT state, version, attempt_count FROM jobs WHERE id = $1";
     const FINISHING_ATTEMPT: &'static str =
-        "SELECT job_id, state, read_version FROM attempts WHERE id = $1";
+        "SELECT job_id, state, read_version, provider, kind FROM attempts WHERE id = $1";
     const LOCKED_JOB: &'static str = concat!(
         "SELECT ",
         crate::store::rows::job_columns!(),
@@ -41,8 +41,7 @@ impl Dialect for Sqlite {
     const CLAIM_JOBS: &'static str = claim_jobs_sql!("");
     const CLAIM_DELIVERIES: &'static str = claim_deliveries_sql!("");
     // One shard: writes are serialised by the write lock anyway.
-    const ADD_USAGE: &'static str =
-        concat!(usage_insert!("0"), "WHERE a.id = $1", usage_on_conflict!());
+    const ADD_USAGE: &'static str = concat!(usage_insert!("0"), usage_on_conflict!());
     // SQLite's BINARY collation already is byte order, the order of
     // `jobs_by_key`; unary `+` keeps the scanning list off that index.
     const KEY_PREFIX_FEW: &'static str = "SELECT COUNT(*) FROM (SELECT 1 FROM jobs \

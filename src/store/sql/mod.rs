@@ -62,8 +62,8 @@ pub(crate) trait Dialect: Send + Sync + 'static {
 /// The usage of one attempt added to its owner's day (`keys.rs`
 /// `add_usage`): the insert's head, as a literal for `concat!`, with the
 /// row's values as the finish has them (no read of the attempt and its job
-/// inside the statement: SQLite journals an `INSERT … SELECT` statement by
-/// statement, and that cost a win about 14,000 instructions). Arguments:
+/// inside the statement: SQLite runs an `INSERT … SELECT` under a
+/// statement journal, which cost a win about 14,000 instructions). Arguments:
 /// `$1` owner, `$2` day, `$3` key (`''` for none), `$4` route, `$5`
 /// provider, `$6` attempt kind, `$7` won (0/1), `$8` prompt, `$9`
 /// completion and `$10` discarded tokens, `$11` the attempt. `$shard` is

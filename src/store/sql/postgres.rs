@@ -32,10 +32,9 @@ pub(crate) use super::{
 pub(crate) struct Postgres;
 
 /// The shard of a rollup row (`usage_daily`, `attempt_hours`; migration
-/// 0009) that attempt `$attempt` (an expression of its id) adds to: one of
-/// 16, by the id's hash, so
-/// concurrent finishes of one owner (or provider) upsert different rows,
-/// not one row each waits on.
+/// 0009) that an attempt adds to, `$attempt` its id in the statement: one
+/// of 16, by the id's hash, so concurrent finishes of one owner (or
+/// provider) upsert different rows, not one row each waits on.
 macro_rules! rollup_shard {
     ($attempt:literal) => {
         concat!("(hashtext(", $attempt, ") & 15)")

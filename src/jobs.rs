@@ -240,7 +240,7 @@ pub async fn submit(
             &id,
             &caller.owner_id,
             key.as_str(),
-            &stored_request,
+            (&request, &stored_request),
             route,
             now,
         )

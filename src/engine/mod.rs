@@ -39,7 +39,7 @@ use crate::config::{Config, RouteConfig};
 use crate::contracts::Contract;
 use crate::domain::attempt::NewAttempt;
 use crate::domain::breaker::{Breaker, BreakerPolicy, BreakerState};
-use crate::domain::{Attempt, AttemptId, AttemptKind, Job, JobId, Millis, OwnerId};
+use crate::domain::{Attempt, AttemptId, AttemptKind, Job, JobId, JobRequest, Millis, OwnerId};
 use crate::metrics::Metrics;
 use crate::providers::catalog::Catalog;
 use crate::store::Store;
@@ -213,7 +213,8 @@ impl Engine {
     /// started in the create's own commit ([`NewJob::primary`]); `None`
     /// when the job must start as before: a streaming client waits for it
     /// (its first round starts its own attempt), its request cannot be
-    /// planned, or no provider may take it now.
+    /// planned, or no provider may take it now. `request` is the request the
+    /// door decoded, `stored` its text as the job stores it.
     ///
     /// [`NewJob::primary`]: crate::domain::job::NewJob::primary
     pub fn prestart(
@@ -221,14 +222,14 @@ impl Engine {
         job_id: &JobId,
         owner: &OwnerId,
         key: &str,
-        request: &str,
+        (request, stored): (&JobRequest, &str),
         route: &RouteConfig,
         now: Millis,
     ) -> Option<Prestart> {
         if self.inner.has_hub(owner, key) {
             return None;
         }
-        let plan = plan::JobPlan::new(job_id, request, &self.inner.contracts).ok()?;
+        let plan = plan::JobPlan::decoded(job_id, request, stored, &self.inner.contracts).ok()?;
         let routing::Choice::Provider(entry) = routing::choose_provider(
             &self.inner,
             route,

@@ -42,6 +42,33 @@ impl JobPlan {
     ) -> Result<Self, PlanError> {
         let request = JobRequest::parse(request_json.as_bytes())
             .map_err(|e| PlanError(format!("stored request: {e}")))?;
+        Self::of_request(job_id, request, contracts)
+    }
+
+    /// The plan of a job whose request its door has just decoded and whose
+    /// text it is about to store as `stored`: the same plan as
+    /// [`JobPlan::new`] over that text, without parsing it again. (The
+    /// stored text is the request's canonical JSON, and it parses back to
+    /// the same request: debug builds, every test's, check it here.)
+    pub fn decoded(
+        job_id: &JobId,
+        request: &JobRequest,
+        stored: &str,
+        contracts: &Arc<BTreeMap<String, Contract>>,
+    ) -> Result<Self, PlanError> {
+        debug_assert_eq!(
+            JobRequest::parse(stored.as_bytes()).ok().as_ref(),
+            Some(request),
+            "a stored request parses back to the request it was made from"
+        );
+        Self::of_request(job_id, request.clone(), contracts)
+    }
+
+    fn of_request(
+        job_id: &JobId,
+        request: JobRequest,
+        contracts: &Arc<BTreeMap<String, Contract>>,
+    ) -> Result<Self, PlanError> {
         if let Some(name) = &request.contract {
             if !contracts.contains_key(name) {
                 return Err(PlanError(format!(

@@ -180,6 +180,10 @@ impl Reading {
     /// (so the sums are the same as a map's would be).
     fn merge(&mut self, weights: impl Iterator<Item = (i32, f64)>) {
         let had = self.buckets.len();
+        // One allocation, not one per doubling: a reading is made for each
+        // round a job starts.
+        let (_, most) = weights.size_hint();
+        self.buckets.reserve(most.unwrap_or(0));
         for (b, w) in weights {
             self.buckets.push((b, w));
             self.samples += w;

@@ -12,10 +12,16 @@
 # threads take turns, so group commits differ from a real run; the builds
 # compared meet the same.
 #
+# Under load the count moves by 2-4% between runs of one binary, as the
+# group commits come out differently. LONE=1 counts a lone client's jobs
+# instead (one job, then SMALL and LARGE jobs one after another): each is
+# a commit of its own, so the count repeats to a few hundred
+# instructions, and it is the count of the one-client latency's path.
+#
 # usage: tools/instructions_per_job.sh BENCH LABEL=ONEJOB [LABEL=ONEJOB ...]
 #   BENCH   target/release/examples/bench
 #   ONEJOB  a release build of onejob (the first is the baseline)
-# env: DOORS ("jobs chat"), SMALL (300), LARGE (1300), REPS (1)
+# env: DOORS ("jobs chat"), SMALL (300), LARGE (1300), REPS (1), LONE (0)
 set -euo pipefail
 
 if [ $# -lt 2 ]; then
@@ -48,8 +54,10 @@ done
 total() { # the instructions callgrind counted in one run
     local label=$1 door=$2 jobs=$3 rep=$4
     local out="$work/$label-$door-$jobs-$rep"
+    local load=(--jobs "$jobs" --lone 1)
+    [ "${LONE:-0}" = 1 ] && load=(--jobs 1 --lone "$jobs")
     CG_OUT="$out.cg" "$bench" --server-bin "$label=$work/$label.sh" --doors "$door" \
-        --jobs "$jobs" --lone 1 --replay-secs 0 --rounds 1 --concurrency 32 >"$out.log" 2>&1 ||
+        "${load[@]}" --replay-secs 0 --rounds 1 --concurrency 32 >"$out.log" 2>&1 ||
         { echo "bench failed for $label ($door, $jobs jobs): $out.log" >&2; cat "$out.log" >&2; exit 1; }
     sed -n 's/^summary: //p' "$out.cg"
 }

@@ -1,8 +1,11 @@
 //! The types of the read-only queries behind the ops console and
 //! `/metrics`: the filtered job list (keyset-paged, newest first) and the
 //! overview's aggregates over a time window. Their SQL is in `sql/console.rs`;
-//! every query is served by an index of migration 0006 so the pages stay
-//! fast at 100k+ jobs.
+//! every query reads index ranges, not the table, so the pages stay fast at
+//! 100k+ jobs (`examples/console_bench.rs`): the indexes a job writes anyway
+//! and `jobs_by_state_created` (SQLite's migration 0015, PostgreSQL's 0014),
+//! with none kept for the console alone on the job's path but that one and
+//! `attempts_by_started`.
 
 use crate::domain::Job;
 use crate::domain::{Millis, OwnerId};

@@ -97,10 +97,11 @@
 //! written out once by each dialect (`impl Dialect for Sqlite` in
 //! `sql/sqlite.rs`, `impl Dialect for Postgres` in `sql/postgres.rs`); a
 //! query takes its connection's (`Db::Sql`). Where such a statement is
-//! long and differs only in its lock clause (the two claims), the shared
-//! text is a macro beside its query (`claim_jobs_sql!`,
-//! `claim_deliveries_sql!`, `list_jobs_sql!`) that each dialect calls with
-//! its clause. What only one dialect runs is written in its own file,
+//! long and differs in one clause (the two claims' lock clause, the
+//! console's key search's "owner is one of these"), the shared text is a
+//! macro beside its query (`claim_jobs_sql!`, `claim_deliveries_sql!`,
+//! `key_prefix_few_sql!`, `list_jobs_by_key_sql!`) that each dialect calls
+//! with its clause. What only one dialect runs is written in its own file,
 //! once: the create (both) and the batched win (PostgreSQL).
 
 pub use crate::domain::attempt::AttemptOutcome;

@@ -49,14 +49,12 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     const CLAIM_DELIVERIES: &'static str;
     /// An attempt's usage added to its owner's day (`usage_insert!`).
     const ADD_USAGE: &'static str;
-    /// How many jobs (up to 2,000) have a key in `[$1, $2)`, read on the
-    /// key's index in its byte order.
+    /// How many jobs (up to 2,000) have a key in `[$1, $2)`
+    /// (`console::key_prefix_few_sql!`), read owner by owner.
     const KEY_PREFIX_FEW: &'static str;
-    /// The console's list with a key prefix few keys have, read by key
-    /// (`console::list_jobs_sql!`).
+    /// The console's list with a key prefix few keys have
+    /// (`console::list_jobs_by_key_sql!`), read owner by owner.
     const LIST_JOBS_BY_KEY: &'static str;
-    /// …and with a prefix most keys have, read newest first, filtered.
-    const LIST_JOBS_SCANNING_KEYS: &'static str;
 }
 
 /// The usage of one attempt added to its owner's day (`keys.rs`

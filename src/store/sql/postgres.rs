@@ -9,7 +9,7 @@
 //! one statement) are here, beside them.
 
 use super::attempts::started_event;
-use super::console::list_jobs_sql;
+use super::console::{key_prefix_few_sql, list_jobs_by_key_sql};
 use super::db::Db;
 use super::db::{Arg, Row};
 use super::jobs::claim_jobs_sql;
@@ -58,16 +58,14 @@ impl Dialect for Postgres {
     const CLAIM_DELIVERIES: &'static str = claim_deliveries_sql!(" FOR UPDATE SKIP LOCKED");
     const ADD_USAGE: &'static str =
         concat!(usage_insert!(rollup_shard!("$11")), usage_on_conflict!());
-    // `jobs_by_key` is built `COLLATE "C"` (byte order); unary `+` is not
-    // defined on text, so both lists compare the same way and the planner
-    // picks the plan.
-    const KEY_PREFIX_FEW: &'static str = "SELECT COUNT(*) FROM (SELECT 1 FROM jobs \
-         WHERE idempotency_key COLLATE \"C\" >= $1 AND idempotency_key COLLATE \"C\" < $2 \
-         LIMIT 2000) matching";
-    const LIST_JOBS_BY_KEY: &'static str = list_jobs_sql!(
-        "AND idempotency_key COLLATE \"C\" >= $10 AND idempotency_key COLLATE \"C\" < $11"
-    );
-    const LIST_JOBS_SCANNING_KEYS: &'static str = Self::LIST_JOBS_BY_KEY;
+    // The planner takes the recursive CTE for a hundred rows and `IN (SELECT
+    // …)` to a hash join over the whole table (34 ms at 100,000 jobs);
+    // `= ANY (ARRAY(…))` is one index scan with every owner in its
+    // condition (2 ms).
+    const KEY_PREFIX_FEW: &'static str =
+        key_prefix_few_sql!("owner_id = ANY (ARRAY(SELECT id FROM owners))");
+    const LIST_JOBS_BY_KEY: &'static str =
+        list_jobs_by_key_sql!("owner_id = ANY (ARRAY(SELECT id FROM owners))");
 }
 
 /// Bind `args` to a sqlx query, with their types.

@@ -6,7 +6,7 @@
 //! the write queue's transaction).
 
 use super::attempts::{insert_started_attempt_row, started_event};
-use super::console::list_jobs_sql;
+use super::console::{key_prefix_few_sql, list_jobs_by_key_sql};
 use super::db::Db;
 use super::db::{Arg, Row, SqliteRow};
 use super::insert_job;
@@ -42,14 +42,11 @@ impl Dialect for Sqlite {
     const CLAIM_DELIVERIES: &'static str = claim_deliveries_sql!("");
     // One shard: writes are serialised by the write lock anyway.
     const ADD_USAGE: &'static str = concat!(usage_insert!("0"), usage_on_conflict!());
-    // SQLite's BINARY collation already is byte order, the order of
-    // `jobs_by_key`; unary `+` keeps the scanning list off that index.
-    const KEY_PREFIX_FEW: &'static str = "SELECT COUNT(*) FROM (SELECT 1 FROM jobs \
-         WHERE idempotency_key >= $1 AND idempotency_key < $2 LIMIT 2000) matching";
+    // SQLite reads `IN (SELECT …)` a value at a time, each a seek on the
+    // `(owner_id, idempotency_key)` index.
+    const KEY_PREFIX_FEW: &'static str = key_prefix_few_sql!("owner_id IN (SELECT id FROM owners)");
     const LIST_JOBS_BY_KEY: &'static str =
-        list_jobs_sql!("AND idempotency_key >= $10 AND idempotency_key < $11");
-    const LIST_JOBS_SCANNING_KEYS: &'static str =
-        list_jobs_sql!("AND +idempotency_key >= $10 AND +idempotency_key < $11");
+        list_jobs_by_key_sql!("owner_id IN (SELECT id FROM owners)");
 }
 
 /// rusqlite: a direct call into SQLite on the calling thread. The statement

@@ -207,9 +207,15 @@ pub(crate) async fn list_jobs<C: Db>(
     let bottom = from.max(oldest);
     let mut width = FIRST_WINDOW_MS;
     loop {
-        let floor = top.saturating_sub(width).max(bottom);
+        // Compared as a width, not as `top - width`, which saturates short
+        // of a span wider than `i64::MAX`.
+        let floor = if width >= top.saturating_sub(bottom) {
+            bottom
+        } else {
+            top - width
+        };
         let rows: Vec<JobRow> = conn.fetch_all(sql, &read(floor)).await?;
-        if rows.len() as i64 >= limit || floor <= bottom {
+        if rows.len() as i64 >= limit || floor == bottom {
             return rows.into_iter().map(Job::try_from).collect();
         }
         width = width.saturating_mul(4);

@@ -11,7 +11,8 @@
 //! so drift on a shared machine falls on both columns.
 //!
 //! `--doors jobs,chat,chat-stream` drives each server through each of those
-//! front doors in turn (jobs to completion, a lone client, replays), and
+//! front doors in turn (jobs to completion, a lone client, replays; the
+//! doors' order reversed every other round, as the servers' is), and
 //! prints each door's figures as ratios measured in the same run: a durable
 //! job's server CPU beside a replay's through the same door, and the lone
 //! client's added latency beside this disk's fsync p50/p99 (`--fsyncs`).
@@ -356,7 +357,15 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
         }
         for &i in &order {
             let (server, tally) = (&servers[i], &mut tallies[i]);
-            for (d, bench) in server.benches.iter().enumerate() {
+            // The doors alternate too: each door's jobs go into a database
+            // the other doors' earlier jobs made larger, so no door always
+            // meets the larger one.
+            let mut doors: Vec<usize> = (0..server.benches.len()).collect();
+            if round % 2 == 1 {
+                doors.reverse();
+            }
+            for d in doors {
+                let bench = &server.benches[d];
                 door_round(
                     server,
                     bench,

@@ -822,6 +822,41 @@ fn proc_cpu(pid: &str) -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
+/// The machine's CPU time as `/proc/stat` counts it: (idle, all), in ticks;
+/// waiting for I/O counts as busy.
+fn machine_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    (ticks.get(3).copied().unwrap_or(0), ticks.iter().sum())
+}
+
+/// Waits until the machine is quiet (at least 85% idle over 100 ms) or
+/// `cap` has passed, and says how long it waited. What one phase leaves
+/// running (a checkpoint, autovacuum, the kernel writing back) otherwise
+/// lands in the next server's phase: with servers alternating in a fixed
+/// order, always the same server's.
+async fn quiet(cap: Duration) -> Duration {
+    let started = Instant::now();
+    let mut before = machine_ticks();
+    while started.elapsed() < cap {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = machine_ticks();
+        let (idle, all) = (now.0 - before.0, now.1 - before.1);
+        if all > 0 && idle * 100 >= all * 85 {
+            break;
+        }
+        before = now;
+    }
+    started.elapsed()
+}
+
 /// The CPU time of every PostgreSQL server process on this machine (the
 /// postmaster, its backends, WAL writer, checkpointer…), summed: what a
 /// phase cost the database when the server under test is on PostgreSQL.
@@ -889,6 +924,21 @@ impl FreshPostgres {
             url: format!("{base}/{name}{query}"),
             name,
         })
+    }
+
+    /// A checkpoint now: the pages a phase left dirty in PostgreSQL's
+    /// buffers reach the disk before the next server's phase, not during
+    /// it (where its fsyncs and CPU would be charged to that server).
+    async fn checkpoint(&self) {
+        use sqlx::Connection;
+        let done = async {
+            let mut conn = sqlx::PgConnection::connect(&self.admin).await?;
+            sqlx::query("CHECKPOINT").execute(&mut conn).await?;
+            conn.close().await
+        };
+        if let Err(e) = done.await {
+            eprintln!("could not checkpoint {}: {e}", self.name);
+        }
     }
 
     async fn drop_database(self) {

@@ -22,7 +22,8 @@
 //! seconds.
 
 use super::{
-    closed_loop, ms, postgres_cpu, proc_cpu, proc_rss_kib, Args, Bench, FreshPostgres, Sample,
+    closed_loop, ms, postgres_cpu, proc_cpu, proc_rss_kib, quiet, Args, Bench, FreshPostgres,
+    Sample,
 };
 use onejob::config::DatabaseUrl;
 use serde_json::json;
@@ -186,6 +187,9 @@ impl Server {
     }
 }
 
+/// The longest wait for a quiet machine before one phase.
+const QUIET_CAP: Duration = Duration::from_secs(5);
+
 /// What a phase added up to over the rounds, for one server.
 #[derive(Default)]
 struct Tally {
@@ -197,15 +201,41 @@ struct Tally {
     wall: f64,
     latencies: Vec<Duration>,
     failed: usize,
+    /// Each round's server CPU per request (µs) and requests/s: how far
+    /// apart the rounds of one server were, beside how far apart the
+    /// servers are. A machine's speed drifts over tens of seconds, so a
+    /// difference between two servers smaller than their rounds' spread
+    /// is not one.
+    rounds: Vec<(f64, f64)>,
 }
 
 impl Tally {
     fn add(&mut self, samples: &[Sample], started: Instant, server_cpu: Duration) {
         self.server_cpu += server_cpu;
         let last = samples.iter().map(|s| s.done).max().unwrap_or(started);
-        self.wall += last.saturating_duration_since(started).as_secs_f64();
+        let wall = last.saturating_duration_since(started).as_secs_f64();
+        self.wall += wall;
         self.latencies.extend(samples.iter().map(|s| s.latency));
         self.failed += samples.iter().filter(|s| !s.ok).count();
+        let n = samples.len().max(1) as f64;
+        let rate = if wall > 0.0 {
+            samples.len() as f64 / wall
+        } else {
+            0.0
+        };
+        self.rounds.push((server_cpu.as_secs_f64() * 1e6 / n, rate));
+    }
+
+    /// The least and the most of one per-round figure, as `min–max`.
+    fn spread(&self, figure: impl Fn(&(f64, f64)) -> f64, unit: &str) -> String {
+        let values: Vec<f64> = self.rounds.iter().map(figure).collect();
+        let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if values.is_empty() {
+            String::new()
+        } else {
+            format!("{min:.0}–{max:.0}{unit}")
+        }
     }
 
     fn count(&self) -> usize {
@@ -350,6 +380,9 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
     for p in &peers {
         jobs_phase(&p.bench, "warm-peer", 300, args.concurrency).await;
     }
+    // Before each phase, the machine goes quiet (or QUIET_CAP passes), and
+    // a server on PostgreSQL checkpoints after each of its phases.
+    let mut settled = Duration::ZERO;
     for round in 0..args.rounds.max(1) {
         let mut order: Vec<usize> = (0..servers.len()).collect();
         if round % 2 == 1 {
@@ -366,6 +399,7 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
             }
             for d in doors {
                 let bench = &server.benches[d];
+                settled += quiet(QUIET_CAP).await;
                 door_round(
                     server,
                     bench,
@@ -374,9 +408,19 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
                     args,
                 )
                 .await;
+                // The checkpoint's work is the phase's own: PostgreSQL's
+                // CPU while it runs counts toward the phase's jobs (its
+                // wall time does not: a server checkpoints every few
+                // minutes, not after each few thousand jobs).
+                if let Some(pg) = &server.pg {
+                    let db_cpu = server.db_cpu();
+                    pg.checkpoint().await;
+                    tally.doors[d].jobs.db_cpu += server.db_cpu().saturating_sub(db_cpu);
+                }
             }
         }
         for (p, tally) in peers.iter().zip(&mut peer_tallies) {
+            settled += quiet(QUIET_CAP).await;
             peer_round(p, tally, &format!("r{round}"), args).await;
         }
         // The upstream alone, for the added latency.
@@ -467,6 +511,12 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
         args.concurrency
     );
     println!(
+        "between phases: waited {:.1} s in all for the machine to go quiet (85% idle over 100 ms, \
+         at most {} s each); PostgreSQL checkpointed after each of its phases (its CPU counted)",
+        settled.as_secs_f64(),
+        QUIET_CAP.as_secs()
+    );
+    println!(
         "this disk: fsync of a 4 KiB append p50 {} / p99 {} ms ({} fsyncs); the simulator alone, \
          one client: p50 {} / p99 {} ms",
         ms(fsync.0),
@@ -500,6 +550,13 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
             per_door(&|t| format!("{:.0} µs", t.jobs.cpu_us())),
             "",
         );
+        if args.rounds > 1 {
+            row(
+                "    each round's, least–most",
+                per_door(&|t| t.jobs.spread(|r| r.0, " µs")),
+                "",
+            );
+        }
         if on_postgres.iter().any(|pg| *pg) {
             row(
                 "  PostgreSQL's own CPU per durable job",
@@ -534,6 +591,13 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
             per_door(&|t| format!("{:.0}", t.jobs.rate())),
             "",
         );
+        if args.rounds > 1 {
+            row(
+                "    each round's, least–most",
+                per_door(&|t| t.jobs.spread(|r| r.1, "")),
+                "",
+            );
+        }
         row(
             "    p50 / p99 ms",
             tallies
@@ -631,6 +695,13 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
             vec![format!("{:.0} µs", p.jobs.cpu_us())],
             "",
         );
+        if args.rounds > 1 {
+            row(
+                "    each round's, least–most",
+                vec![p.jobs.spread(|r| r.0, " µs")],
+                "",
+            );
+        }
         row(
             &format!("  requests/s (C={c})"),
             vec![format!("{:.0}", p.jobs.rate())],

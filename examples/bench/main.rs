@@ -848,8 +848,12 @@ async fn quiet(cap: Duration) -> Duration {
     while started.elapsed() < cap {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let now = machine_ticks();
-        let (idle, all) = (now.0 - before.0, now.1 - before.1);
-        if all > 0 && idle * 100 >= all * 85 {
+        let (idle, all) = (
+            now.0.saturating_sub(before.0),
+            now.1.saturating_sub(before.1),
+        );
+        // No /proc/stat (or no tick in 100 ms): nothing to wait for.
+        if all == 0 || idle * 100 >= all * 85 {
             break;
         }
         before = now;

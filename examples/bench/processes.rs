@@ -512,9 +512,14 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
     );
     println!(
         "between phases: waited {:.1} s in all for the machine to go quiet (85% idle over 100 ms, \
-         at most {} s each); PostgreSQL checkpointed after each of its phases (its CPU counted)",
+         at most {} s each){}",
         settled.as_secs_f64(),
-        QUIET_CAP.as_secs()
+        QUIET_CAP.as_secs(),
+        if on_postgres.iter().any(|pg| *pg) {
+            "; PostgreSQL checkpointed after each of its phases (its CPU counted)"
+        } else {
+            ""
+        }
     );
     println!(
         "this disk: fsync of a 4 KiB append p50 {} / p99 {} ms ({} fsyncs); the simulator alone, \

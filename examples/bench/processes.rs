@@ -8,7 +8,9 @@
 //!
 //! With two binaries (old and new) both servers run side by side and the
 //! phases alternate between them round by round (old first, then new first),
-//! so drift on a shared machine falls on both columns.
+//! so drift on a shared machine falls on both columns. Before each phase
+//! the machine is left to go quiet, and a server on PostgreSQL checkpoints
+//! after each of its own, so no phase inherits another's deferred work.
 //!
 //! `--doors jobs,chat,chat-stream` drives each server through each of those
 //! front doors in turn (jobs to completion, a lone client, replays; the

@@ -229,7 +229,9 @@ pub(crate) const MAX_CREATE_BATCH: usize = 64;
 /// PostgreSQL's work per statement (plan nodes, triggers' set-up, commit)
 /// is paid per job again: where PostgreSQL shares the cores with onejob, 4
 /// in flight (and 2 finishes) did 16–23% fewer jobs/s than 1 at C=32, with
-/// half as much again of PostgreSQL's CPU per job (`docs/benchmarks.md`).
+/// half as much again of PostgreSQL's CPU per job; measured again beside
+/// each other on a quiet machine, 2 of each did 24–26% fewer jobs/s at
+/// 51–69% more of PostgreSQL's CPU per job (`docs/benchmarks.md`).
 pub(crate) const CREATE_BATCHES_IN_FLIGHT: usize = 1;
 
 /// Each job's outcome, in `jobs`' order. A batch that fails is tried again

@@ -14,7 +14,10 @@
 //! SQLite's migration 0014 drops the rollup's trigger on an attempt's
 //! insert, which could never write: an attempt's insert enters no trigger
 //! program, its end still does, and the store inserts every attempt
-//! `started`.
+//! `started`. SQLite's migration 0016 keeps the webhook triggers only while
+//! an endpoint exists: a file with one keeps them, one without loses them,
+//! and the store's insert of an endpoint and delete of the last make and
+//! drop them, an ended job writing its delivery exactly while they exist.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 mod common;
@@ -301,6 +304,128 @@ async fn an_attempts_insert_enters_no_trigger_and_its_end_is_still_counted() {
             ("succeeded".to_string(), 1),
             "earlier build {earlier_build}"
         );
+    }
+}
+
+/// An endpoint of `owner` subscribed to every event, as the webhook API
+/// would store it.
+fn endpoint(id: &str, owner: &str) -> onejob::store::webhooks::WebhookEndpoint {
+    onejob::store::webhooks::WebhookEndpoint {
+        id: id.into(),
+        owner_id: owner.into(),
+        url: "http://127.0.0.1:9/hook".into(),
+        description: String::new(),
+        events: " job.succeeded job.failed job.cancelled job.needs_review attempt.unknown ".into(),
+        secret: "sealed".into(),
+        previous_secret: None,
+        previous_secret_until: None,
+        enabled: true,
+        disabled_reason: None,
+        created_at: 1,
+        updated_at: 1,
+    }
+}
+
+/// The trigger programs a job's end and its attempt's end enter, and the
+/// deliveries the two write for `owner` (rolled back, so a file can be
+/// asked again).
+fn webhook_triggers(file: &Path, owner: &str) -> (usize, usize, i64) {
+    let mut conn = rusqlite::Connection::open(file).unwrap();
+    let job_end = "UPDATE jobs SET state = 'succeeded', version = version + 1 WHERE id = 'w'";
+    let attempt_unknown = "UPDATE attempts SET state = 'unknown' WHERE id = 'wa'";
+    let programs = (
+        trigger_programs(&conn, job_end),
+        trigger_programs(&conn, attempt_unknown),
+    );
+    let tx = conn.transaction().unwrap();
+    tx.execute(
+        "INSERT INTO jobs (id, owner_id, idempotency_key, fingerprint, request, route, state, \
+         created_at, updated_at) VALUES ('w', ?1, 'wk', 'f', '{}', 'default', 'running', 1, 1)",
+        [owner],
+    )
+    .unwrap();
+    tx.execute(
+        "INSERT INTO attempts (id, job_id, seq, provider, kind, state, read_version, started_at) \
+         VALUES ('wa', 'w', 1, 'p', 'primary', 'started', 0, 1)",
+        [],
+    )
+    .unwrap();
+    tx.execute(attempt_unknown, []).unwrap();
+    tx.execute(job_end, []).unwrap();
+    let deliveries: i64 = tx
+        .query_row(
+            "SELECT COUNT(*) FROM webhook_deliveries WHERE job_id = 'w'",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    tx.rollback().unwrap();
+    (programs.0, programs.1, deliveries)
+}
+
+#[tokio::test]
+async fn webhook_triggers_exist_while_an_endpoint_does() {
+    // Without an endpoint a job's end enters no trigger program and an
+    // attempt's change of state only the rollup's; with one, each enters
+    // its webhook trigger too, and writes one delivery per event.
+    let without = (0, 1, 0);
+    let with = (1, 2, 2);
+    for earlier_endpoint in [None, Some(false), Some(true)] {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("onejob.db");
+        if let Some(has_endpoint) = earlier_endpoint {
+            let mut conn = migrated_by_an_earlier_build(&file, 16).await;
+            if has_endpoint {
+                sqlx::query(
+                    "INSERT INTO webhook_endpoints (id, owner_id, url, description, events, \
+                     secret, enabled, created_at, updated_at) VALUES ('we_old', 'o', \
+                     'http://127.0.0.1:9/hook', '', ' job.succeeded attempt.unknown ', 's', 1, 1, 1)",
+                )
+                .execute(&mut conn)
+                .await
+                .unwrap();
+            }
+            conn.close().await.unwrap();
+        }
+        let store = SqliteStore::open(&file).await.unwrap();
+        store.migrate().await.unwrap();
+        let kept = if earlier_endpoint == Some(true) {
+            with
+        } else {
+            without
+        };
+        assert_eq!(
+            webhook_triggers(&file, "o"),
+            kept,
+            "earlier build's endpoint: {earlier_endpoint:?}"
+        );
+
+        for id in ["we_1", "we_2"] {
+            store
+                .insert_webhook_endpoint(endpoint(id, "o"))
+                .await
+                .unwrap();
+            assert_eq!(webhook_triggers(&file, "o").0, 1, "{id} inserted");
+        }
+        // Another owner's job: the triggers run and find no endpoint of its.
+        assert_eq!(webhook_triggers(&file, "other"), (1, 2, 0));
+        let old = i64::from(earlier_endpoint == Some(true));
+        assert!(store.delete_webhook_endpoint("we_1").await.unwrap());
+        assert_eq!(
+            webhook_triggers(&file, "o"),
+            (1, 2, 2 * (1 + old)),
+            "we_2 left, and the old endpoint: {earlier_endpoint:?}"
+        );
+        assert!(store.delete_webhook_endpoint("we_2").await.unwrap());
+        if old == 1 {
+            assert_eq!(webhook_triggers(&file, "o"), with, "the old endpoint left");
+            assert!(store.delete_webhook_endpoint("we_old").await.unwrap());
+        }
+        assert_eq!(webhook_triggers(&file, "o"), without, "no endpoint left");
+        // Deleting what is not there changes nothing.
+        assert!(!store.delete_webhook_endpoint("we_1").await.unwrap());
+        assert_eq!(webhook_triggers(&file, "o"), without);
+        store.close().await;
     }
 }
 

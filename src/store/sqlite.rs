@@ -546,6 +546,11 @@ fn control(conn: &rusqlite::Connection, sql: &str) -> rusqlite::Result<()> {
 /// the same checksums): a file an earlier build migrated is recognised, a
 /// migration edited after it was applied is refused, and a failed one
 /// leaves nothing behind.
+/// The migration from which the webhook triggers exist only while an
+/// endpoint does: it and every later one end by making them follow the
+/// endpoints, in their own transaction (`ops::webhook_triggers_follow_endpoints`).
+const WEBHOOK_TRIGGERS_FOLLOW_ENDPOINTS: i64 = 16;
+
 fn migrate(conn: &mut rusqlite::Connection) -> Result<(), StoreError> {
     use sqlx::migrate::MigrateError;
     conn.execute_batch(
@@ -580,14 +585,26 @@ fn migrate(conn: &mut rusqlite::Connection) -> Result<(), StoreError> {
             None => {}
         }
         let started = std::time::Instant::now();
-        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        tx.execute_batch(&migration.sql)?;
-        tx.execute(
-            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
-             VALUES (?1, ?2, TRUE, ?3, -1)",
-            rusqlite::params![migration.version, &*migration.description, &*migration.checksum],
-        )?;
-        tx.commit()?;
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        let applied = (|| {
+            conn.execute_batch(&migration.sql)?;
+            if migration.version >= WEBHOOK_TRIGGERS_FOLLOW_ENDPOINTS {
+                db::now(ops::webhook_triggers_follow_endpoints(conn))?;
+            }
+            conn.execute(
+                "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+                 VALUES (?1, ?2, TRUE, ?3, -1)",
+                rusqlite::params![migration.version, &*migration.description, &*migration.checksum],
+            )?;
+            Ok::<_, StoreError>(())
+        })();
+        match applied {
+            Ok(()) => conn.execute_batch("COMMIT")?,
+            Err(e) => {
+                let _ = conn.execute_batch("ROLLBACK");
+                return Err(e);
+            }
+        }
         conn.execute(
             "UPDATE _sqlx_migrations SET execution_time = ?1 WHERE version = ?2",
             rusqlite::params![started.elapsed().as_nanos() as i64, migration.version],

@@ -55,6 +55,13 @@ pub(crate) trait Dialect: Send + Sync + 'static {
     /// The console's list with a key prefix few keys have
     /// (`console::list_jobs_by_key_sql!`), read owner by owner.
     const LIST_JOBS_BY_KEY: &'static str;
+    /// The webhook triggers, created (`IF NOT EXISTS`) while an endpoint
+    /// exists: empty where they always exist (PostgreSQL, whose trigger on
+    /// `jobs` tests for an enabled endpoint first). See
+    /// [`webhooks::webhook_triggers_follow_endpoints`].
+    const WEBHOOK_TRIGGERS_CREATE: &'static [&'static str];
+    /// …and dropped (`IF EXISTS`) once none does.
+    const WEBHOOK_TRIGGERS_DROP: &'static [&'static str];
 }
 
 /// The usage of one attempt added to its owner's day (`keys.rs`

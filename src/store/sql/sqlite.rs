@@ -47,6 +47,44 @@ impl Dialect for Sqlite {
     const KEY_PREFIX_FEW: &'static str = key_prefix_few_sql!("owner_id IN (SELECT id FROM owners)");
     const LIST_JOBS_BY_KEY: &'static str =
         list_jobs_by_key_sql!("owner_id IN (SELECT id FROM owners)");
+    // Migration 0016 dropped these; the texts are those of migrations 0013
+    // (`webhook_on_job_end`) and 0010 (`webhook_on_attempt_unknown`).
+    const WEBHOOK_TRIGGERS_CREATE: &'static [&'static str] = &[
+        "CREATE TRIGGER IF NOT EXISTS webhook_on_job_end AFTER UPDATE OF state ON jobs \
+         WHEN NEW.state NOT IN ('pending', 'running') AND OLD.state <> NEW.state \
+         BEGIN \
+         INSERT INTO webhook_deliveries (id, endpoint_id, owner_id, event_type, job_id, attempt_id, \
+         event_at, job_state, job_version, job_route, job_key, job_result, job_completed_by, \
+         job_last_error, job_attempt_count, job_next_run_at, job_created_at, job_updated_at, \
+         state, next_attempt_at, created_at) \
+         SELECT 'msg_' || lower(hex(randomblob(16))), e.id, NEW.owner_id, 'job.' || NEW.state, \
+         NEW.id, NULL, NEW.updated_at, NEW.state, NEW.version, NEW.route, NEW.idempotency_key, \
+         NEW.result, NEW.completed_by, NEW.last_error, NEW.attempt_count, NEW.next_run_at, \
+         NEW.created_at, NEW.updated_at, 'pending', NEW.updated_at, NEW.updated_at \
+         FROM webhook_endpoints e \
+         WHERE e.owner_id = NEW.owner_id AND e.enabled = 1 \
+         AND e.events LIKE '% job.' || NEW.state || ' %'; \
+         END",
+        "CREATE TRIGGER IF NOT EXISTS webhook_on_attempt_unknown AFTER UPDATE OF state ON attempts \
+         WHEN NEW.state = 'unknown' AND OLD.state <> 'unknown' \
+         BEGIN \
+         INSERT INTO webhook_deliveries (id, endpoint_id, owner_id, event_type, job_id, attempt_id, \
+         event_at, job_state, job_version, job_route, job_key, job_result, job_completed_by, \
+         job_last_error, job_attempt_count, job_next_run_at, job_created_at, job_updated_at, \
+         state, next_attempt_at, created_at) \
+         SELECT 'msg_' || lower(hex(randomblob(16))), e.id, j.owner_id, 'attempt.unknown', j.id, \
+         NEW.id, COALESCE(NEW.finished_at, NEW.started_at), j.state, j.version, j.route, \
+         j.idempotency_key, j.result, j.completed_by, j.last_error, j.attempt_count, \
+         j.next_run_at, j.created_at, j.updated_at, 'pending', \
+         COALESCE(NEW.finished_at, NEW.started_at), COALESCE(NEW.finished_at, NEW.started_at) \
+         FROM jobs j JOIN webhook_endpoints e ON e.owner_id = j.owner_id \
+         WHERE j.id = NEW.job_id AND e.enabled = 1 AND e.events LIKE '% attempt.unknown %'; \
+         END",
+    ];
+    const WEBHOOK_TRIGGERS_DROP: &'static [&'static str] = &[
+        "DROP TRIGGER IF EXISTS webhook_on_job_end",
+        "DROP TRIGGER IF EXISTS webhook_on_attempt_unknown",
+    ];
 }
 
 /// rusqlite: a direct call into SQLite on the calling thread. The statement

@@ -1,6 +1,9 @@
 //! Signed webhooks: endpoints, the outbox of deliveries (written by the
 //! triggers of migration 0010, in the commit that ends a job), claims of
 //! due deliveries and the record of each try.
+//!
+//! On SQLite those triggers exist only while an endpoint does
+//! ([`webhook_triggers_follow_endpoints`]).
 
 use crate::domain::Millis;
 use crate::store::sql::db::{args, Db};
@@ -18,8 +21,8 @@ macro_rules! endpoint_columns {
     };
 }
 
-pub(crate) async fn insert_webhook_endpoint(
-    conn: &mut impl Db,
+pub(crate) async fn insert_webhook_endpoint<C: Db>(
+    conn: &mut C,
     endpoint: WebhookEndpoint,
 ) -> Result<(), StoreError> {
     conn.execute(
@@ -44,6 +47,41 @@ pub(crate) async fn insert_webhook_endpoint(
         ],
     )
     .await?;
+    for create in C::Sql::WEBHOOK_TRIGGERS_CREATE {
+        conn.execute_once(create, &[]).await?;
+    }
+    Ok(())
+}
+
+/// Where the dialect says so (SQLite), the webhook triggers exist exactly
+/// while an endpoint does, made so in the caller's transaction: the one
+/// that inserts an endpoint creates them, the one that deletes the last
+/// drops them, and migration 0016's (and every later one's) makes them
+/// follow the endpoints the file has. A trigger that finds no endpoint
+/// writes nothing, but SQLite still enters its program, with a frame of
+/// registers allocated and zeroed, for every ended job and every attempt's
+/// change of state. Whether an endpoint is enabled is the triggers' own
+/// test, as before.
+pub(crate) async fn webhook_triggers_follow_endpoints<C: Db>(
+    conn: &mut C,
+) -> Result<(), StoreError> {
+    if C::Sql::WEBHOOK_TRIGGERS_CREATE.is_empty() {
+        return Ok(());
+    }
+    let (any,): (bool,) = conn
+        .fetch_one(
+            "SELECT EXISTS (SELECT 1 FROM webhook_endpoints) AS any",
+            &[],
+        )
+        .await?;
+    let statements = if any {
+        C::Sql::WEBHOOK_TRIGGERS_CREATE
+    } else {
+        C::Sql::WEBHOOK_TRIGGERS_DROP
+    };
+    for statement in statements {
+        conn.execute_once(statement, &[]).await?;
+    }
     Ok(())
 }
 
@@ -78,8 +116,8 @@ pub(crate) async fn get_webhook_endpoint(
 }
 
 /// The endpoint, its deliveries and their tries go together.
-pub(crate) async fn delete_webhook_endpoint(
-    conn: &mut impl Db,
+pub(crate) async fn delete_webhook_endpoint<C: Db>(
+    conn: &mut C,
     id: &str,
 ) -> Result<bool, StoreError> {
     conn.execute(
@@ -96,6 +134,7 @@ pub(crate) async fn delete_webhook_endpoint(
     let done = conn
         .execute("DELETE FROM webhook_endpoints WHERE id = $1", args![id])
         .await?;
+    webhook_triggers_follow_endpoints(conn).await?;
     Ok(done == 1)
 }
 

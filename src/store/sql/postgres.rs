@@ -67,7 +67,8 @@ impl Dialect for Postgres {
     const LIST_JOBS_BY_KEY: &'static str =
         list_jobs_by_key_sql!("owner_id = ANY (ARRAY(SELECT id FROM owners))");
     // The triggers stay: the one on `jobs` runs once per statement and
-    // returns at once without an enabled endpoint (migration 0013).
+    // returns at once without an enabled endpoint (migration 0013); with
+    // both dropped PostgreSQL's CPU per job was the same (docs/benchmarks.md).
     const WEBHOOK_TRIGGERS_CREATE: &'static [&'static str] = &[];
     const WEBHOOK_TRIGGERS_DROP: &'static [&'static str] = &[];
 }

@@ -541,16 +541,16 @@ fn control(conn: &rusqlite::Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(drop)
 }
 
-/// Apply the migrations not yet applied, each in its own transaction with
-/// its row in `_sqlx_migrations`, as sqlx's migrator does (the same table,
-/// the same checksums): a file an earlier build migrated is recognised, a
-/// migration edited after it was applied is refused, and a failed one
-/// leaves nothing behind.
 /// The migration from which the webhook triggers exist only while an
 /// endpoint does: it and every later one end by making them follow the
 /// endpoints, in their own transaction (`ops::webhook_triggers_follow_endpoints`).
 const WEBHOOK_TRIGGERS_FOLLOW_ENDPOINTS: i64 = 16;
 
+/// Apply the migrations not yet applied, each in its own transaction with
+/// its row in `_sqlx_migrations`, as sqlx's migrator does (the same table,
+/// the same checksums): a file an earlier build migrated is recognised, a
+/// migration edited after it was applied is refused, and a failed one
+/// leaves nothing behind.
 fn migrate(conn: &mut rusqlite::Connection) -> Result<(), StoreError> {
     use sqlx::migrate::MigrateError;
     conn.execute_batch(

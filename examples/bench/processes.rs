@@ -689,6 +689,15 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
                 "≥ 4×",
             );
         }
+        // The other peers are floors (a bare proxy: HTTP in and out, nothing
+        // kept): how many of their requests a durable job costs.
+        for (peer, p) in peer_labels.iter().zip(&peer_tallies).skip(1) {
+            row(
+                &format!("  durable job CPU ÷ {peer}'s per request"),
+                per_door(&|t| format!("{:.1}×", t.jobs.cpu_us() / p.jobs.cpu_us().max(0.001))),
+                "",
+            );
+        }
         row(
             "  failed (jobs, lone, replays)",
             per_door(&|t| format!("{}/{}/{}", t.jobs.failed, t.lone.failed, t.replays.failed)),

@@ -17,7 +17,8 @@
 //! `started`. SQLite's migration 0016 keeps the webhook triggers only while
 //! an endpoint exists: a file with one keeps them, one without loses them,
 //! and the store's insert of an endpoint and delete of the last make and
-//! drop them, an ended job writing its delivery exactly while they exist.
+//! drop them, an ended job writing its delivery exactly while they exist,
+//! also from another process whose statements were prepared before.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 mod common;
@@ -427,6 +428,94 @@ async fn webhook_triggers_exist_while_an_endpoint_does() {
         assert_eq!(webhook_triggers(&file, "o"), without);
         store.close().await;
     }
+}
+
+/// A job created, its primary started and won through `store`, at `at`.
+async fn a_won_job(store: &SqliteStore, key: &str, at: i64) -> JobId {
+    use onejob::domain::attempt::{NewAttempt, Success};
+    use onejob::domain::job::NewJob;
+    use onejob::domain::{AttemptId, AttemptKind};
+    use onejob::store::{AttemptOutcome, CreateOutcome, FinishAttempt, FinishOutcome};
+    let job = match store
+        .create_job(NewJob {
+            id: JobId::new(),
+            owner_id: "o".into(),
+            idempotency_key: key.into(),
+            fingerprint: "f".into(),
+            request: "{}".into(),
+            route: "default".into(),
+            created_at: at,
+            lease: None,
+            key_id: None,
+            primary: None,
+        })
+        .await
+        .unwrap()
+    {
+        CreateOutcome::Created(job) => job.id,
+        other => panic!("expected a new job, got {other:?}"),
+    };
+    let attempt = store
+        .start_attempt(NewAttempt {
+            id: AttemptId::new(),
+            job_id: job.clone(),
+            provider: "p".into(),
+            kind: AttemptKind::Primary,
+            max_hedges: 1,
+            reuses_key: false,
+            started_at: at,
+        })
+        .await
+        .unwrap()
+        .expect("the guard lets it start")
+        .id;
+    let won = store
+        .finish_attempt(FinishAttempt {
+            attempt_id: attempt,
+            outcome: AttemptOutcome::Succeeded(Success::text("\"ok\"")),
+            at: at + 10,
+            actor: "engine".into(),
+        })
+        .await
+        .unwrap();
+    assert!(matches!(won, FinishOutcome::Won { .. }), "{won:?}");
+    job
+}
+
+#[tokio::test]
+async fn an_endpoint_made_by_another_process_reaches_statements_prepared_before_it() {
+    // Two stores on one file, as two processes would have: the first has
+    // prepared a job's statements (with no webhook trigger to enter) when
+    // the second creates an endpoint, and so the triggers.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("onejob.db");
+    let first = SqliteStore::open(&file).await.unwrap();
+    first.migrate().await.unwrap();
+    let second = SqliteStore::open(&file).await.unwrap();
+    let deliveries = |job: &JobId| -> i64 {
+        rusqlite::Connection::open(&file)
+            .unwrap()
+            .query_row(
+                "SELECT COUNT(*) FROM webhook_deliveries WHERE job_id = ?1",
+                [job.as_str()],
+                |row| row.get(0),
+            )
+            .unwrap()
+    };
+
+    let before = a_won_job(&first, "before", 1_000).await;
+    assert_eq!(deliveries(&before), 0);
+    second
+        .insert_webhook_endpoint(endpoint("we_1", "o"))
+        .await
+        .unwrap();
+    let during = a_won_job(&first, "during", 2_000).await;
+    assert_eq!(deliveries(&during), 1, "the first store's job.succeeded");
+    assert!(second.delete_webhook_endpoint("we_1").await.unwrap());
+    let after = a_won_job(&first, "after", 3_000).await;
+    assert_eq!(deliveries(&after), 0);
+    first.close().await;
+    second.close().await;
 }
 
 /// The rule migration 0014 rests on: every insert of an attempt in the

@@ -9,12 +9,11 @@
 
 mod common;
 
-use common::{Backend, TestDb};
-use onejob::domain::attempt::{NewAttempt, Success, Usage};
-use onejob::domain::job::NewJob;
-use onejob::domain::{AttemptId, AttemptKind, JobId};
+use common::{create_job, start_attempt, Backend, TestDb};
+use onejob::domain::attempt::{Success, Usage};
+use onejob::domain::{AttemptId, AttemptKind};
 use onejob::store::console::{histogram_percentile, WindowStats};
-use onejob::store::{AttemptOutcome, CreateOutcome, FinishAttempt, FinishOutcome, Store};
+use onejob::store::{AttemptOutcome, FinishAttempt, FinishOutcome, Store};
 use std::collections::BTreeMap;
 
 on_both_backends!(the_overview_over_a_week_counts_every_attempt_once_and_its_latency,);
@@ -24,29 +23,6 @@ const USAGE: Usage = Usage {
     prompt_tokens: 10,
     completion_tokens: 5,
 };
-
-async fn start(
-    store: &dyn Store,
-    job: &JobId,
-    provider: &str,
-    kind: AttemptKind,
-    at: i64,
-) -> AttemptId {
-    store
-        .start_attempt(NewAttempt {
-            id: AttemptId::new(),
-            job_id: job.clone(),
-            provider: provider.into(),
-            kind,
-            max_hedges: 1,
-            reuses_key: false,
-            started_at: at,
-        })
-        .await
-        .unwrap()
-        .expect("the guard lets it start")
-        .id
-}
 
 async fn finish(
     store: &dyn Store,
@@ -110,27 +86,9 @@ async fn the_overview_over_a_week_counts_every_attempt_once_and_its_latency(back
         })
         .chain([(jobs, from - HOUR), (jobs + 1, to + HOUR)])
     {
-        let job = match store
-            .create_job(NewJob {
-                id: JobId::new(),
-                owner_id: "alice".into(),
-                idempotency_key: format!("order-{i}"),
-                fingerprint: "f".into(),
-                request: "{}".into(),
-                route: "default".into(),
-                created_at: created,
-                lease: None,
-                key_id: None,
-                primary: None,
-            })
-            .await
-            .unwrap()
-        {
-            CreateOutcome::Created(job) => job.id,
-            other => panic!("expected a new job, got {other:?}"),
-        };
+        let job = create_job(store.as_ref(), "alice", &format!("order-{i}"), created).await;
         let inside = (from..to).contains(&created);
-        let primary = start(
+        let primary = start_attempt(
             store.as_ref(),
             &job,
             "sim",
@@ -157,7 +115,7 @@ async fn the_overview_over_a_week_counts_every_attempt_once_and_its_latency(back
             }
             2 => {
                 // The hedge wins; the primary's late answer is discarded, paid for.
-                let hedge = start(
+                let hedge = start_attempt(
                     store.as_ref(),
                     &job,
                     "backup",

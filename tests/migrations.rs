@@ -432,43 +432,11 @@ async fn webhook_triggers_exist_while_an_endpoint_does() {
 
 /// A job created, its primary started and won through `store`, at `at`.
 async fn a_won_job(store: &SqliteStore, key: &str, at: i64) -> JobId {
-    use onejob::domain::attempt::{NewAttempt, Success};
-    use onejob::domain::job::NewJob;
-    use onejob::domain::{AttemptId, AttemptKind};
-    use onejob::store::{AttemptOutcome, CreateOutcome, FinishAttempt, FinishOutcome};
-    let job = match store
-        .create_job(NewJob {
-            id: JobId::new(),
-            owner_id: "o".into(),
-            idempotency_key: key.into(),
-            fingerprint: "f".into(),
-            request: "{}".into(),
-            route: "default".into(),
-            created_at: at,
-            lease: None,
-            key_id: None,
-            primary: None,
-        })
-        .await
-        .unwrap()
-    {
-        CreateOutcome::Created(job) => job.id,
-        other => panic!("expected a new job, got {other:?}"),
-    };
-    let attempt = store
-        .start_attempt(NewAttempt {
-            id: AttemptId::new(),
-            job_id: job.clone(),
-            provider: "p".into(),
-            kind: AttemptKind::Primary,
-            max_hedges: 1,
-            reuses_key: false,
-            started_at: at,
-        })
-        .await
-        .unwrap()
-        .expect("the guard lets it start")
-        .id;
+    use onejob::domain::attempt::Success;
+    use onejob::domain::AttemptKind;
+    use onejob::store::{AttemptOutcome, FinishAttempt, FinishOutcome};
+    let job = common::create_job(store, "o", key, at).await;
+    let attempt = common::start_attempt(store, &job, "p", AttemptKind::Primary, at).await;
     let won = store
         .finish_attempt(FinishAttempt {
             attempt_id: attempt,

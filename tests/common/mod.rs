@@ -231,6 +231,57 @@ pub async fn error_code(response: reqwest::Response) -> String {
         .to_string()
 }
 
+/// A new job of `owner` under `key`, created at `at` through the store,
+/// with no primary attempt.
+pub async fn create_job(
+    store: &dyn Store,
+    owner: &str,
+    key: &str,
+    at: i64,
+) -> onejob::domain::JobId {
+    let new = onejob::domain::job::NewJob {
+        id: onejob::domain::JobId::new(),
+        owner_id: owner.into(),
+        idempotency_key: key.into(),
+        fingerprint: "f".into(),
+        request: "{}".into(),
+        route: "default".into(),
+        created_at: at,
+        lease: None,
+        key_id: None,
+        primary: None,
+    };
+    match store.create_job(new).await.unwrap() {
+        onejob::store::CreateOutcome::Created(job) => job.id,
+        other => panic!("expected a new job, got {other:?}"),
+    }
+}
+
+/// An attempt of `job` on `provider` started at `at` through the store's
+/// guarded start, which must let it start.
+pub async fn start_attempt(
+    store: &dyn Store,
+    job: &onejob::domain::JobId,
+    provider: &str,
+    kind: onejob::domain::AttemptKind,
+    at: i64,
+) -> onejob::domain::AttemptId {
+    store
+        .start_attempt(onejob::domain::attempt::NewAttempt {
+            id: onejob::domain::AttemptId::new(),
+            job_id: job.clone(),
+            provider: provider.into(),
+            kind,
+            max_hedges: 1,
+            reuses_key: false,
+            started_at: at,
+        })
+        .await
+        .unwrap()
+        .expect("the guard lets it start")
+        .id
+}
+
 /// Test setup only: insert a `started` attempt row directly, bypassing the
 /// guard, to build states the guard would never allow (e.g. twenty live
 /// attempts at one version, to race their CAS).

@@ -71,6 +71,10 @@ pub struct Metrics {
     webhook_latency: Histogram,
     /// state → deliveries in the outbox, read from the database at scrape.
     webhook_deliveries: Family<Labels, Gauge>,
+    /// The store's group commits and the writes they carried, read from
+    /// the store at scrape (`Store::commit_counts`).
+    store_commits: AtomicU64,
+    store_commit_writes: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -107,6 +111,8 @@ impl Default for Metrics {
             webhook_tries: Family::default(),
             webhook_latency: latency_histogram(),
             webhook_deliveries: Family::default(),
+            store_commits: AtomicU64::new(0),
+            store_commit_writes: AtomicU64::new(0),
         }
     }
 }
@@ -201,6 +207,12 @@ impl Metrics {
                 .get_or_create(&vec![("state", state.to_string())])
                 .set(n);
         }
+    }
+
+    /// The store's group commits so far and the writes they carried.
+    pub fn set_store_commits(&self, commits: u64, writes: u64) {
+        self.store_commits.store(commits, Ordering::Relaxed);
+        self.store_commit_writes.store(writes, Ordering::Relaxed);
     }
 
     pub fn set_review_queue_depth(&self, depth: i64) {
@@ -321,6 +333,16 @@ impl Metrics {
                 "onejob_reconciled_abandoned",
                 "Unknown attempts of finished jobs let go once no one could say, past unknown_deadline_ms",
                 read(&self.reconciled_abandoned),
+            ),
+            (
+                "onejob_store_commits",
+                "Group commits of the store: SQLite's write transactions (one WAL fdatasync each), PostgreSQL's shared create and win statements",
+                read(&self.store_commits),
+            ),
+            (
+                "onejob_store_commit_writes",
+                "Callers' writes those commits carried (writes per commit: the group commit's size)",
+                read(&self.store_commit_writes),
             ),
         ])
     }

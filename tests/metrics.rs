@@ -10,6 +10,7 @@ use common::{chat_body, Backend};
 use std::time::Duration;
 
 on_both_backends!(metrics_parse_and_move_as_a_hedged_job_runs);
+on_both_backends!(store_commits_count_a_jobs_two_writes);
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -160,5 +161,52 @@ async fn metrics_parse_and_move_as_a_hedged_job_runs(backend: Backend) {
         "the discarded primary's tokens are counted against it"
     );
     assert_eq!(value(&after, "onejob_review_queue_depth", &[]), 0.0);
+    world.stop().await;
+}
+
+/// A durable job is two writes, its create and its win, each committed
+/// before the job goes on: `/metrics` counts the store's group commits and
+/// the writes they carried. On PostgreSQL the two are the shared create
+/// and win statements, exactly one each for a lone job; on SQLite every
+/// write commits through the writer, so another process write (a key's
+/// last use, the instance's heartbeat) may share the window.
+async fn store_commits_count_a_jobs_two_writes(backend: Backend) {
+    let providers = [ProviderSpec {
+        name: "quick",
+        model: "healthy:latency=5",
+    }];
+    let world = start_world(backend, &providers, route("quick", &[]), |_| {}).await;
+    let before = scrape(&world).await;
+    let commits = |s: &prometheus_parse::Scrape| {
+        (
+            value(s, "onejob_store_commits_total", &[]),
+            value(s, "onejob_store_commit_writes_total", &[]),
+        )
+    };
+    let (status, job) = world
+        .submit("commits-1", &chat_body("count my writes"), Some(10))
+        .await;
+    // Created (201), and answered once it succeeded (`Prefer: wait`).
+    assert_eq!(status, 201, "{job}");
+    assert_eq!(job["state"], "succeeded", "{job}");
+    let after = scrape(&world).await;
+    let (c0, w0) = commits(&before);
+    let (c1, w1) = commits(&after);
+    let (commits, writes) = (c1 - c0, w1 - w0);
+    match backend {
+        Backend::Postgres => assert_eq!((commits, writes), (2.0, 2.0)),
+        Backend::Sqlite => {
+            assert!(writes >= 2.0, "{writes} writes");
+            assert!(
+                (1.0..=writes).contains(&commits),
+                "{commits} commits for {writes} writes"
+            );
+        }
+    }
+    assert!(
+        after.docs.contains_key("onejob_store_commits_total"),
+        "{:?}",
+        after.docs.keys()
+    );
     world.stop().await;
 }

@@ -212,6 +212,10 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         engine.report_gauges(&state.metrics);
         hedging = engine.hedging_metrics();
     }
+    let commits = state.store.commit_counts();
+    state
+        .metrics
+        .set_store_commits(commits.commits, commits.writes);
     match state.store.review_queue_depth().await {
         Ok(depth) => state.metrics.set_review_queue_depth(depth),
         Err(e) => tracing::warn!(error = %e, "cannot count the review queue for /metrics"),

@@ -19,7 +19,7 @@
 //! are answered `StoreError::Closed` and read back what committed, as
 //! after any lost acknowledgement.
 
-use super::{CreateOutcome, FinishAttempt, FinishOutcome, StoreError};
+use super::{CommitCounter, CreateOutcome, FinishAttempt, FinishOutcome, StoreError};
 use crate::domain::job::NewJob;
 use sqlx::pool::PoolConnection;
 use sqlx::{PgPool, Postgres};
@@ -112,16 +112,21 @@ struct Shared<T, R> {
     slots: Arc<Semaphore>,
     max_batch: usize,
     run: RunBatch<T, R>,
+    /// Each batch's statement, once answered, with the calls it carried.
+    commits: Arc<CommitCounter>,
 }
 
 impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
     /// Batches of at most `max_batch` calls, at most `in_flight` at once,
     /// each run by `run`, which answers each call in the batch's order.
+    /// Each batch answered counts in `commits` (one whose caller went away
+    /// mid-statement does not: whether it committed is not known here).
     pub(crate) fn new<F, Fut>(
         pool: PgPool,
         ping_idle_after: Duration,
         in_flight: usize,
         max_batch: usize,
+        commits: Arc<CommitCounter>,
         run: F,
     ) -> Self
     where
@@ -135,6 +140,7 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
                 slots: Arc::new(Semaphore::new(in_flight)),
                 max_batch,
                 run: Box::new(move |conns, items| Box::pin(run(conns, items))),
+                commits,
             }),
         }
     }
@@ -173,6 +179,7 @@ impl<T: Send + 'static, R: Send + 'static> Shared<T, R> {
         }
         let (items, replies): (Vec<T>, Vec<_>) = batch.into_iter().unzip();
         let answers = (self.run)(self.conns.clone(), items).await;
+        self.commits.add(replies.len());
         for (reply, answer) in replies.into_iter().zip(answers) {
             // The caller may have gone; what was committed stays committed.
             let _ = reply.send(answer);
@@ -340,11 +347,13 @@ mod tests {
         let (started, first_started) = oneshot::channel::<()>();
         let started = Mutex::new(Some(started));
         let first = AtomicBool::new(true);
+        let commits = Arc::new(CommitCounter::default());
         let batcher = Arc::new(Batcher::new(
             pool,
             Duration::from_secs(1),
             1,
             8,
+            commits.clone(),
             move |_conns, items: Vec<u32>| {
                 let hold = first.swap(false, Ordering::SeqCst);
                 let started = started.lock().unwrap().take();
@@ -378,6 +387,9 @@ mod tests {
             .unwrap();
         assert_eq!(answer.unwrap(), 20);
         assert!(batcher.shared.queue.lock().unwrap().is_empty());
+        // Only the batch that was answered counts.
+        let counted = commits.counts();
+        assert_eq!((counted.commits, counted.writes), (1, 1));
     }
 
     /// A batch's connection serves the next batch as it is, not given back

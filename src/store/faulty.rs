@@ -245,6 +245,10 @@ impl Store for FaultyStore {
         self.inner.backend()
     }
 
+    fn commit_counts(&self) -> crate::store::CommitCounts {
+        self.inner.commit_counts()
+    }
+
     /// Detached events are dropped (with nothing written) while the store is
     /// down, as a real detached write would fail.
     fn record_event_detached(&self, event: NewEvent) {

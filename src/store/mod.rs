@@ -16,7 +16,8 @@
 //! (`contract_runs.rs`), [`ConsoleStore`] (`console.rs`), [`HedgingStore`]
 //! (`hedging.rs`) and [`WebhookStore`] (`webhooks.rs`). [`Store`] is their
 //! supertrait, with what each backend writes besides its queries
-//! (`backend`, `migrate`, `ping`, `record_event_detached`, `close`);
+//! (`backend`, `migrate`, `ping`, `record_event_detached`,
+//! `commit_counts`, `close`);
 //! callers hold an `Arc<dyn Store>` and `use crate::store::prelude::*`.
 //!
 //! Each backend implements every trait as ordinary code: `sqlite.rs`
@@ -217,6 +218,46 @@ fn sqlite_code_is_transient(code: i64) -> bool {
     matches!(code & 0xff, 5 | 6 | 10 | 13 | 14 | 15)
 }
 
+/// Group commits: transactions that each committed the writes of one or
+/// more callers at once. On SQLite every write goes through one (the
+/// writer's batch, or a lone write committed on its caller's thread), and
+/// each ends in one `fdatasync` of the WAL; on PostgreSQL they are the
+/// shared statements that create jobs and win them (`batches.rs`), a
+/// durable job's two writes. `writes / commits` is a group commit's size,
+/// and `commits` per durable job how many syncs of the disk a job costs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitCounts {
+    /// Transactions committed.
+    pub commits: u64,
+    /// Callers' writes they carried (a write that failed in a batch that
+    /// committed counts: the commit carried it).
+    pub writes: u64,
+}
+
+/// Where a backend counts its [`CommitCounts`], from any thread.
+#[derive(Debug, Default)]
+pub(crate) struct CommitCounter {
+    commits: std::sync::atomic::AtomicU64,
+    writes: std::sync::atomic::AtomicU64,
+}
+
+impl CommitCounter {
+    /// One commit that carried `writes` writes.
+    pub(crate) fn add(&self, writes: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.commits.fetch_add(1, Relaxed);
+        self.writes.fetch_add(writes as u64, Relaxed);
+    }
+
+    pub(crate) fn counts(&self) -> CommitCounts {
+        use std::sync::atomic::Ordering::Relaxed;
+        CommitCounts {
+            commits: self.commits.load(Relaxed),
+            writes: self.writes.load(Relaxed),
+        }
+    }
+}
+
 /// The whole store: every resource's trait, and what each backend writes
 /// besides its queries. `Arc<dyn Store>` is what the rest of the service
 /// holds; bring the resource traits into scope with
@@ -248,6 +289,10 @@ pub trait Store:
     /// Append to the event log without waiting: for events that change no
     /// state (replays), so they never slow the request that caused them.
     fn record_event_detached(&self, event: NewEvent);
+
+    /// The group commits this store has made since it opened, for
+    /// `/metrics`: see [`CommitCounts`].
+    fn commit_counts(&self) -> CommitCounts;
 
     /// Commit every queued write and close connections; later calls fail.
     async fn close(&self);

@@ -16,11 +16,11 @@ use super::webhooks::{
 };
 use super::AttemptOutcome;
 use super::{
-    ApiKey, AttemptResolution, AttemptStore, ConsoleStore, ContractRun, ContractRunStore,
-    ContractRunSummary, CreateOutcome, EventStore, FinishAttempt, FinishOutcome, HedgingStore,
-    JobEvent, JobResolution, JobStore, JobTransition, KeyStore, NewContractRun, NewEvent,
-    ProviderAuditEntry, ProviderSwitch, Refusal, ReviewItem, Store, StoreError, SwitchStore,
-    WebhookStore,
+    ApiKey, AttemptResolution, AttemptStore, CommitCounter, CommitCounts, ConsoleStore,
+    ContractRun, ContractRunStore, ContractRunSummary, CreateOutcome, EventStore, FinishAttempt,
+    FinishOutcome, HedgingStore, JobEvent, JobResolution, JobStore, JobTransition, KeyStore,
+    NewContractRun, NewEvent, ProviderAuditEntry, ProviderSwitch, Refusal, ReviewItem, Store,
+    StoreError, SwitchStore, WebhookStore,
 };
 use crate::domain::attempt::NewAttempt;
 use crate::domain::job::NewJob;
@@ -29,6 +29,7 @@ use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::sql::postgres as ops;
@@ -44,6 +45,8 @@ pub struct PgStore {
     creates: Batcher<NewJob, Result<CreateOutcome, StoreError>>,
     /// Succeeded attempts' finishes waiting for the next shared statement.
     wins: Batcher<FinishAttempt, TriedWin>,
+    /// The two batchers' statements.
+    commits: Arc<CommitCounter>,
 }
 
 impl PgStore {
@@ -69,11 +72,13 @@ impl PgStore {
             })
             .connect_with(options)
             .await?;
+        let commits = Arc::new(CommitCounter::default());
         let creates = Batcher::new(
             pool.clone(),
             PING_IDLE_AFTER,
             batches::CREATE_BATCHES_IN_FLIGHT,
             batches::MAX_CREATE_BATCH,
+            commits.clone(),
             batches::create_batch,
         );
         let wins = Batcher::new(
@@ -81,12 +86,14 @@ impl PgStore {
             PING_IDLE_AFTER,
             batches::FINISH_BATCHES_IN_FLIGHT,
             batches::MAX_FINISH_BATCH,
+            commits.clone(),
             batches::finish_batch,
         );
         Ok(PgStore {
             pool,
             creates,
             wins,
+            commits,
         })
     }
 
@@ -110,6 +117,10 @@ impl Store for PgStore {
     async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
+    }
+
+    fn commit_counts(&self) -> CommitCounts {
+        self.commits.counts()
     }
 
     fn record_event_detached(&self, event: NewEvent) {

@@ -29,11 +29,11 @@ use super::webhooks::{
     ClaimedDelivery, WebhookCounts, WebhookDelivery, WebhookEndpoint, WebhookTry, WebhookTryRecord,
 };
 use super::{
-    ApiKey, AttemptResolution, AttemptStore, ConsoleStore, ContractRun, ContractRunStore,
-    ContractRunSummary, CreateOutcome, EventStore, FinishAttempt, FinishOutcome, HedgingStore,
-    JobEvent, JobResolution, JobStore, JobTransition, KeyStore, NewContractRun, NewEvent,
-    ProviderAuditEntry, ProviderSwitch, Refusal, ReviewItem, Store, StoreError, SwitchStore,
-    WebhookStore,
+    ApiKey, AttemptResolution, AttemptStore, CommitCounter, CommitCounts, ConsoleStore,
+    ContractRun, ContractRunStore, ContractRunSummary, CreateOutcome, EventStore, FinishAttempt,
+    FinishOutcome, HedgingStore, JobEvent, JobResolution, JobStore, JobTransition, KeyStore,
+    NewContractRun, NewEvent, ProviderAuditEntry, ProviderSwitch, Refusal, ReviewItem, Store,
+    StoreError, SwitchStore, WebhookStore,
 };
 use crate::domain::attempt::NewAttempt;
 use crate::domain::job::NewJob;
@@ -100,6 +100,8 @@ pub struct SqliteStore {
     conn: Arc<Mutex<Option<rusqlite::Connection>>>,
     /// Calls of [`SqliteStore::write`] not answered yet.
     writing: AtomicUsize,
+    /// Every commit of writes, the writer's and its callers'.
+    commits: Arc<CommitCounter>,
 }
 
 thread_local! {
@@ -259,11 +261,13 @@ impl SqliteStore {
         let (tx, rx) = mpsc::channel(4 * MAX_BATCH);
         let conn = Arc::new(Mutex::new(Some(conn)));
         let writer_conn = conn.clone();
+        let commits = Arc::new(CommitCounter::default());
+        let writer_commits = commits.clone();
         // A thread of its own: the batches of concurrent writes and their
         // commits' fsyncs block it, not the server's runtime.
         std::thread::Builder::new()
             .name("onejob-sqlite-writer".to_string())
-            .spawn(move || run_writer(&writer_conn, rx))
+            .spawn(move || run_writer(&writer_conn, &writer_commits, rx))
             .map_err(|e| StoreError::Batch(format!("sqlite writer thread: {e}")))?;
         Ok(SqliteStore {
             path: path.to_path_buf(),
@@ -271,6 +275,7 @@ impl SqliteStore {
             writer: tx,
             conn,
             writing: AtomicUsize::new(0),
+            commits,
         })
     }
 
@@ -338,7 +343,7 @@ impl SqliteStore {
         WAITS_FOR_LOCK.set(true);
         let committed = began
             .ok()
-            .map(|()| commit_begun(conn, std::slice::from_mut(&mut write)));
+            .map(|()| commit_begun(conn, &self.commits, std::slice::from_mut(&mut write)));
         drop(slot);
         match committed {
             Some(committed) => {
@@ -422,7 +427,11 @@ fn open_conn(path: &Path) -> Result<rusqlite::Connection, StoreError> {
 /// The single writer: takes what is queued (up to `MAX_BATCH`), commits it,
 /// then answers every caller. While it commits, the next batch queues up,
 /// so the batch grows with the load.
-fn run_writer(conn: &Mutex<Option<rusqlite::Connection>>, mut rx: mpsc::Receiver<WriteCmd>) {
+fn run_writer(
+    conn: &Mutex<Option<rusqlite::Connection>>,
+    commits: &CommitCounter,
+    mut rx: mpsc::Receiver<WriteCmd>,
+) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut closing = None;
     while let Some(cmd) = rx.blocking_recv() {
@@ -442,7 +451,7 @@ fn run_writer(conn: &Mutex<Option<rusqlite::Connection>>, mut rx: mpsc::Receiver
         if !batch.is_empty() {
             let mut slot = lock(conn);
             let committed = match slot.as_mut() {
-                Some(conn) => commit(conn, &mut batch),
+                Some(conn) => commit(conn, commits, &mut batch),
                 None => Err("the store is closed".to_string()),
             };
             drop(slot);
@@ -482,13 +491,22 @@ fn lock(
 /// what it meant to) and the batch runs again with each write in its own
 /// savepoint, so only the failed ones are undone. A write alone is its own
 /// transaction, and a failure rolls it back whole.
-fn commit(conn: &mut rusqlite::Connection, run: &mut [Write]) -> Result<(), String> {
+fn commit(
+    conn: &mut rusqlite::Connection,
+    commits: &CommitCounter,
+    run: &mut [Write],
+) -> Result<(), String> {
     begin(conn)?;
-    commit_begun(conn, run)
+    commit_begun(conn, commits, run)
 }
 
-/// [`commit`], once its transaction has begun.
-fn commit_begun(conn: &mut rusqlite::Connection, run: &mut [Write]) -> Result<(), String> {
+/// [`commit`], once its transaction has begun; a commit is counted in
+/// `commits`.
+fn commit_begun(
+    conn: &mut rusqlite::Connection,
+    commits: &CommitCounter,
+    run: &mut [Write],
+) -> Result<(), String> {
     if run.len() == 1 {
         if !run[0].run(conn) {
             return match control(conn, "ROLLBACK") {
@@ -519,7 +537,9 @@ fn commit_begun(conn: &mut rusqlite::Connection, run: &mut [Write]) -> Result<()
     control(conn, "COMMIT").map_err(|e| {
         tracing::error!(error = %e, "sqlite writer commit failed; the batch is rolled back");
         rolled_back(conn, e)
-    })
+    })?;
+    commits.add(run.len());
+    Ok(())
 }
 
 fn begin(conn: &rusqlite::Connection) -> Result<(), String> {
@@ -646,6 +666,10 @@ impl Store for SqliteStore {
                 let _ = writer.send(cmd).await;
             });
         }
+    }
+
+    fn commit_counts(&self) -> CommitCounts {
+        self.commits.counts()
     }
 
     async fn close(&self) {
@@ -1496,6 +1520,46 @@ mod tests {
         // 10, 12 and 13 (which failed) on the first try; all four again.
         assert_eq!(runs.load(Ordering::SeqCst), 7);
         assert_eq!(probe_rows(&store).await, vec![0, 2, 4, 6, 10, 12, 14]);
+    }
+
+    /// Every commit of writes counts once, with the writes it carried: a
+    /// lone write's on its caller's thread, and a batch's on the writer's
+    /// (a write that failed in a batch that committed is carried too). A
+    /// lone write that failed was rolled back: nothing counts.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_commit_counts_once_with_the_writes_it_carried() {
+        let (_dir, store) = store_with_probe().await;
+        let since = |before: CommitCounts| {
+            let now = store.commit_counts();
+            (now.commits - before.commits, now.writes - before.writes)
+        };
+        let before = store.commit_counts();
+        insert_probe(&store, 0).await.unwrap();
+        assert_eq!(since(before), (1, 1), "a lone write");
+
+        let before = store.commit_counts();
+        insert_probe(&store, 1).await.unwrap_err();
+        assert_eq!(since(before), (0, 0), "a lone write rolled back");
+
+        let before = store.commit_counts();
+        let (release, holder) = hold_writer(&store).await;
+        let mut writes = Vec::new();
+        for (i, n) in [10i64, 12, 13, 14].into_iter().enumerate() {
+            let store2 = store.clone();
+            writes.push(tokio::spawn(async move { insert_probe(&store2, n).await }));
+            wait_until_queued(&store, i + 1).await;
+        }
+        release.send(()).unwrap();
+        holder.await.unwrap().unwrap();
+        let results: Vec<bool> = futures::future::join_all(writes)
+            .await
+            .into_iter()
+            .map(|w| w.unwrap().is_ok())
+            .collect();
+        assert_eq!(results, vec![true, true, false, true]);
+        // The holder's write alone, then the four queued behind it.
+        assert_eq!(since(before), (2, 5), "two batches");
+        assert_eq!(probe_rows(&store).await, vec![0, 10, 12, 14]);
     }
 
     /// A closed store refuses reads.

@@ -142,6 +142,10 @@ impl Store for SyncStore {
         self.blocking(self.inner.ping()).unwrap_or_else(dead)
     }
 
+    fn commit_counts(&self) -> onejob::store::CommitCounts {
+        self.inner.commit_counts()
+    }
+
     fn record_event_detached(&self, event: NewEvent) {
         // Waited for here: another process's write must not race it to the
         // database, or the event log's order would vary from run to run.

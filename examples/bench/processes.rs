@@ -18,6 +18,9 @@
 //! prints each door's figures as ratios measured in the same run: a durable
 //! job's server CPU beside a replay's through the same door, and the lone
 //! client's added latency beside this disk's fsync p50/p99 (`--fsyncs`).
+//! Beside a durable job's CPU it prints the store's commits per job (each a
+//! sync of the disk on SQLite), read off the server's `/metrics`, and with
+//! the fsync's wait the CPU an append and its fsync take here.
 //!
 //! `--soak SECS` instead drives each server in turn at `--rate` jobs/s for
 //! SECS seconds and prints the server's resident set every `--soak-every`
@@ -46,6 +49,9 @@ struct Server {
     /// One load per door of `--doors`, in that order.
     benches: Vec<Arc<Bench>>,
     database: String,
+    /// `GET /metrics`, and the client to read it with.
+    metrics_url: String,
+    client: reqwest::Client,
     /// Kept open: the server may print more than its address.
     _stdout: tokio::io::Lines<BufReader<ChildStdout>>,
     _dir: tempfile::TempDir,
@@ -147,6 +153,8 @@ impl Server {
             pid,
             benches,
             database,
+            metrics_url: format!("{address}/metrics"),
+            client,
             _stdout: lines,
             _dir: dir,
             pg,
@@ -165,6 +173,30 @@ impl Server {
         } else {
             Duration::ZERO
         }
+    }
+
+    /// The store's group commits so far and the writes they carried, from
+    /// its `/metrics`; `None` from a build that does not count them.
+    async fn commits(&self) -> Option<(u64, u64)> {
+        let text = self
+            .client
+            .get(&self.metrics_url)
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        let read = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .map(|v| v as u64)
+        };
+        Some((
+            read("onejob_store_commits_total")?,
+            read("onejob_store_commit_writes_total")?,
+        ))
     }
 
     fn rss_mib(&self) -> f64 {
@@ -203,6 +235,9 @@ struct Tally {
     wall: f64,
     latencies: Vec<Duration>,
     failed: usize,
+    /// The store's group commits over the phase and the writes they
+    /// carried, when the server counts them.
+    commits: Option<(u64, u64)>,
     /// Each round's server CPU per request (µs) and requests/s: how far
     /// apart the rounds of one server were, beside how far apart the
     /// servers are. A machine's speed drifts over tens of seconds, so a
@@ -258,6 +293,18 @@ impl Tally {
 
     fn db_cpu_us(&self) -> f64 {
         self.db_cpu.as_secs_f64() * 1e6 / self.count().max(1) as f64
+    }
+
+    /// Commits per request, and writes per commit.
+    fn commits(&self) -> String {
+        match self.commits {
+            Some((commits, writes)) if commits > 0 => format!(
+                "{:.2} ({:.1})",
+                commits as f64 / self.count().max(1) as f64,
+                writes as f64 / commits as f64
+            ),
+            _ => "–".to_string(),
+        }
     }
 
     fn bench_cpu_us(&self) -> f64 {
@@ -524,10 +571,14 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
         }
     );
     println!(
-        "this disk: fsync of a 4 KiB append p50 {} / p99 {} ms ({} fsyncs); the simulator alone, \
-         one client: p50 {} / p99 {} ms",
-        ms(fsync.0),
-        ms(fsync.1),
+        "this disk: fsync of a 4 KiB append p50 {} / p99 {} ms, {} of CPU for an append and its \
+         fsync ({} fsyncs); the simulator alone, one client: p50 {} / p99 {} ms",
+        ms(fsync.p50),
+        ms(fsync.p99),
+        fsync.cpu.map_or("–".to_string(), |cpu| format!(
+            "{:.0} µs",
+            cpu.as_secs_f64() * 1e6
+        )),
         args.fsyncs,
         ms(d50),
         ms(d99),
@@ -545,8 +596,8 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
         println!("  {target}");
     };
     let c = args.concurrency;
-    let p50_target = 2.0 * fsync.0.as_secs_f64() * 1e3 + 0.3;
-    let p99_target = 2.0 + 2.0 * fsync.1.as_secs_f64() * 1e3;
+    let p50_target = 2.0 * fsync.p50.as_secs_f64() * 1e3 + 0.3;
+    let p99_target = 2.0 + 2.0 * fsync.p99.as_secs_f64() * 1e3;
     for (d, door) in args.doors.iter().enumerate() {
         let per_door = |f: &dyn Fn(&DoorTallies) -> String| {
             tallies.iter().map(|t| f(&t.doors[d])).collect::<Vec<_>>()
@@ -578,6 +629,11 @@ pub async fn run(args: &Args) -> anyhow::Result<()> {
                 "",
             );
         }
+        row(
+            "  store commits per durable job (writes per commit)",
+            per_door(&|t| t.jobs.commits()),
+            "",
+        );
         row(
             "  the bench's own CPU per job",
             per_door(&|t| format!("{:.0} µs", t.jobs.bench_cpu_us())),
@@ -763,6 +819,8 @@ async fn door_round(
     prefix: &str,
     args: &Args,
 ) {
+    // Read outside the phase's CPU time.
+    let commits = server.commits().await;
     let (started, cpu, db_cpu) = (Instant::now(), server.cpu(), server.db_cpu());
     let own = proc_cpu("self");
     let samples = jobs_phase(bench, prefix, args.jobs, args.concurrency).await;
@@ -771,6 +829,10 @@ async fn door_round(
         .add(&samples, started, server.cpu().saturating_sub(cpu));
     tally.jobs.db_cpu += server.db_cpu().saturating_sub(db_cpu);
     tally.jobs.bench_cpu += proc_cpu("self").saturating_sub(own);
+    if let (Some((c0, w0)), Some((c1, w1))) = (commits, server.commits().await) {
+        let (c, w) = tally.jobs.commits.unwrap_or_default();
+        tally.jobs.commits = Some((c + c1.saturating_sub(c0), w + w1.saturating_sub(w0)));
+    }
 
     let (started, cpu) = (Instant::now(), server.cpu());
     let lone = lone_phase(bench, prefix, args.lone).await;
@@ -895,26 +957,57 @@ async fn peer_round(peer: &Peer, tally: &mut DoorTallies, prefix: &str, args: &A
         .add(&lone, started, proc_cpu(&peer.pid).saturating_sub(cpu));
 }
 
-/// p50 and p99 of `n` fsyncs of a 4 KiB append to a file in `dir` (the
-/// servers' own disk): the unit the latency targets are stated in, since a
-/// durable job waits for its commit's fsync.
-fn fsync_probe(dir: &std::path::Path, n: usize) -> anyhow::Result<(Duration, Duration)> {
+/// What `n` fsyncs of a 4 KiB append to a file in `dir` (the servers' own
+/// disk) take: p50 and p99 of the wait, the unit the latency targets are
+/// stated in, since a durable job waits for its commit's fsync; and the CPU
+/// time of an append and its fsync, which a commit spends too (on a
+/// virtual machine, where the disk's doorbell is an exit to the host, it
+/// is a part of a job's CPU to reckon with). The CPU is `None` where
+/// `/proc/thread-self/schedstat` is not there to read.
+struct FsyncProbe {
+    p50: Duration,
+    p99: Duration,
+    cpu: Option<Duration>,
+}
+
+fn fsync_probe(dir: &std::path::Path, n: usize) -> anyhow::Result<FsyncProbe> {
     use std::io::Write;
+    // Nanoseconds this thread has run: the probe below runs on it alone.
+    let thread_cpu = || {
+        std::fs::read_to_string("/proc/thread-self/schedstat")
+            .ok()?
+            .split_whitespace()
+            .next()?
+            .parse::<u64>()
+            .ok()
+    };
     let path = dir.join("fsync-probe");
     let mut file = std::fs::File::create(&path)?;
     let page = [0x5au8; 4096];
+    let n = n.max(1);
     let mut times = Vec::with_capacity(n);
-    for _ in 0..n.max(1) {
+    let cpu_before = thread_cpu();
+    for _ in 0..n {
         file.write_all(&page)?;
         let t = Instant::now();
         file.sync_data()?;
         times.push(t.elapsed());
     }
+    let cpu = match (cpu_before, thread_cpu()) {
+        (Some(before), Some(after)) => Some(Duration::from_nanos(
+            after.saturating_sub(before) / n as u64,
+        )),
+        _ => None,
+    };
     drop(file);
     std::fs::remove_file(&path)?;
     times.sort_unstable();
     let at = |q: f64| times[((q * times.len() as f64).ceil() as usize).clamp(1, times.len()) - 1];
-    Ok((at(0.5), at(0.99)))
+    Ok(FsyncProbe {
+        p50: at(0.5),
+        p99: at(0.99),
+        cpu,
+    })
 }
 
 /// `n` new jobs one after another (one client), keys `{prefix}-lone-{j}`.

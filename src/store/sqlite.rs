@@ -1645,5 +1645,10 @@ mod tests {
             options.iter().any(|o| o == "DEFAULT_MEMSTATUS=0"),
             "{options:?}"
         );
+        // Each connection's page cache its own, with no mutex around it.
+        assert!(
+            !options.iter().any(|o| o == "ENABLE_MEMORY_MANAGEMENT"),
+            "{options:?}"
+        );
     }
 }

@@ -52,15 +52,23 @@ pub(crate) struct Conns {
     most: usize,
     /// A connection unused this long is pinged before it is used again.
     ping_idle_after: Duration,
+    /// Each statement that committed, with the calls it carried.
+    commits: Arc<CommitCounter>,
 }
 
 impl Conns {
-    pub(crate) fn new(pool: PgPool, most: usize, ping_idle_after: Duration) -> Self {
+    pub(crate) fn new(
+        pool: PgPool,
+        most: usize,
+        ping_idle_after: Duration,
+        commits: Arc<CommitCounter>,
+    ) -> Self {
         Conns {
             pool,
             kept: Mutex::new(Some(Vec::new())),
             most,
             ping_idle_after,
+            commits,
         }
     }
 
@@ -112,15 +120,13 @@ struct Shared<T, R> {
     slots: Arc<Semaphore>,
     max_batch: usize,
     run: RunBatch<T, R>,
-    /// Each batch's statement, once answered, with the calls it carried.
-    commits: Arc<CommitCounter>,
 }
 
 impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
     /// Batches of at most `max_batch` calls, at most `in_flight` at once,
     /// each run by `run`, which answers each call in the batch's order.
-    /// Each batch answered counts in `commits` (one whose caller went away
-    /// mid-statement does not: whether it committed is not known here).
+    /// Each statement that commits counts in `commits`, with the calls it
+    /// carried (`create_batch`, `finish_batch`).
     pub(crate) fn new<F, Fut>(
         pool: PgPool,
         ping_idle_after: Duration,
@@ -135,12 +141,11 @@ impl<T: Send + 'static, R: Send + 'static> Batcher<T, R> {
     {
         Batcher {
             shared: Arc::new(Shared {
-                conns: Arc::new(Conns::new(pool, in_flight, ping_idle_after)),
+                conns: Arc::new(Conns::new(pool, in_flight, ping_idle_after, commits)),
                 queue: Mutex::new(Vec::new()),
                 slots: Arc::new(Semaphore::new(in_flight)),
                 max_batch,
                 run: Box::new(move |conns, items| Box::pin(run(conns, items))),
-                commits,
             }),
         }
     }
@@ -179,7 +184,6 @@ impl<T: Send + 'static, R: Send + 'static> Shared<T, R> {
         }
         let (items, replies): (Vec<T>, Vec<_>) = batch.into_iter().unzip();
         let answers = (self.run)(self.conns.clone(), items).await;
-        self.commits.add(replies.len());
         for (reply, answer) in replies.into_iter().zip(answers) {
             // The caller may have gone; what was committed stays committed.
             let _ = reply.send(answer);
@@ -252,7 +256,10 @@ pub(crate) async fn create_batch(
         Err(e) => return every_one_fails(jobs.len(), e.into()),
     };
     let inserted = match ops::insert_jobs_batched(&mut conn, &jobs).await {
-        Ok(inserted) => inserted,
+        Ok(inserted) => {
+            conns.commits.add(jobs.len());
+            inserted
+        }
         Err(e) if jobs.len() == 1 => return vec![Err(e)],
         Err(e) => {
             tracing::warn!(error = %e, jobs = jobs.len(), "a batch of creates failed; each is tried alone");
@@ -260,7 +267,10 @@ pub(crate) async fn create_batch(
             for job in jobs {
                 let outcome =
                     match ops::insert_jobs_batched(&mut conn, std::slice::from_ref(&job)).await {
-                        Ok(inserted) => ops::create_outcome(&mut *conn, job, inserted[0]).await,
+                        Ok(inserted) => {
+                            conns.commits.add(1);
+                            ops::create_outcome(&mut *conn, job, inserted[0]).await
+                        }
                         Err(e) => Err(e),
                     };
                 outcomes.push(outcome);
@@ -298,13 +308,19 @@ pub(crate) async fn finish_batch(conns: Arc<Conns>, finishes: Vec<FinishAttempt>
         Err(e) => return every_one_fails(finishes.len(), e.into()),
     };
     let won = match ops::finish_won_batched(&mut conn, &finishes).await {
-        Ok(won) => won,
+        Ok(won) => {
+            conns.commits.add(finishes.len());
+            won
+        }
         Err(e) if finishes.len() == 1 => return vec![Err(e)],
         Err(e) => {
             tracing::warn!(error = %e, finishes = finishes.len(), "a batch of finishes failed; each is tried alone");
             let mut tries = Vec::with_capacity(finishes.len());
             for finish in finishes {
                 let won = ops::finish_won_batched(&mut conn, std::slice::from_ref(&finish)).await;
+                if won.is_ok() {
+                    conns.commits.add(1);
+                }
                 tries.push(won.map(|mut won| won.pop().flatten().ok_or(Box::new(finish))));
             }
             return tries;
@@ -347,13 +363,12 @@ mod tests {
         let (started, first_started) = oneshot::channel::<()>();
         let started = Mutex::new(Some(started));
         let first = AtomicBool::new(true);
-        let commits = Arc::new(CommitCounter::default());
         let batcher = Arc::new(Batcher::new(
             pool,
             Duration::from_secs(1),
             1,
             8,
-            commits.clone(),
+            Arc::default(),
             move |_conns, items: Vec<u32>| {
                 let hold = first.swap(false, Ordering::SeqCst);
                 let started = started.lock().unwrap().take();
@@ -387,9 +402,41 @@ mod tests {
             .unwrap();
         assert_eq!(answer.unwrap(), 20);
         assert!(batcher.shared.queue.lock().unwrap().is_empty());
-        // Only the batch that was answered counts.
-        let counted = commits.counts();
-        assert_eq!((counted.commits, counted.writes), (1, 1));
+    }
+
+    /// A batch whose statement never ran (the server is not there) counts
+    /// no commit, though its calls were answered: only statements that
+    /// committed do.
+    #[tokio::test]
+    async fn a_batch_that_never_ran_counts_no_commit() {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .acquire_timeout(Duration::from_millis(200))
+            .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+            .unwrap();
+        let commits = Arc::new(CommitCounter::default());
+        let batcher = Batcher::new(
+            pool,
+            Duration::from_secs(1),
+            1,
+            8,
+            commits.clone(),
+            create_batch,
+        );
+        let job = NewJob {
+            id: crate::domain::new_id().into(),
+            owner_id: "alice".into(),
+            idempotency_key: "k".to_string(),
+            fingerprint: "f".to_string(),
+            request: "{}".to_string(),
+            route: "default".to_string(),
+            created_at: 0,
+            lease: None,
+            key_id: None,
+            primary: None,
+        };
+        let answer = batcher.call(job).await.unwrap();
+        assert!(answer.is_err(), "{answer:?}");
+        assert_eq!(commits.counts(), crate::store::CommitCounts::default());
     }
 
     /// A batch's connection serves the next batch as it is, not given back
@@ -419,7 +466,7 @@ mod tests {
             .await
             .unwrap();
         // Pinged whenever it is taken again.
-        let conns = Conns::new(pool.clone(), 1, Duration::ZERO);
+        let conns = Conns::new(pool.clone(), 1, Duration::ZERO, Arc::default());
 
         let mut conn = conns.take().await.unwrap();
         let first = backend(&mut conn).await;

@@ -168,7 +168,7 @@ async fn metrics_parse_and_move_as_a_hedged_job_runs(backend: Backend) {
 /// before the job goes on: `/metrics` counts the store's group commits and
 /// the writes they carried. On PostgreSQL the two are the shared create
 /// and win statements, exactly one each for a lone job; on SQLite every
-/// write commits through the writer, so another process write (a key's
+/// write commits through the writer, so another write of this process (a key's
 /// last use, the instance's heartbeat) may share the window.
 async fn store_commits_count_a_jobs_two_writes(backend: Backend) {
     let providers = [ProviderSpec {

@@ -14,6 +14,7 @@ on_both_backends!(
     disabling_with_a_reason_shows_who_and_why_and_is_audited,
     a_switch_without_a_valid_reason_is_refused_and_nothing_is_written,
     an_unknown_provider_is_not_found,
+    admin_bodies_get_coded_errors_and_nothing_is_written,
 );
 
 async fn admin_key(app: &TestApp) -> String {
@@ -231,5 +232,62 @@ async fn an_unknown_provider_is_not_found(backend: Backend) {
     assert_eq!(response.status(), 404);
     assert!(app.store.provider_switches().await.unwrap().is_empty());
     assert!(app.store.provider_audit(None, 10).await.unwrap().is_empty());
+    app.stop().await;
+}
+
+/// Every admin endpoint that reads a body answers a body it cannot take
+/// with the API's JSON errors (a 413 with its code, malformed JSON a 400,
+/// a wrong shape a 422), and writes nothing.
+async fn admin_bodies_get_coded_errors_and_nothing_is_written(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let admin = admin_key(&app).await;
+    let key = app.store.list_api_keys(None).await.unwrap()[0].id.clone();
+    let keys_before = app.store.list_api_keys(None).await.unwrap().len();
+    let too_big = " ".repeat(1024 * 1024 + 1);
+    let paths = [
+        "/v1/admin/providers/sim/disable".to_string(),
+        "/v1/admin/providers/sim/enable".to_string(),
+        "/v1/admin/contracts/run".to_string(),
+        "/v1/admin/keys".to_string(),
+        format!("/v1/admin/keys/{key}/rotate"),
+        format!("/v1/admin/keys/{key}/limits"),
+        "/v1/admin/limits/alice".to_string(),
+    ];
+    for path in &paths {
+        let response = post(&app, Some(&admin), path, &too_big).await;
+        assert_eq!(response.status(), 413, "{path}");
+        assert_eq!(error_code(response).await, "payload_too_large", "{path}");
+        let response = post(&app, Some(&admin), path, "{").await;
+        assert_eq!(response.status(), 400, "{path}");
+        assert_eq!(error_code(response).await, "malformed_json", "{path}");
+    }
+    for (path, body) in [
+        ("/v1/admin/providers/sim/disable", r#"{"reason": 5}"#),
+        (
+            "/v1/admin/providers/sim/disable",
+            r#"{"reason": "maintenance", "until": "monday"}"#,
+        ),
+        ("/v1/admin/contracts/run", r#"{"provider": 5}"#),
+        ("/v1/admin/contracts/run", r#"{"providers": ["sim"]}"#),
+    ] {
+        let response = post(&app, Some(&admin), path, body).await;
+        assert_eq!(response.status(), 422, "{path} {body}");
+        assert_eq!(
+            error_code(response).await,
+            "invalid_request",
+            "{path} {body}"
+        );
+    }
+
+    assert!(app.store.provider_switches().await.unwrap().is_empty());
+    assert!(app.store.provider_audit(None, 10).await.unwrap().is_empty());
+    assert!(app.store.latest_contract_runs().await.unwrap().is_empty());
+    assert_eq!(
+        app.store.list_api_keys(None).await.unwrap().len(),
+        keys_before
+    );
+    assert!(app.store.owner_limits().await.unwrap().is_empty());
+    assert!(app.store.tenant_audit(10).await.unwrap().is_empty());
+    assert_eq!(find(&providers(&app, &admin).await, "sim")["enabled"], true);
     app.stop().await;
 }

@@ -36,16 +36,10 @@ pub async fn run(
     Admin(caller): Admin,
     LimitedBody(body): LimitedBody,
 ) -> Result<Response, Response> {
-    let selection: RunBody = if body.iter().all(u8::is_ascii_whitespace) {
-        RunBody::default()
-    } else {
-        serde_json::from_slice(&body).map_err(|e| {
-            ApiError::InvalidRequest(format!(
-                "body: {e} (expected {{\"provider\"?, \"contract\"?}})"
-            ))
-            .into_response()
-        })?
-    };
+    // None selects every pair; malformed JSON is a 400, a body of the
+    // wrong shape a 422 naming the field.
+    let selection: RunBody =
+        super::body::parse_or_default(&body).map_err(IntoResponse::into_response)?;
     let reports = run_as(
         &state,
         &caller,

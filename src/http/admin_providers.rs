@@ -6,6 +6,7 @@
 
 use super::auth::Admin;
 use super::error::ApiError;
+use super::jobs::LimitedBody;
 use super::AppState;
 use crate::clock::rfc3339;
 use crate::contracts::Contract;
@@ -195,7 +196,7 @@ pub async fn enable(
     state: State<AppState>,
     admin: Admin,
     name: Path<String>,
-    body: Bytes,
+    LimitedBody(body): LimitedBody,
 ) -> Result<Json<ProviderView>, ApiError> {
     switch(state, admin, name, body, true).await
 }
@@ -205,12 +206,13 @@ pub async fn disable(
     state: State<AppState>,
     admin: Admin,
     name: Path<String>,
-    body: Bytes,
+    LimitedBody(body): LimitedBody,
 ) -> Result<Json<ProviderView>, ApiError> {
     switch(state, admin, name, body, false).await
 }
 
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct SwitchBody {
     reason: Option<String>,
 }
@@ -222,13 +224,9 @@ async fn switch(
     body: Bytes,
     enabled: bool,
 ) -> Result<Json<ProviderView>, ApiError> {
-    // An empty body is a missing reason (422), not malformed JSON.
-    let body: SwitchBody = if body.iter().all(u8::is_ascii_whitespace) {
-        SwitchBody::default()
-    } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| ApiError::MalformedJson(format!("body is not valid JSON: {e}")))?
-    };
+    // An empty body is a missing reason (422), not malformed JSON; a body
+    // of the wrong shape is a 422 naming the field.
+    let body: SwitchBody = super::body::parse_or_default(&body)?;
     switch_as(&state, &admin, &name, enabled, body.reason.as_deref()).await?;
     Ok(Json(view(&state, &name)?))
 }

@@ -5,6 +5,7 @@
 
 use super::auth::Admin;
 use super::error::ApiError;
+use super::jobs::LimitedBody;
 use super::AppState;
 use crate::clock::rfc3339;
 use crate::domain::OwnerId;
@@ -12,7 +13,6 @@ use crate::keys::{self, key_state, Caller, KeyError};
 use crate::store::tenants::{KeyRecord, OwnerLimitsRow, TenantAuditEntry};
 use crate::tenants::limits::Limits;
 use crate::tenants::usage::{self, UsageReport};
-use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
@@ -108,7 +108,7 @@ struct CreateKey {
 pub async fn create_key(
     State(state): State<AppState>,
     Admin(admin): Admin,
-    body: Bytes,
+    LimitedBody(body): LimitedBody,
 ) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
     let req: CreateKey = super::body::parse(&body)?;
     let expires_in = req
@@ -153,7 +153,7 @@ pub async fn set_key_limits(
     State(state): State<AppState>,
     Admin(admin): Admin,
     Path(id): Path<String>,
-    body: Bytes,
+    LimitedBody(body): LimitedBody,
 ) -> Result<Json<KeyView>, ApiError> {
     let req: SetLimits = super::body::parse(&body)?;
     let reason = super::body::reason(&req.reason)?;
@@ -186,7 +186,7 @@ pub async fn rotate_key(
     State(state): State<AppState>,
     Admin(admin): Admin,
     Path(id): Path<String>,
-    body: Bytes,
+    LimitedBody(body): LimitedBody,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let req: RotateKey = super::body::parse_or_default(&body)?;
     let grace = keys::parse_duration("grace", req.grace.as_deref().unwrap_or(DEFAULT_GRACE))?;
@@ -268,7 +268,7 @@ pub async fn set_limits(
     State(state): State<AppState>,
     Admin(admin): Admin,
     Path(owner): Path<OwnerId>,
-    body: Bytes,
+    LimitedBody(body): LimitedBody,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let req: SetLimits = super::body::parse(&body)?;
     let reason = super::body::reason(&req.reason)?;

@@ -399,6 +399,46 @@ fn serve_validate_explains_a_bad_bedrock_file_without_its_secret() {
     assert!(!all.contains("PASTED"), "leaks: {all}");
 }
 
+/// `--validate` refuses what the server's start refuses: credentials a
+/// file names but the environment does not hold (an API key is checked by
+/// `serve_validate_explains_a_bad_file_of_each_kind_without_its_secret`).
+#[test]
+fn serve_validate_names_the_credentials_start_would_miss() {
+    for (kind, file, var) in [
+        (
+            "bedrock",
+            BEDROCK.replace(
+                "ONEJOB_TEST_NATIVE_AWS_KEY_ID",
+                "ONEJOB_TEST_VALIDATE_UNSET_KEY_ID",
+            ),
+            "ONEJOB_TEST_VALIDATE_UNSET_KEY_ID",
+        ),
+        (
+            "vertex",
+            VERTEX.replace("ONEJOB_TEST_NATIVE_SA", "ONEJOB_TEST_VALIDATE_UNSET_SA"),
+            "ONEJOB_TEST_VALIDATE_UNSET_SA",
+        ),
+    ] {
+        assert!(std::env::var_os(var).is_none(), "{var} must be unset");
+        let dir = tempfile::tempdir().unwrap();
+        let providers = dir.path().join("providers");
+        std::fs::create_dir(&providers).unwrap();
+        std::fs::write(providers.join("needs-credentials.toml"), &file).unwrap();
+        std::fs::write(
+            dir.path().join("onejob.toml"),
+            "[server]\nproviders_dir = \"providers\"\ndatabase_url = \"onejob.db\"\n\
+             [routes.default]\nprimary = \"needs-credentials\"\n",
+        )
+        .unwrap();
+        let all = onejob_validate(dir.path());
+        assert!(
+            all.contains("needs-credentials.toml") && all.contains(var),
+            "{kind}: {all}"
+        );
+        assert!(!all.contains("config ok"), "{kind}: {all}");
+    }
+}
+
 #[test]
 fn the_bedrock_example_file_loads() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("providers/examples");

@@ -1,10 +1,13 @@
 //! `onejob serve --validate [--check-reachable]`: everything the server
 //! would refuse at start (or trip over on the first job), checked without
 //! starting it: the config file, every provider file (named by file and
-//! line), the API key variables they name, the routes' providers, the
-//! contracts, and optionally a TCP connect to each provider.
+//! line), the credentials they name (each provider is built as the server
+//! builds it: API key variables, AWS credential variables, a Vertex AI
+//! service-account file), the routes' providers, the contracts, and
+//! optionally a TCP connect to each provider.
 
 use crate::config::Config;
+use crate::providers::build_provider;
 use crate::providers::config::load_dir;
 use std::collections::BTreeMap;
 
@@ -15,8 +18,8 @@ pub async fn validate(config: &Config, check_reachable: bool) -> anyhow::Result<
         BTreeMap::new()
     };
     let mut problems = Vec::new();
-    for provider in providers.values() {
-        if let Err(e) = provider.resolve_api_key() {
+    for (name, provider) in &providers {
+        if let Err(e) = build_provider(name, provider) {
             problems.push(e.to_string());
         }
     }

@@ -14,8 +14,9 @@ use std::collections::BTreeMap;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
-    /// Sustained requests per second to `POST /v1/jobs` and
-    /// `/v1/chat/completions` (replays included).
+    /// Sustained requests per second to the doors that make jobs (`POST
+    /// /v1/jobs`, `/v1/chat/completions`, `/v1/messages`, `/v1/responses`),
+    /// replays included.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests_per_second: Option<f64>,
     /// Requests allowed at once above the rate [default: the rate, at least 1].

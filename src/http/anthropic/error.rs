@@ -1,5 +1,5 @@
 //! Errors in Anthropic's shape: `{"type": "error", "error": {"type",
-//! "message"}, "request_id"}` with Anthropic's types and statuses, and
+//! "message"}}` with Anthropic's types and statuses, and
 //! `x-should-retry` always set (the SDK retries 409, 429 and 5xx unless
 //! told not to).
 

@@ -5,6 +5,8 @@
 
 use crate::clock::Clock;
 use crate::config::RouteConfig;
+use crate::contracts::render::WireFormat;
+use crate::contracts::Contract;
 use crate::domain::fingerprint::{canonical_json, fingerprint_of_canonical};
 use crate::domain::job::NewJob;
 use crate::domain::request::IdempotencyKey;
@@ -139,6 +141,37 @@ pub struct Intake<'a> {
     pub routes: &'a BTreeMap<String, RouteConfig>,
     pub engine: Option<&'a Engine>,
     pub replays: &'a Replays,
+    /// The contracts this server loaded: a new job must name one of them
+    /// and give every variable its template uses.
+    pub contracts: &'a BTreeMap<String, Contract>,
+}
+
+/// Why a job naming a contract could never run here, if it could not: the
+/// contract is not one this server loaded, or its template cannot be
+/// rendered with the job's `input` (a variable missing, say). Caught at the
+/// door, it is a `422` and nothing is written; the job's plan checks the
+/// same again when it runs.
+fn contract_problem(
+    contracts: &BTreeMap<String, Contract>,
+    request: &JobRequest,
+) -> Option<String> {
+    let name = request.contract.as_deref()?;
+    let Some(contract) = contracts.get(name) else {
+        let known: Vec<&str> = contracts.keys().map(String::as_str).collect();
+        return Some(format!(
+            "contract: unknown contract {name:?}; this server has: {}",
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        ));
+    };
+    let input = request.input.as_ref()?;
+    contract
+        .render(input, WireFormat::OpenAi)
+        .err()
+        .map(|e| format!("input: contract {name}: {e}"))
 }
 
 /// Create the job for (caller, key), or return the one that exists.
@@ -164,6 +197,7 @@ pub async fn submit(
         routes,
         engine,
         replays,
+        contracts,
     } = intake;
     // A replay of a job that can no longer change, with the very bytes that
     // matched it before: answered from memory, nothing parsed or read.
@@ -215,6 +249,17 @@ pub async fn submit(
     if let Some(hit) = remembered {
         // The same job under another body (reordered keys, another payload).
         return replay.answer(Job::clone(&hit.job)).await;
+    }
+    if let Some(problem) = contract_problem(contracts, &request) {
+        // Refused as a new job, as a limit refuses one: the key may still
+        // name a job that exists (made where the contract was loaded).
+        if let Some(job) = store
+            .find_job_by_key(&caller.owner_id, key.as_str())
+            .await?
+        {
+            return replay.answer(job).await;
+        }
+        return Err(RequestError::Invalid(problem).into());
     }
     let now = clock.now_ms();
     if let Err(refused) =

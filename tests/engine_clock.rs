@@ -203,6 +203,7 @@ impl Bench {
             routes: &self.config.routes,
             engine: Some(&self.engine),
             replays: &replays,
+            contracts: &Default::default(),
         };
         onejob::jobs::submit(
             intake,

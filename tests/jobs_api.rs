@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{chat_body, error_code, spawn_app, Backend};
+use common::{chat_body, error_code, spawn_app, test_config, Backend};
 use onejob::domain::JobId;
 use serde_json::{json, Value};
 use std::collections::HashSet;
@@ -17,6 +17,7 @@ on_both_backends!(
     another_owners_job_is_not_found,
     bad_input_gets_its_code_and_writes_nothing,
     a_new_job_has_no_attempts_yet,
+    a_contract_job_that_could_never_run_is_refused_but_replayed,
 );
 
 async fn double_click_creates_exactly_one_job(backend: Backend) {
@@ -336,5 +337,80 @@ async fn bad_input_gets_its_code_and_writes_nothing(backend: Backend) {
         0,
         "nothing was written for a rejected request"
     );
+    app.stop().await;
+}
+
+fn ticket(subject: &str) -> Value {
+    json!({
+        "contract": "ticket-triage",
+        "input": {
+            "channel": "email",
+            "customer_name": "Dana Whitfield",
+            "subject": subject,
+            "body": "I was charged twice for March."
+        }
+    })
+}
+
+/// A job naming a contract this server has not loaded, or leaving out a
+/// variable of its template, is refused at the door (nothing written)
+/// instead of being created to fail. A replay is not a new job: a server
+/// without the contract still answers the key of a job made where it was
+/// loaded.
+async fn a_contract_job_that_could_never_run_is_refused_but_replayed(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let mut unknown = ticket("refund");
+    unknown["contract"] = json!("ticket-triag");
+    let response = app.post_job(&app.key, "typo", &unknown).await;
+    assert_eq!(response.status(), 422);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "invalid_request");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("ticket-triag") && message.contains("ticket-triage"),
+        "names the contract and those loaded: {message}"
+    );
+
+    let mut missing = ticket("refund");
+    missing["input"]
+        .as_object_mut()
+        .unwrap()
+        .remove("customer_name");
+    let response = app.post_job(&app.key, "missing", &missing).await;
+    assert_eq!(response.status(), 422);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "invalid_request");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("customer_name"), "{message}");
+    assert_eq!(app.store.count_jobs().await.unwrap(), 0, "nothing written");
+
+    let made = app.post_job(&app.key, "made-here", &ticket("refund")).await;
+    assert_eq!(made.status(), 201);
+    let made: Value = made.json().await.unwrap();
+
+    // Another server on the same database, with no contracts loaded.
+    let none = tempfile::tempdir().unwrap();
+    let mut config = test_config(&app.db);
+    config.contracts_dir = none.path().to_path_buf();
+    let (other, stop, task) = common::world::serve(config, app.store.clone()).await;
+    let post = |idempotency_key: &'static str, body: Value| {
+        app.client
+            .post(format!("{other}/v1/jobs"))
+            .bearer_auth(&app.key)
+            .header("Idempotency-Key", idempotency_key)
+            .json(&body)
+            .send()
+    };
+    let replayed = post("made-here", ticket("refund")).await.unwrap();
+    assert_eq!(replayed.status(), 200);
+    assert_eq!(replayed.headers()["idempotent-replayed"], "true");
+    let replayed: Value = replayed.json().await.unwrap();
+    assert_eq!(replayed["id"], made["id"]);
+    let refused = post("new-there", ticket("refund")).await.unwrap();
+    assert_eq!(refused.status(), 422);
+    assert_eq!(error_code(refused).await, "invalid_request");
+    assert_eq!(app.store.count_jobs().await.unwrap(), 1);
+    let _ = stop.send(());
+    task.await.unwrap();
     app.stop().await;
 }

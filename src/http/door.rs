@@ -224,6 +224,7 @@ pub async fn submit(
         routes: &state.config.routes,
         engine: state.engine.as_ref(),
         replays: &state.replays,
+        contracts: &state.contracts,
     };
     let submitted = jobs::submit(
         intake,

@@ -210,6 +210,7 @@ async fn drive(run: HedgeRun, db: std::path::PathBuf) -> HedgeOutcome {
                 routes: &config.routes,
                 engine: Some(&engine),
                 replays: &replays,
+                contracts: &Default::default(),
             };
             let accepted = submit(
                 intake,

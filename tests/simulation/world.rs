@@ -321,6 +321,7 @@ async fn click(shared: Rc<Shared>, job: usize, c: usize) {
                 routes: &shared.config.routes,
                 engine: Some(&engine),
                 replays: &replays,
+                contracts: &Default::default(),
             };
             let answer = submit(
                 intake,

@@ -136,6 +136,22 @@ pub async fn run_contracts(
         config.sim_base_url.as_deref(),
     )?;
     let contracts = crate::contracts::load_all(&config.contracts_dir)?;
+    // The report files are opened before any provider is called: a path
+    // that cannot be written stops the command before a run is stored.
+    let create = |path: &PathBuf, what: &str| {
+        std::fs::File::create(path)
+            .with_context(|| format!("cannot write {what} to {}", path.display()))
+    };
+    let junit_file = outputs
+        .junit
+        .as_ref()
+        .map(|p| create(p, "JUnit XML"))
+        .transpose()?;
+    let json_file = outputs
+        .json
+        .as_ref()
+        .map(|p| create(p, "JSON"))
+        .transpose()?;
     let store = open_store(&config).await?;
     let reports = crate::contracts::run_contracts(
         &catalog,
@@ -158,13 +174,14 @@ pub async fn run_contracts(
     }
     print!("{}", crate::contracts::render_table(&reports));
     let passed = reports.iter().all(|r| r.passed);
-    if let Some(path) = &outputs.junit {
-        std::fs::write(path, crate::contracts::reports_to_junit_xml(&reports))
+    use std::io::Write as _;
+    if let (Some(mut file), Some(path)) = (junit_file, &outputs.junit) {
+        file.write_all(crate::contracts::reports_to_junit_xml(&reports).as_bytes())
             .with_context(|| format!("cannot write JUnit XML to {}", path.display()))?;
     }
-    if let Some(path) = &outputs.json {
+    if let (Some(mut file), Some(path)) = (json_file, &outputs.json) {
         let json = serde_json::json!({ "passed": passed, "reports": reports });
-        std::fs::write(path, serde_json::to_string_pretty(&json)?)
+        file.write_all(serde_json::to_string_pretty(&json)?.as_bytes())
             .with_context(|| format!("cannot write JSON to {}", path.display()))?;
     }
     let failed = reports.iter().filter(|r| !r.passed).count();

@@ -66,7 +66,7 @@ pub enum KeyError {
     InvalidOwner,
     #[error("{0}")]
     InvalidDuration(String),
-    #[error("key {0} not found")]
+    #[error("{}", not_found(.0))]
     NotFound(String),
     #[error("key {0} is revoked, expired or already rotated")]
     NotLive(String),
@@ -76,15 +76,26 @@ pub enum KeyError {
     Store(#[from] StoreError),
 }
 
+/// "Not found" for an id, which never echoes a key's secret given in its
+/// place (`oj_` and 64 hex digits), and quotes anything else.
+fn not_found(id: &str) -> String {
+    let secret = id
+        .strip_prefix(KEY_PREFIX)
+        .is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()));
+    if secret {
+        return "that is a key's secret, not its id: the ids are in `keys list` \
+                (GET /v1/admin/keys); the secret was not printed"
+            .to_string();
+    }
+    format!("key {id:?} not found")
+}
+
 pub fn hash_key(key: &str) -> String {
     hex::encode(Sha256::digest(key.as_bytes()))
 }
 
 fn valid_owner(owner: &str) -> bool {
-    (1..=128).contains(&owner.len())
-        && owner
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'))
+    OwnerId::is_valid_name(owner)
 }
 
 /// A duration as people write it (`90s`, `12h`, `30d`), for `--expires-in` and `--grace`.
@@ -174,6 +185,12 @@ pub async fn create(
 ) -> Result<CreatedKey, KeyError> {
     if !valid_owner(owner) {
         return Err(KeyError::InvalidOwner);
+    }
+    if expires_in.is_some_and(|d| d.is_zero()) {
+        // Expired as it is made: a key nobody could use.
+        return Err(KeyError::InvalidDuration(
+            "expires_in: must be more than 0".to_string(),
+        ));
     }
     let limits = stored_limits(&limits)?;
     let secret = new_secret();

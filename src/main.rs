@@ -78,8 +78,9 @@ enum Command {
         /// Only this owner [default: every owner]
         #[arg(long)]
         owner: Option<OwnerId>,
-        /// Days back, today included
-        #[arg(long, default_value_t = 7)]
+        /// Days back, today included (1-366)
+        #[arg(long, default_value_t = 7,
+              value_parser = clap::value_parser!(u32).range(1..=i64::from(onejob::tenants::usage::MAX_DAYS)))]
         days: u32,
     },
     /// Inspect jobs.
@@ -147,7 +148,8 @@ enum WebhooksCommand {
         #[command(flatten)]
         db: DbArgs,
         id: String,
-        #[arg(long, default_value_t = 50)]
+        /// How many (1-500)
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..=500))]
         limit: i64,
     },
     /// Send a delivered or failed delivery again, with the same webhook-id.
@@ -334,7 +336,7 @@ enum LimitsCommand {
         #[command(flatten)]
         db: DbArgs,
         owner: OwnerId,
-        #[arg(long)]
+        #[arg(long, alias = "rps")]
         requests_per_second: Option<f64>,
         #[arg(long)]
         burst: Option<u32>,

@@ -36,8 +36,13 @@ pub async fn list(db: &DbArgs) -> anyhow::Result<()> {
     let config = db.load(None)?;
     let providers = configured(&config)?;
     if providers.is_empty() {
+        let missing = if config.providers_dir.exists() {
+            ""
+        } else {
+            " (the directory does not exist: see [server] providers_dir)"
+        };
         eprintln!(
-            "no providers configured in {}",
+            "no providers configured in {}{missing}",
             config.providers_dir.display()
         );
     }

@@ -207,6 +207,9 @@ pub async fn set_limits(
     limits: Limits,
     reason: &str,
 ) -> anyhow::Result<()> {
+    if !OwnerId::is_valid_name(owner) {
+        anyhow::bail!("OWNER {owner:?}: must be {}", OwnerId::NAME_RULE);
+    }
     limits
         .check()
         .map_err(|e| anyhow::anyhow!("--{}", e.replace('_', "-")))?;

@@ -147,6 +147,20 @@ id_type! {
     OwnerId
 }
 
+impl OwnerId {
+    /// What an owner's name may be, wherever one is made: a key's owner, an
+    /// owner's limits, a webhook endpoint's owner (the API and the CLI alike).
+    pub const NAME_RULE: &'static str = "1-128 characters of letters, digits, '-', '_', '.' or '@'";
+
+    /// Whether `name` keeps [`OwnerId::NAME_RULE`].
+    pub fn is_valid_name(name: &str) -> bool {
+        (1..=128).contains(&name.len())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@'))
+    }
+}
+
 impl JobId {
     /// A fresh id for a new job ([`super::new_id`]).
     #[allow(clippy::new_without_default)] // a fresh id is no default

@@ -76,8 +76,12 @@ impl Limits {
         if self.concurrent_jobs == Some(0) {
             return Err("concurrent_jobs: must be at least 1".into());
         }
-        if self.tokens_per_day == Some(0) {
-            return Err("tokens_per_day: must be at least 1".into());
+        // Counted against a day's usage as a signed 64-bit sum (both
+        // databases' BIGINT): a larger budget could never be compared.
+        if let Some(t) = self.tokens_per_day {
+            if t == 0 || t > i64::MAX as u64 {
+                return Err(format!("tokens_per_day: must be in [1, {}]", i64::MAX));
+            }
         }
         Ok(())
     }

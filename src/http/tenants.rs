@@ -275,8 +275,11 @@ pub async fn set_limits(
     req.limits
         .check()
         .map_err(|e| ApiError::InvalidRequest(format!("limits.{e}")))?;
-    if owner.is_empty() || owner.len() > 128 {
-        return Err(ApiError::InvalidRequest("owner: 1-128 characters".into()));
+    if !OwnerId::is_valid_name(&owner) {
+        return Err(ApiError::InvalidRequest(format!(
+            "owner: must be {}",
+            OwnerId::NAME_RULE
+        )));
     }
     let row = OwnerLimitsRow {
         owner_id: owner.clone(),

@@ -35,13 +35,47 @@ impl std::fmt::Display for DatabaseUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             DatabaseUrl::Sqlite(p) => write!(f, "sqlite://{}", p.display()),
-            // Never print a password that may be in the URL.
-            DatabaseUrl::Postgres(u) => match (u.find("://"), u.rfind('@')) {
-                (Some(s), Some(at)) if at > s => write!(f, "{}://***{}", &u[..s], &u[at..]),
-                _ => f.write_str(u),
-            },
+            DatabaseUrl::Postgres(u) => f.write_str(&redacted(u)),
         }
     }
+}
+
+/// `url` with nothing a password may hide in: the user information before
+/// the host, and the value of any query parameter whose name says
+/// `password` (libpq takes `?password=…` too).
+fn redacted(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_string();
+    };
+    let start = scheme_end + 3;
+    let (main, query) = match url[start..].find('?') {
+        Some(q) => url.split_at(start + q),
+        None => (url, ""),
+    };
+    let host_end = main[start..].find('/').map_or(main.len(), |i| start + i);
+    let mut out = String::with_capacity(url.len());
+    match main[start..host_end].rfind('@') {
+        Some(at) => {
+            out.push_str(&main[..start]);
+            out.push_str("***");
+            out.push_str(&main[start + at..]);
+        }
+        None => out.push_str(main),
+    }
+    if let Some(query) = query.strip_prefix('?') {
+        let pairs: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((name, _)) if name.to_ascii_lowercase().contains("password") => {
+                    format!("{name}=***")
+                }
+                _ => pair.to_string(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&pairs.join("&"));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -69,5 +103,21 @@ mod tests {
                 .to_string(),
             "postgres://***@h/db"
         );
+        for (url, shown) in [
+            (
+                "postgres://u@127.0.0.1:1/db?password=secret&sslmode=disable",
+                "postgres://***@127.0.0.1:1/db?password=***&sslmode=disable",
+            ),
+            (
+                "postgresql://h/db?sslmode=require&sslpassword=secret",
+                "postgresql://h/db?sslmode=require&sslpassword=***",
+            ),
+            ("postgres://h/db?user=u@x", "postgres://h/db?user=u@x"),
+            ("postgres://h/db", "postgres://h/db"),
+        ] {
+            let printed = DatabaseUrl::parse(url).unwrap().to_string();
+            assert_eq!(printed, shown);
+            assert!(!printed.contains("secret"), "{printed}");
+        }
     }
 }

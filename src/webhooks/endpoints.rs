@@ -121,7 +121,13 @@ impl Webhooks<'_> {
             )));
         }
         let owner_id = match new.owner {
-            Some(owner) if actor.is_admin && !owner.is_empty() => owner,
+            Some(owner) if actor.is_admin && !OwnerId::is_valid_name(&owner) => {
+                return Err(WebhookError::Invalid(format!(
+                    "owner must be {}",
+                    OwnerId::NAME_RULE
+                )))
+            }
+            Some(owner) if actor.is_admin => owner,
             Some(_) if !actor.is_admin => {
                 return Err(WebhookError::Invalid(
                     "owner may be given by an admin key only".to_string(),

@@ -1,0 +1,229 @@
+//! The operator's commands refuse bad values before writing anything, with
+//! one line that says what is wrong and never echoes a secret: values that
+//! were once accepted and then broke the server (a budget too large to
+//! compare, an owner no other command could name), and report paths found
+//! unwritable only after the providers were called.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// A config beside a fresh SQLite file, with the shipped providers and
+/// contracts; migrated.
+fn setup(dir: &Path) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let config = dir.join("onejob.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\ndatabase_url = \"onejob.db\"\nproviders_dir = {:?}\ncontracts_dir = {:?}\n",
+            root.join("providers"),
+            root.join("contracts"),
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap().to_string();
+    let migrated = onejob(&["migrate", "--config", &config], &[]);
+    assert!(migrated.status.success(), "{}", text(&migrated));
+    config
+}
+
+fn onejob(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_onejob"));
+    command
+        .args(args)
+        .env_remove("ONEJOB_CONFIG")
+        .env_remove("ONEJOB_DATABASE_URL")
+        .env("RUST_LOG", "warn")
+        .env("USER", "tester");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command.output().unwrap()
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// Run `args`, which must fail naming `names` on stderr.
+fn refused(args: &[&str], env: &[(&str, &str)], names: &str) -> String {
+    let output = onejob(args, env);
+    assert!(
+        !output.status.success(),
+        "{args:?} succeeded:\n{}",
+        text(&output)
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        stderr.contains(names),
+        "{args:?} does not name {names:?}:\n{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    stderr
+}
+
+fn table(config: &str, args: &[&str]) -> String {
+    let mut all = args.to_vec();
+    all.extend(["--config", config]);
+    let output = onejob(&all, &[]);
+    assert!(output.status.success(), "{}", text(&output));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn bad_values_are_refused_and_nothing_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = setup(dir.path());
+    let c = config.as_str();
+    let keys_before = table(c, &["keys", "list"]);
+    let limits_before = table(c, &["limits", "show"]);
+
+    // A budget past i64::MAX: once stored, every job of the key was refused.
+    refused(
+        &[
+            "keys",
+            "create",
+            "--config",
+            c,
+            "--owner",
+            "alice",
+            "--tokens-per-day",
+            "9223372036854775808",
+        ],
+        &[],
+        "tokens-per-day",
+    );
+    refused(
+        &[
+            "limits",
+            "set",
+            "alice",
+            "--config",
+            c,
+            "--tokens-per-day",
+            "9223372036854775808",
+            "--reason",
+            "r",
+        ],
+        &[],
+        "tokens-per-day",
+    );
+    // An owner no key could have.
+    for owner in ["", " ", "al ice", &"x".repeat(129)] {
+        refused(
+            &[
+                "limits", "set", owner, "--config", c, "--rps", "5", "--reason", "r",
+            ],
+            &[],
+            "1-128 characters",
+        );
+    }
+    // A key expired as it is made.
+    refused(
+        &[
+            "keys",
+            "create",
+            "--config",
+            c,
+            "--owner",
+            "alice",
+            "--expires-in",
+            "0s",
+        ],
+        &[],
+        "expires_in",
+    );
+    // Ranges the HTTP API has too.
+    refused(&["usage", "--config", c, "--days", "0"], &[], "--days");
+    refused(&["usage", "--config", c, "--days", "367"], &[], "--days");
+    refused(
+        &[
+            "webhooks",
+            "deliveries",
+            "wh_x",
+            "--config",
+            c,
+            "--limit",
+            "501",
+        ],
+        &[],
+        "--limit",
+    );
+    // A webhook endpoint for an owner no key could have.
+    let keygen = onejob(&["webhooks", "keygen"], &[]);
+    assert!(keygen.status.success(), "{}", text(&keygen));
+    let webhook_key = String::from_utf8_lossy(&keygen.stdout).trim().to_string();
+    refused(
+        &[
+            "webhooks",
+            "create",
+            "--config",
+            c,
+            "--owner",
+            "al ice",
+            "--url",
+            "https://example.com/hook",
+        ],
+        &[("ONEJOB_WEBHOOK_KEY", &webhook_key)],
+        "1-128 characters",
+    );
+
+    assert_eq!(table(c, &["keys", "list"]), keys_before);
+    assert_eq!(table(c, &["limits", "show"]), limits_before);
+    assert!(!table(c, &["webhooks", "list"]).contains("al ice"));
+
+    // The same command with good values works, `--rps` included.
+    let set = onejob(
+        &[
+            "limits", "set", "alice", "--config", c, "--rps", "5", "--reason", "launch",
+        ],
+        &[],
+    );
+    assert!(set.status.success(), "{}", text(&set));
+    assert!(table(c, &["limits", "show"]).contains("launch"));
+}
+
+#[test]
+fn a_secret_given_for_an_id_is_not_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = setup(dir.path());
+    let secret = format!("oj_{}", "a1".repeat(32));
+    for action in ["revoke", "rotate"] {
+        let stderr = refused(
+            &["keys", action, &secret, "--config", &config],
+            &[],
+            "not its id",
+        );
+        assert!(!stderr.contains(&secret[3..]), "{stderr}");
+    }
+}
+
+#[test]
+fn an_unwritable_report_path_stops_contracts_run_before_any_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = setup(dir.path());
+    let nowhere = dir.path().join("no-such-dir/report.xml");
+    refused(
+        &[
+            "contracts",
+            "run",
+            "--config",
+            &config,
+            "--junit",
+            nowhere.to_str().unwrap(),
+        ],
+        &[],
+        "cannot write JUnit XML",
+    );
+    let db = rusqlite::Connection::open(dir.path().join("onejob.db")).unwrap();
+    let runs: i64 = db
+        .query_row("SELECT COUNT(*) FROM contract_runs", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(runs, 0, "no run was stored");
+}

@@ -106,7 +106,18 @@ impl<'a> JobBody<'a> {
     /// The request, parsed and validated.
     pub fn request(&self) -> Result<Cow<'_, JobRequest>, RequestError> {
         match self {
-            JobBody::Bytes(body) => JobRequest::parse(body).map(Cow::Owned),
+            JobBody::Bytes(body) => {
+                let request = JobRequest::parse(body)?;
+                // What the other doors keep of their requests is theirs to
+                // write: sent to `/v1/jobs`, it would make a job look like
+                // one of theirs (a Response, say).
+                if request.door.is_some() {
+                    return Err(RequestError::Invalid(
+                        "door: unknown field (written by onejob's other doors only)".to_string(),
+                    ));
+                }
+                Ok(Cow::Owned(request))
+            }
             JobBody::Decoded { request, .. } => {
                 request.validate()?;
                 Ok(Cow::Borrowed(&**request))

@@ -269,6 +269,17 @@ async fn admin_bodies_get_coded_errors_and_nothing_is_written(backend: Backend) 
         ),
         ("/v1/admin/contracts/run", r#"{"provider": 5}"#),
         ("/v1/admin/contracts/run", r#"{"providers": ["sim"]}"#),
+        // serde would read a struct from an array of its fields.
+        ("/v1/admin/keys", r#"["dave"]"#),
+        ("/v1/admin/limits/alice", r#"[{"tokens_per_day": 7}, "r"]"#),
+        ("/v1/admin/providers/sim/disable", r#"["maintenance"]"#),
+        // Owners no key could have.
+        (
+            "/v1/admin/limits/al%20ice",
+            r#"{"limits": {}, "reason": "r"}"#,
+        ),
+        ("/v1/admin/keys", r#"{"owner": "a/b"}"#),
+        ("/v1/admin/keys", r#"{"owner": "x", "expires_in": "0d"}"#),
     ] {
         let response = post(&app, Some(&admin), path, body).await;
         assert_eq!(response.status(), 422, "{path} {body}");

@@ -120,9 +120,18 @@ async fn slow_clients_are_cut_off_and_other_owners_stay_served(backend: Backend)
             .unwrap();
         assert_eq!(r.status(), 201);
     }
+    // The console's forms too (read by axum's Form, which would wait).
+    let mut slow_form = stall(
+        &address,
+        b"POST /ui/login HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\n\
+          Content-Length: 100\r\n\r\nkey=",
+    )
+    .await;
     let answer = until_closed(&mut slow_body, Duration::from_secs(10)).await;
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("request_timeout"), "{answer}");
+    let answer = until_closed(&mut slow_form, Duration::from_secs(10)).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     for mut s in slow_heads {
         until_closed(&mut s, Duration::from_secs(10)).await;
     }

@@ -261,6 +261,14 @@ async fn bad_input_gets_its_code_and_writes_nothing(backend: Backend) {
             "invalid_request",
         ),
         (
+            "a field only onejob's other doors write",
+            Some(&app.key),
+            Some("k9"),
+            br#"{"messages":[{"role":"user","content":"x"}],"door":{"responses":{}}}"#.to_vec(),
+            422,
+            "invalid_request",
+        ),
+        (
             "oversized body",
             Some(&app.key),
             Some("k6"),

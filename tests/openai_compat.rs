@@ -261,6 +261,12 @@ async fn what_onejob_cannot_honour_is_refused_naming_the_field(backend: Backend)
             "messages[0].content[0].type",
         ),
         (json!({"presence_penalty": 3}), "presence_penalty"),
+        (json!({"stream": "yes"}), "stream"),
+        (json!({"stream_options": 5}), "stream_options"),
+        (
+            json!({"stream": true, "stream_options": {"include_usage": "yes"}}),
+            "stream_options.include_usage",
+        ),
         (
             json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
             "response_format.json_schema.schema",

@@ -9,6 +9,13 @@ use serde::de::DeserializeOwned;
 pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let value: serde_json::Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::MalformedJson(format!("body is not valid JSON: {e}")))?;
+    // serde would read a struct from an array of its fields in order
+    // (`["dave"]` as `{"owner": "dave"}`): every body here is an object.
+    if !value.is_object() {
+        return Err(ApiError::InvalidRequest(
+            "body must be a JSON object".to_string(),
+        ));
+    }
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();

@@ -164,7 +164,11 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .merge(ui::routes())
+        .merge(
+            ui::routes().layer(axum::middleware::from_fn(move |request, next| {
+                ui::read_body_within(drain, request, next)
+            })),
+        )
         .fallback(unknown_route)
         .method_not_allowed_fallback(|headers: HeaderMap, uri: Uri| async move {
             in_dialect(&headers, &uri, ApiError::MethodNotAllowed)

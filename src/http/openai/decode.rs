@@ -197,6 +197,27 @@ pub(super) fn decode(raw: &[u8]) -> Result<Decoded, CompatError> {
             ))
         }
     };
+    // Neither is part of the job, so their types are checked here, where
+    // they are read: `"stream": "yes"` once ran a job answered unstreamed.
+    match request.get("stream") {
+        None | Some(Value::Null | Value::Bool(_)) => {}
+        Some(_) => return Err(CompatError::invalid("stream", "must be a boolean")),
+    }
+    match request.get("stream_options") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(o)) => {
+            if !matches!(
+                o.get("include_usage"),
+                None | Some(Value::Null | Value::Bool(_))
+            ) {
+                return Err(CompatError::invalid(
+                    "stream_options.include_usage",
+                    "must be a boolean",
+                ));
+            }
+        }
+        Some(_) => return Err(CompatError::invalid("stream_options", "must be an object")),
+    }
     let stream = (request.get("stream") == Some(&Value::Bool(true))).then(|| StreamAsk {
         include_usage: request
             .get("stream_options")

@@ -128,6 +128,42 @@ pub fn routes() -> Router<AppState> {
         )
 }
 
+/// The console's forms are read by axum's `Form`, which waits for a body as
+/// long as the client takes: the body is read here first, whole, within
+/// `body_read_timeout` and `max_body_bytes` (as the API's `LimitedBody`),
+/// so a client that trickles one cannot hold a request open.
+pub(super) async fn read_body_within(
+    limits: super::drain::DrainLimits,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let (parts, body) = request.into_parts();
+    let read = tokio::time::timeout(
+        limits.max_time,
+        axum::body::to_bytes(body, limits.max_bytes),
+    )
+    .await;
+    match read {
+        Ok(Ok(bytes)) => {
+            let request = axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes));
+            next.run(request).await
+        }
+        Ok(Err(_)) => (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the form is larger than {} bytes", limits.max_bytes),
+        )
+            .into_response(),
+        Err(_) => (
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the form did not arrive within {} ms",
+                limits.max_time.as_millis()
+            ),
+        )
+            .into_response(),
+    }
+}
+
 async fn css() -> impl IntoResponse {
     (
         [

@@ -505,6 +505,43 @@ pub fn job_resolution(
     }
 }
 
+/// `resolution` as the store should record it: an admin's `complete` of
+/// job `job_id` has its result held to what an answer of that job is held
+/// to ([`crate::engine::plan::JobPlan::admins_result`]), so output that
+/// breaks the job's schema or contract is never its result, whoever typed
+/// it. The API, the console and the CLI call this before they resolve.
+pub async fn checked_resolution(
+    store: &dyn Store,
+    contracts: &Arc<BTreeMap<String, Contract>>,
+    job_id: &JobId,
+    resolution: JobResolution,
+) -> Result<JobResolution, ResolutionError> {
+    let JobResolution::Complete { result } = &resolution else {
+        return Ok(resolution);
+    };
+    // No such job: the store's refusal says so.
+    let Some(job) = store.get_job(job_id).await? else {
+        return Ok(resolution);
+    };
+    let plan = crate::engine::plan::JobPlan::new(job_id, &job.request, contracts)
+        .map_err(|e| ResolutionError::Result(format!("cannot be checked here: {e}")))?;
+    let value: serde_json::Value = serde_json::from_str(result)
+        .map_err(|e| ResolutionError::Result(format!("not JSON: {e}")))?;
+    let result = plan
+        .admins_result(&value)
+        .map_err(ResolutionError::Result)?;
+    Ok(JobResolution::Complete { result })
+}
+
+/// Why [`checked_resolution`] refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ResolutionError {
+    #[error("result: {0}")]
+    Result(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
 /// An admin's settlement of an unknown attempt: `executed` with the
 /// provider's `result` (JSON text), or `not_executed`.
 pub fn attempt_resolution(

@@ -20,6 +20,7 @@ on_both_backends!(
     a_non_retryable_refusal_fails_the_job_at_once,
     cancel_makes_a_late_result_lose,
     review_resolutions_are_audited,
+    a_completed_job_takes_only_a_result_it_could_have_answered,
     a_disabled_provider_is_never_chosen,
     the_breaker_sends_first_attempts_elsewhere_until_the_primary_recovers,
     a_provider_whose_window_cannot_hold_the_prompt_is_skipped,
@@ -475,5 +476,85 @@ async fn a_provider_whose_window_cannot_hold_the_prompt_is_skipped(backend: Back
             .contains("context_window"),
         "{job}"
     );
+    world.stop().await;
+}
+
+/// An admin's `complete` is held to what an answer of the job is held to:
+/// a result that breaks the job's contract or `response_format`, or is not
+/// an answer at all (`null`, a number), is refused and the job stays in
+/// review; one that fits becomes the result, stored as an answer would be.
+async fn a_completed_job_takes_only_a_result_it_could_have_answered(backend: Backend) {
+    let providers = [ProviderSpec {
+        name: "primary",
+        model: "primary-model",
+    }];
+    let mut r = route("primary", &[]);
+    r.max_attempts = 1;
+    let world = start_world(backend, &providers, r, |_| {}).await;
+    world.sim.models().set("primary-model", "fail:500").unwrap();
+    let schema = json!({"type": "object", "required": ["city"],
+                        "properties": {"city": {"type": "string"}}, "additionalProperties": false});
+    let mut with_schema = chat_body("where?");
+    with_schema["params"] = json!({"response_format": {"type": "json_schema",
+        "json_schema": {"name": "place", "schema": schema}}});
+    let ticket = json!({"contract": "ticket-triage", "input": {"channel": "email",
+        "customer_name": "Dana", "subject": "Charged twice", "body": "Refund one, please."}});
+    let mut ids = Vec::new();
+    for (key, body) in [
+        ("plain", chat_body("x")),
+        ("schema", with_schema),
+        ("contract", ticket),
+    ] {
+        let (status, job) = world.submit(key, &body, None).await;
+        assert_eq!(status, 201, "{job}");
+        let id = job["id"].as_str().unwrap().to_string();
+        world
+            .until(&id, WAIT, |j, _| state(j) == "needs_review")
+            .await;
+        ids.push(id);
+    }
+    let (plain, with_schema, contract) = (&ids[0], &ids[1], &ids[2]);
+    let w = &world;
+    let resolve = |id: &str, result: Value| {
+        let path = format!("/v1/admin/jobs/{id}/resolve");
+        let body = json!({"action": "complete", "result": result, "reason": "answered by hand"});
+        async move { w.post(&w.admin_key, &path, &body).await }
+    };
+    for (id, result) in [
+        (plain, Value::Null),
+        (plain, json!(42)),
+        (with_schema, json!("not JSON")),
+        (with_schema, json!(r#"{"town": "Paris"}"#)),
+        (contract, json!({"category": "billing"})),
+        (contract, json!("billing")),
+    ] {
+        let (status, body) = resolve(id, result.clone()).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (422, Some("invalid_request")),
+            "{id} {result}: {body}"
+        );
+        assert_eq!(state(&world.job(id).await), "needs_review", "{result}");
+    }
+    let triaged = json!({"category": "billing", "priority": "normal", "summary": "Charged twice",
+                         "language": "en", "needs_human": false, "product": null});
+    for (id, result, stored) in [
+        (plain, json!("done by hand"), json!("done by hand")),
+        (
+            with_schema,
+            json!(r#"{"city": "Paris"}"#),
+            json!(r#"{"city": "Paris"}"#),
+        ),
+        (contract, triaged.clone(), triaged),
+    ] {
+        let (status, body) = resolve(id, result).await;
+        assert_eq!(status, 200, "{id}: {body}");
+        let job = world.job(id).await;
+        assert_eq!(
+            (state(&job), &job["result"]),
+            ("succeeded", &stored),
+            "{job}"
+        );
+    }
     world.stop().await;
 }

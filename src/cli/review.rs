@@ -75,10 +75,27 @@ pub async fn resolve_job(
     let resolution =
         jobs::job_resolution(action, result_json(result)?).map_err(|e| anyhow!("--{e}"))?;
     let config = db.load(None)?;
+    let contracts = std::sync::Arc::new(if config.contracts_dir.exists() {
+        crate::contracts::load_all(&config.contracts_dir)?
+    } else {
+        Default::default()
+    });
     let store = open_store(&config).await?;
-    let outcome = store
-        .resolve_job(job_id, resolution, &actor(), why, SystemClock.now_ms())
-        .await;
+    let outcome =
+        match jobs::checked_resolution(store.as_ref(), &contracts, job_id, resolution).await {
+            Ok(resolution) => {
+                store
+                    .resolve_job(job_id, resolution, &actor(), why, SystemClock.now_ms())
+                    .await
+            }
+            Err(e) => {
+                store.close().await;
+                return Err(match e {
+                    jobs::ResolutionError::Store(e) => e.into(),
+                    e => anyhow!("--{e}"),
+                });
+            }
+        };
     store.close().await;
     let job = outcome?.map_err(|r| refused("job", job_id, r))?;
     println!(

@@ -328,6 +328,45 @@ impl JobPlan {
         Ok(())
     }
 
+    /// The job result an admin's `complete` makes of `result`, held to what
+    /// an answer is held to: a contract job's result validates against the
+    /// contract's schema; any other job's is its text as a JSON string
+    /// (checked against `response_format` when it asks for JSON) or a
+    /// turn's `{"content", "tool_calls"}`. Never `null`.
+    pub fn admins_result(&self, result: &Value) -> Result<String, String> {
+        let answer = |output: String, tool_calls: Vec<Value>| Success {
+            output,
+            tool_calls,
+            usage: None,
+            provider_request_id: None,
+            latency: std::time::Duration::ZERO,
+        };
+        let made = match result {
+            Value::Null => return Err("must not be null".to_string()),
+            _ if self.contract().is_some() => {
+                self.result_from(&answer(crate::domain::json_text(result), Vec::new()))
+            }
+            Value::String(text) => self.result_from(&answer(text.clone(), Vec::new())),
+            Value::Object(turn) if turn.get("tool_calls").is_some_and(Value::is_array) => {
+                let content = match turn.get("content") {
+                    None | Some(Value::Null) => String::new(),
+                    Some(Value::String(text)) => text.clone(),
+                    Some(_) => return Err("content: must be a string or null".to_string()),
+                };
+                let calls = turn["tool_calls"].as_array().cloned().unwrap_or_default();
+                if calls.is_empty() {
+                    return Err("tool_calls: must name at least one call".to_string());
+                }
+                self.result_from(&answer(content, calls))
+            }
+            _ => return Err(
+                "this job's answer is its text as a JSON string, or {\"content\", \"tool_calls\"}"
+                    .to_string(),
+            ),
+        };
+        made.map_err(|(_, message)| message)
+    }
+
     /// The job result a provider's answer makes: for a contract job the
     /// output validated against its schema (canonical JSON); for a turn that
     /// calls tools `{"content", "tool_calls"}`; else the text as a JSON

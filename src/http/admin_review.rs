@@ -91,6 +91,9 @@ pub async fn decide_job(
     resolution: JobResolution,
     reason: &str,
 ) -> Result<Job, ApiError> {
+    let resolution =
+        crate::jobs::checked_resolution(state.store.as_ref(), &state.contracts, job_id, resolution)
+            .await?;
     let actor = format!("admin:{}", admin.owner_id);
     let (state, job_id, reason) = (state.clone(), job_id.clone(), reason.to_string());
     // The engine is told after the commit even if the client goes away.

@@ -170,6 +170,15 @@ impl IntoResponse for ApiError {
 /// A store error is transient until proven otherwise: only one that says
 /// the data or the code is wrong (a corrupt row, a refused transition) is an
 /// internal error.
+impl From<crate::jobs::ResolutionError> for ApiError {
+    fn from(e: crate::jobs::ResolutionError) -> Self {
+        match e {
+            crate::jobs::ResolutionError::Store(e) => e.into(),
+            e @ crate::jobs::ResolutionError::Result(_) => ApiError::InvalidRequest(e.to_string()),
+        }
+    }
+}
+
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         if e.is_transient() {

@@ -921,5 +921,59 @@ on_both_backends!(
     a_slow_endpoint_does_not_delay_another_owners_delivery,
     a_410_disables_the_endpoint_and_a_redelivery_keeps_its_id,
     during_a_rotation_both_secrets_sign,
+    a_rotation_after_the_key_changed_signs_with_the_new_secret_alone,
     bad_input_gets_a_stable_code_and_writes_nothing,
 );
+
+/// The server's key was changed after an endpoint was registered: its
+/// stored secret no longer opens, and webhooks.md says to rotate it. The
+/// rotation's grace keeps the old secret beside the new one, but sealed
+/// under the old key it cannot sign: the new secret signs alone, at once,
+/// instead of every try failing until the grace ends.
+async fn a_rotation_after_the_key_changed_signs_with_the_new_secret_alone(backend: Backend) {
+    use onejob::webhooks::endpoints::{Actor, NewEndpoint, Webhooks};
+    let h = hooks(backend, |c| c.webhooks.rotation_grace_ms = 3_600_000).await;
+    let mut receiver = Receiver::start(Behaviour::default()).await;
+    let old_key = SecretKey::from_bytes([7; 32]);
+    let config = onejob::webhooks::WebhooksConfig {
+        allow_private_networks: true,
+        ..Default::default()
+    };
+    let then = Webhooks {
+        store: h.store.as_ref(),
+        clock: &SystemClock,
+        config: &config,
+        key: Some(&old_key),
+    };
+    let alice = onejob::domain::OwnerId::from("alice");
+    let actor = Actor {
+        owner_id: &alice,
+        is_admin: false,
+    };
+    let new_endpoint = NewEndpoint {
+        url: receiver.url.clone(),
+        events: None,
+        description: None,
+        owner: None,
+    };
+    let (endpoint, _) = then.create(actor, new_endpoint).await.unwrap();
+
+    let (status, rotated) = h
+        .call(
+            "POST",
+            &h.alice,
+            &format!("/v1/webhooks/{}/rotate", endpoint.id),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{rotated}");
+    let new = rotated["secret"].as_str().unwrap().to_string();
+    let job = h.job(&h.alice, "wh-key-changed").await;
+    h.cancel(&h.alice, &job).await;
+    assert_eq!(h.deliverer.deliver_due().await.unwrap(), 1);
+    let got = receiver.next().await;
+    let signed =
+        onejob::webhooks::signing::sign(&new, &got.id, got.timestamp.parse().unwrap(), &got.body)
+            .unwrap();
+    assert_eq!(got.signature, signed, "the new secret alone signs");
+}

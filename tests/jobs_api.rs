@@ -18,6 +18,7 @@ on_both_backends!(
     bad_input_gets_its_code_and_writes_nothing,
     a_new_job_has_no_attempts_yet,
     a_contract_job_that_could_never_run_is_refused_but_replayed,
+    the_bearer_scheme_is_read_in_any_case,
 );
 
 async fn double_click_creates_exactly_one_job(backend: Backend) {
@@ -420,5 +421,26 @@ async fn a_contract_job_that_could_never_run_is_refused_but_replayed(backend: Ba
     assert_eq!(app.store.count_jobs().await.unwrap(), 1);
     let _ = stop.send(());
     task.await.unwrap();
+    app.stop().await;
+}
+
+/// `Authorization`'s scheme is case-insensitive (RFC 9110): a client that
+/// writes `bearer` is the key's owner, one that writes `Basic` is not.
+async fn the_bearer_scheme_is_read_in_any_case(backend: Backend) {
+    let app = spawn_app(backend).await;
+    for (i, scheme) in ["bearer", "BEARER", "Basic"].into_iter().enumerate() {
+        let response = app
+            .client
+            .post(format!("{}/v1/jobs", app.address))
+            .header("Authorization", format!("{scheme} {}", app.key))
+            .header("Idempotency-Key", format!("scheme-{i}"))
+            .json(&chat_body("x"))
+            .send()
+            .await
+            .unwrap();
+        let want = if scheme == "Basic" { 401 } else { 201 };
+        assert_eq!(response.status(), want, "{scheme}");
+    }
+    assert_eq!(app.store.count_jobs().await.unwrap(), 2);
     app.stop().await;
 }

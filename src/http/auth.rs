@@ -21,7 +21,7 @@ impl FromRequestParts<AppState> for Caller {
             .headers
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(bearer_token)
             .or_else(|| parts.headers.get("x-api-key").and_then(|v| v.to_str().ok()))
             .map(str::trim)
             .ok_or(ApiError::Unauthorized)?;
@@ -50,5 +50,27 @@ impl FromRequestParts<AppState> for Admin {
             return Err(ApiError::Forbidden);
         }
         Ok(Admin(caller))
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` value; the scheme's
+/// name is case-insensitive (RFC 9110, section 11.1), so `bearer` is one too.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer_token;
+
+    #[test]
+    fn the_bearer_scheme_is_read_in_any_case() {
+        for value in ["Bearer oj_1", "bearer oj_1", "BEARER oj_1"] {
+            assert_eq!(bearer_token(value), Some("oj_1"), "{value}");
+        }
+        for value in ["Basic oj_1", "Bearer", "Beareroj_1", "oj_1"] {
+            assert_eq!(bearer_token(value), None, "{value}");
+        }
     }
 }

@@ -113,6 +113,26 @@ async fn show_job_in(store: &dyn Store, id: &JobId, attempts: bool) -> anyhow::R
     Ok(())
 }
 
+/// An error and its causes on one line, as `{:#}` writes them, but each
+/// cause only once: many errors already end with their source's message
+/// (an I/O error wrapped with its path), and printing the chain as well said
+/// "No such file or directory (os error 2): No such file or directory (os
+/// error 2)".
+pub fn error_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
 /// What `onejob contracts run` writes besides the table on stdout.
 #[derive(Debug, Clone, Default)]
 pub struct ContractRunOutputs {
@@ -189,4 +209,26 @@ pub async fn run_contracts(
         anyhow::bail!("{failed} of {} contract runs failed", reports.len());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod error_line_tests {
+    use super::error_line;
+    use anyhow::Context;
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let io = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let said = io.to_string();
+        // A cause whose text the line already holds is not said again.
+        let error = anyhow::Error::new(io).context(format!("config onejob.toml: {said}"));
+        assert_eq!(error_line(&error), format!("config onejob.toml: {said}"));
+        // Causes that add something are kept, in order.
+        let error: anyhow::Result<()> = Err(anyhow::anyhow!("connection refused"));
+        let error = error.context("cannot open the database").unwrap_err();
+        assert_eq!(
+            error_line(&error),
+            "cannot open the database: connection refused"
+        );
+    }
 }

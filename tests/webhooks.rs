@@ -903,6 +903,25 @@ async fn bad_input_gets_a_stable_code_and_writes_nothing(backend: Backend) {
     assert_eq!(common::error_code(response).await, "malformed_json");
     let (status, _) = h.call("GET", "oj_nobody", "/v1/webhooks", None).await;
     assert_eq!(status, 401);
+    // A query string of the wrong shape is the same 422, in JSON.
+    for path in [
+        "/v1/webhooks?colour=red",
+        "/v1/webhooks/wh_x/deliveries?limit=abc",
+    ] {
+        let response = h
+            .client
+            .get(format!("{}{path}", h.address))
+            .bearer_auth(&h.admin)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 422, "{path}");
+        assert_eq!(
+            common::error_code(response).await,
+            "invalid_request",
+            "{path}"
+        );
+    }
     assert!(h
         .store
         .list_webhook_endpoints(None)

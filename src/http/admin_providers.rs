@@ -5,6 +5,7 @@
 //! the engine does.
 
 use super::auth::Admin;
+use super::body::ApiQuery;
 use super::error::ApiError;
 use super::jobs::LimitedBody;
 use super::AppState;
@@ -15,7 +16,7 @@ use crate::providers::config::{ProviderConfig, ProviderKind, Tokenizer};
 use crate::providers::switches::{switch_provider, SwitchError};
 use crate::store::{ProviderAuditEntry, ProviderSwitch};
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -266,7 +267,7 @@ pub async fn audit(
     State(state): State<AppState>,
     _admin: Admin,
     Path(name): Path<String>,
-    Query(query): Query<AuditQuery>,
+    ApiQuery(query): ApiQuery<AuditQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     if state.providers.get(&name).is_none() {
         return Err(ApiError::NotFound("provider"));

@@ -1,6 +1,6 @@
 //! JSON bodies of the admin and job-action endpoints: malformed JSON is a
 //! 400 `malformed_json`; JSON of the wrong shape is a 422 `invalid_request`
-//! naming the field.
+//! naming the field. Query strings of the wrong shape are that 422 too.
 
 use super::error::ApiError;
 use crate::domain::reason::check_reason;
@@ -39,4 +39,30 @@ pub fn parse_or_default<T: DeserializeOwned + Default>(body: &[u8]) -> Result<T,
 /// ([`check_reason`]): 1–500 characters.
 pub fn reason(reason: &str) -> Result<&str, ApiError> {
     check_reason(reason).map_err(|e| ApiError::InvalidRequest(format!("reason: {e}")))
+}
+
+/// A query string (axum's `Query`), refused as a body of the wrong shape
+/// is: `422 invalid_request` naming the parameter, in the API's JSON,
+/// where axum's own rejection is a line of plain text.
+pub struct ApiQuery<T>(pub T);
+
+impl<T, S> axum::extract::FromRequestParts<S> for ApiQuery<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(query)) => Ok(ApiQuery(query)),
+            Err(rejection) => Err(ApiError::InvalidRequest(format!(
+                "query: {}",
+                rejection.body_text()
+            ))),
+        }
+    }
 }

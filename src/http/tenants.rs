@@ -4,6 +4,7 @@
 //! (its owner's own usage). Handlers call the same functions as the CLI.
 
 use super::auth::Admin;
+use super::body::ApiQuery;
 use super::error::ApiError;
 use super::jobs::LimitedBody;
 use super::AppState;
@@ -13,7 +14,7 @@ use crate::keys::{self, key_state, Caller, KeyError};
 use crate::store::tenants::{KeyRecord, OwnerLimitsRow, TenantAuditEntry};
 use crate::tenants::limits::Limits;
 use crate::tenants::usage::{self, UsageReport};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
@@ -80,7 +81,7 @@ pub struct OwnerQuery {
 pub async fn list_keys(
     State(state): State<AppState>,
     Admin(_): Admin,
-    Query(q): Query<OwnerQuery>,
+    ApiQuery(q): ApiQuery<OwnerQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let now = state.clock.now_ms();
     let keys: Vec<KeyView> = keys::list(state.store.as_ref(), q.owner.as_ref())
@@ -354,7 +355,7 @@ fn days(q: &UsageQuery) -> Result<u32, ApiError> {
 pub async fn own_usage(
     State(state): State<AppState>,
     caller: Caller,
-    Query(q): Query<UsageQuery>,
+    ApiQuery(q): ApiQuery<UsageQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let report = usage::report(
         state.store.as_ref(),
@@ -383,7 +384,7 @@ fn with_limits(report: UsageReport, owner: &OwnerId, limits: Limits) -> serde_js
 pub async fn admin_usage(
     State(state): State<AppState>,
     Admin(_): Admin,
-    Query(q): Query<UsageQuery>,
+    ApiQuery(q): ApiQuery<UsageQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let report = usage::report(
         state.store.as_ref(),

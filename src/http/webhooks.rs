@@ -3,6 +3,7 @@
 //! the CLI does.
 
 use super::body;
+use super::body::ApiQuery;
 use super::error::ApiError;
 use super::jobs::LimitedBody;
 use super::AppState;
@@ -10,7 +11,7 @@ use crate::domain::OwnerId;
 use crate::keys::Caller;
 use crate::webhooks::endpoints::{Actor, NewEndpoint, WebhookError, Webhooks};
 use crate::webhooks::views::{DeliveryView, EndpointView, EndpointWithSecret};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use serde::Deserialize;
@@ -74,7 +75,7 @@ pub struct ListQuery {
 pub async fn list(
     State(state): State<AppState>,
     caller: Caller,
-    Query(q): Query<ListQuery>,
+    ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let now = state.clock.now_ms();
     let endpoints = webhooks(&state)
@@ -132,7 +133,7 @@ pub async fn deliveries(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
-    Query(q): Query<DeliveriesQuery>,
+    ApiQuery(q): ApiQuery<DeliveriesQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let rows = webhooks(&state)
         .deliveries(actor(&caller), &id, q.limit.unwrap_or(50))

@@ -77,6 +77,26 @@ pub struct EngineConfig {
     pub rng_seed: Option<u64>,
 }
 
+impl EngineConfig {
+    /// The settings whose zero would stop the engine quietly: no job ever
+    /// driven, no poll, no unknown attempt ever asked about, a breaker that
+    /// trips on nothing.
+    pub fn check(&self) -> Result<(), String> {
+        for (name, value) in [
+            ("poll_interval_ms", self.poll_interval_ms),
+            ("reconcile_interval_ms", self.reconcile_interval_ms),
+            ("max_concurrent_jobs", self.max_concurrent_jobs as u64),
+            ("breaker_threshold", u64::from(self.breaker_threshold)),
+            ("breaker_probe_every", u64::from(self.breaker_probe_every)),
+        ] {
+            if value == 0 {
+                return Err(format!("engine.{name}: must be at least 1"));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
@@ -494,6 +514,7 @@ impl Config {
                 )));
             }
         }
+        file.engine.check().map_err(invalid)?;
         file.limits.check().map_err(invalid)?;
         file.webhooks.check().map_err(invalid)?;
         let webhook_key =
@@ -624,6 +645,27 @@ mod tests {
         route("silence = \"auto\"\n").check_hedging().unwrap();
     }
     use super::*;
+
+    #[test]
+    fn an_engine_setting_whose_zero_would_stop_it_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("onejob.toml");
+        for name in [
+            "poll_interval_ms",
+            "reconcile_interval_ms",
+            "max_concurrent_jobs",
+            "breaker_threshold",
+            "breaker_probe_every",
+        ] {
+            std::fs::write(&path, format!("[engine]\n{name} = 0\n")).unwrap();
+            let err = Config::load(Some(&path), &Overrides::default())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(&format!("engine.{name}")), "{name}: {err}");
+        }
+        std::fs::write(&path, "[engine]\nmax_concurrent_jobs = 1\n").unwrap();
+        Config::load(Some(&path), &Overrides::default()).unwrap();
+    }
 
     #[test]
     fn a_relative_database_path_is_relative_to_where_it_was_written() {

@@ -10,6 +10,9 @@ use super::OwnerId;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// The slowest rate a limit may set: one request a day.
+pub const MIN_REQUESTS_PER_SECOND: f64 = 1.0 / 86_400.0;
+
 /// The limits of one owner; every field optional.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -63,11 +66,16 @@ impl Limits {
         self.concurrent_jobs.is_some() || self.tokens_per_day.is_some()
     }
 
-    /// The first rule these break, as `field: why`.
+    /// The first rule these break, as `field: why`. A rate below one
+    /// request a day is refused: it is a typo, and the wait it implies
+    /// overflows what a clock can say.
     pub fn check(&self) -> Result<(), String> {
         if let Some(r) = self.requests_per_second {
-            if !(r.is_finite() && r > 0.0 && r <= 1e6) {
-                return Err("requests_per_second: must be a number in (0, 1000000]".into());
+            if !(r.is_finite() && (MIN_REQUESTS_PER_SECOND..=1e6).contains(&r)) {
+                return Err(
+                    "requests_per_second: must be a number from 1/86400 (one a day) to 1000000"
+                        .into(),
+                );
             }
         }
         if self.burst == Some(0) {
@@ -146,5 +154,18 @@ mod tests {
             "{err}"
         );
         assert!(toml::from_str::<LimitsConfig>("[default]\nrps = 1\n").is_err());
+        // Slower than one a day: a typo whose wait no clock can say.
+        let config: LimitsConfig =
+            toml::from_str("[default]\nrequests_per_second = 1e-300\n").unwrap();
+        let err = config.check().unwrap_err();
+        assert!(
+            err.starts_with("limits.default.requests_per_second"),
+            "{err}"
+        );
+        let one_a_day = Limits {
+            requests_per_second: Some(MIN_REQUESTS_PER_SECOND),
+            ..Limits::default()
+        };
+        assert!(one_a_day.check().is_ok());
     }
 }

@@ -49,9 +49,13 @@ impl RateBuckets {
             bucket.tokens -= 1.0;
             return Ok(());
         }
-        Err(std::time::Duration::from_secs_f64(
-            (1.0 - bucket.tokens) / rate,
-        ))
+        // A rate stored before `Limits::check` bounded it could put the
+        // next token further off than a `Duration` reaches: say a day.
+        let day = std::time::Duration::from_secs(86_400);
+        Err(
+            std::time::Duration::try_from_secs_f64((1.0 - bucket.tokens) / rate)
+                .map_or(day, |wait| wait.min(day)),
+        )
     }
 }
 
@@ -59,6 +63,21 @@ impl RateBuckets {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn a_rate_too_small_to_wait_for_asks_for_a_day_not_a_panic() {
+        let buckets = RateBuckets::default();
+        let t0 = Instant::now();
+        assert!(buckets.take("a", 1e-300, 1.0, t0).is_ok());
+        assert_eq!(
+            buckets.take("a", 1e-300, 1.0, t0).unwrap_err(),
+            Duration::from_secs(86_400)
+        );
+        assert_eq!(
+            buckets.take("a", 1e-19, 1.0, t0).unwrap_err(),
+            Duration::from_secs(86_400)
+        );
+    }
 
     #[test]
     fn a_bucket_lets_the_burst_through_then_refills_at_the_rate() {

@@ -24,6 +24,7 @@ on_both_backends!(
     thirty_concurrent_creates_of_ten_keys_make_ten_jobs_each_written_once,
     forty_concurrent_wins_of_one_owner_add_up_across_shards,
     hedged_jobs_won_at_once_have_one_winner_each_and_pay_for_every_attempt,
+    a_providers_nul_is_recorded_not_an_attempt_left_started,
 );
 
 async fn new_job(store: &dyn Store) -> JobId {
@@ -306,6 +307,61 @@ async fn a_finished_attempt_cannot_finish_again(backend: Backend) {
     );
     let job = store.get_job(&job_id).await.unwrap().unwrap();
     assert_eq!((job.version, job.result.as_deref()), (1, Some("1")));
+}
+
+/// A provider's text with NUL in it (its request id, its error's message
+/// and code) is recorded on both databases, the NUL made U+FFFD: on
+/// PostgreSQL, whose text cannot hold NUL, the attempt's end was refused
+/// and the attempt stayed `started` with its tokens unbilled.
+async fn a_providers_nul_is_recorded_not_an_attempt_left_started(backend: Backend) {
+    use onejob::domain::attempt::{Failure, Success};
+    use onejob::domain::ErrorKind;
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+
+    let job_id = new_job(store.as_ref()).await;
+    let a = store
+        .start_attempt(attempt(&job_id, AttemptKind::Primary, 1))
+        .await
+        .unwrap()
+        .unwrap();
+    let answer = AttemptOutcome::Succeeded(Success {
+        provider_request_id: Some("chatcmpl-\0x".into()),
+        ..Success::text("\0 in the answer")
+    });
+    let won = store.finish_attempt(finish(&a.id, answer)).await.unwrap();
+    assert!(matches!(won, FinishOutcome::Won { .. }), "{won:?}");
+    let row = &store.list_attempts(&job_id).await.unwrap()[0];
+    assert_eq!(row.state, AttemptState::Succeeded);
+    assert_eq!(
+        row.provider_request_id.as_deref(),
+        Some("chatcmpl-\u{FFFD}x")
+    );
+    let job = store.get_job(&job_id).await.unwrap().unwrap();
+    assert_eq!(job.state, JobState::Succeeded);
+    assert_eq!(job.result.as_deref(), Some("\u{FFFD} in the answer"));
+
+    let job_id = new_job(store.as_ref()).await;
+    let a = store
+        .start_attempt(attempt(&job_id, AttemptKind::Primary, 1))
+        .await
+        .unwrap()
+        .unwrap();
+    let refused = AttemptOutcome::Failed(Failure {
+        retryable: false,
+        retry_after: None,
+        kind: ErrorKind::Other("bad\0code".into()),
+        message: "bad \0 input".into(),
+        status: Some(400),
+    });
+    store.finish_attempt(finish(&a.id, refused)).await.unwrap();
+    let row = &store.list_attempts(&job_id).await.unwrap()[0];
+    assert_eq!(row.state, AttemptState::Failed);
+    assert_eq!(row.error_message.as_deref(), Some("bad \u{FFFD} input"));
+    assert_eq!(
+        row.error_kind.as_ref().map(|k| k.as_str().to_string()),
+        Some("bad\u{FFFD}code".to_string())
+    );
 }
 
 /// The lost wake-up: a driver records an attempt `unknown`; before it

@@ -145,6 +145,40 @@ impl AttemptOutcome {
     pub fn succeeded(output: impl Into<String>) -> Self {
         AttemptOutcome::Succeeded(Success::text(output))
     }
+
+    /// This outcome with the provider's own text that goes to text
+    /// columns (its request id, its error's message and code) made
+    /// [`storable`](super::text::storable): a provider that put a NUL in its
+    /// id would otherwise leave the attempt unrecordable on PostgreSQL.
+    /// The answer is JSON text by then, where a NUL is `\u0000`.
+    pub fn storable(mut self) -> Self {
+        use super::text::storable;
+        let kind_text = |kind: &mut ErrorKind| {
+            if let ErrorKind::Other(code) = kind {
+                storable(code);
+            }
+        };
+        match &mut self {
+            AttemptOutcome::Succeeded(success) => {
+                // JSON text as recorded (a NUL in it is `\u0000`), so
+                // this changes nothing but a raw NUL a caller let through.
+                storable(&mut success.output);
+                if let Some(id) = &mut success.provider_request_id {
+                    storable(id);
+                }
+            }
+            AttemptOutcome::Failed(failure) => {
+                kind_text(&mut failure.kind);
+                storable(&mut failure.message);
+            }
+            AttemptOutcome::Unknown(ambiguous) => {
+                kind_text(&mut ambiguous.kind);
+                storable(&mut ambiguous.message);
+            }
+            AttemptOutcome::Abandoned { reason } => storable(reason),
+        }
+        self
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]

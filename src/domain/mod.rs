@@ -16,6 +16,7 @@ pub mod limits;
 pub mod reason;
 pub mod request;
 pub mod retry;
+pub mod text;
 
 pub use attempt::{Attempt, AttemptKind, AttemptState, GuardRefusal, LiveAttempts};
 pub use error_kind::ErrorKind;

@@ -283,6 +283,7 @@ pub(super) async fn record(
     refusal: bool,
     source: Source,
 ) -> Settled {
+    let outcome = outcome.storable();
     let provider = attempt.provider.as_str();
     let abandoned = matches!(outcome, AttemptOutcome::Abandoned { .. });
     // A dropped request said nothing about the provider.

@@ -19,6 +19,18 @@ pub struct FinishAttempt {
     pub actor: String,
 }
 
+impl FinishAttempt {
+    /// This finish with the provider's text made storable on both
+    /// databases ([`AttemptOutcome::storable`]): each backend's
+    /// `finish_attempt` starts with it, whoever the caller.
+    pub fn storable(self) -> Self {
+        FinishAttempt {
+            outcome: self.outcome.storable(),
+            ..self
+        }
+    }
+}
+
 /// What finishing an attempt did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum FinishOutcome {

@@ -270,6 +270,7 @@ impl AttemptStore for PgStore {
         // A win goes in the next shared statement, which commits on its
         // own; anything else (a failure, a lost CAS, an attempt gone or
         // ended) is told by the whole step in a transaction.
+        let finish = finish.storable();
         let finish = match finish.outcome {
             AttemptOutcome::Succeeded(_) => match self.wins.call(finish).await?? {
                 Ok(won) => return Ok(won),

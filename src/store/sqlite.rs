@@ -838,6 +838,7 @@ impl AttemptStore for SqliteStore {
     }
 
     async fn finish_attempt(&self, finish: FinishAttempt) -> Result<FinishOutcome, StoreError> {
+        let finish = finish.storable();
         self.write(move |c| db::now(ops::finish_attempt(c, finish.clone())))
             .await
     }

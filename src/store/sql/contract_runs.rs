@@ -7,8 +7,13 @@ use crate::store::StoreError;
 
 pub(crate) async fn insert_contract_run(
     conn: &mut impl Db,
-    run: NewContractRun,
+    mut run: NewContractRun,
 ) -> Result<(), StoreError> {
+    // A provider's words (its error, its output) end up in the first
+    // failure; the report is JSON, where a NUL is escaped.
+    if let Some(failure) = &mut run.first_failure {
+        crate::domain::text::storable(failure);
+    }
     conn.execute(
         "INSERT INTO contract_runs (id, contract, contract_digest, provider, provider_digest, \
          passed, first_failure, report, started_at, finished_at, actor) \

@@ -210,7 +210,54 @@ async fn a_flood_of_distinct_keys_from_one_owner_is_rate_limited(backend: Backen
     task.await.unwrap();
 }
 
+/// A URL that can name nothing (a NUL, a path that is not UTF-8) is a
+/// JSON 422 on every route, where PostgreSQL answered a NUL with a 500 and
+/// the path extractor a path that is not UTF-8 with a line of plain text;
+/// a cancel's reason, when given, is held to the reason rule.
+async fn a_url_that_names_nothing_is_a_json_422(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let created = app.post_job(&app.key, "k1", &chat_body("hi")).await;
+    assert_eq!(created.status(), 201);
+    let id = created.json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for path in [
+        "/v1/jobs/%00".to_string(),
+        format!("/v1/jobs/{id}%00"),
+        format!("/v1/jobs/{id}%00/attempts"),
+        "/v1/jobs/%FF".to_string(),
+        "/v1/responses/%FF".to_string(),
+        "/ui/jobs?owner=%00".to_string(),
+    ] {
+        let r = app.get(&app.key, &path).await;
+        assert_eq!(r.status(), 422, "{path}");
+        assert_eq!(error_code(r).await, "invalid_request", "{path}");
+    }
+    let cancel = |reason: String| {
+        app.client
+            .post(format!("{}/v1/jobs/{id}/cancel", app.address))
+            .bearer_auth(&app.key)
+            .json(&serde_json::json!({ "reason": reason }))
+            .send()
+    };
+    for reason in ["x".repeat(501), "a\0b".to_string(), " ".to_string()] {
+        let r = cancel(reason).await.unwrap();
+        assert_eq!(r.status(), 422);
+        assert_eq!(error_code(r).await, "invalid_request");
+    }
+    let job = app
+        .store
+        .get_job(&id.clone().into())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(job.state, onejob::domain::JobState::Cancelled);
+    app.stop().await;
+}
+
 on_both_backends!(
+    a_url_that_names_nothing_is_a_json_422,
     bad_bodies_get_a_code_and_write_nothing,
     slow_clients_are_cut_off_and_other_owners_stay_served,
     a_flood_of_distinct_keys_from_one_owner_is_rate_limited,

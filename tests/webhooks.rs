@@ -881,6 +881,29 @@ async fn bad_input_gets_a_stable_code_and_writes_nothing(backend: Backend) {
             "invalid_request",
             422,
         ),
+        // Control characters: a NUL PostgreSQL cannot store, escapes that
+        // would reach an operator's terminal through `webhooks list`, a tab
+        // the URL parser would drop (stored would not be called).
+        (
+            json!({ "url": "http://127.0.0.1:9/ho\0ok" }),
+            "invalid_request",
+            422,
+        ),
+        (
+            json!({ "url": "http://127.0.0.1:9/\u{1b}]0;pwned\u{7}" }),
+            "invalid_request",
+            422,
+        ),
+        (
+            json!({ "url": "http://127.0.0.1:9/ta\tb" }),
+            "invalid_request",
+            422,
+        ),
+        (
+            json!({ "url": "http://127.0.0.1:9/", "description": "d\0" }),
+            "invalid_request",
+            422,
+        ),
     ] {
         let (s, answer) = h
             .call("POST", &h.alice, "/v1/webhooks", Some(body.clone()))
@@ -903,10 +926,14 @@ async fn bad_input_gets_a_stable_code_and_writes_nothing(backend: Backend) {
     assert_eq!(common::error_code(response).await, "malformed_json");
     let (status, _) = h.call("GET", "oj_nobody", "/v1/webhooks", None).await;
     assert_eq!(status, 401);
-    // A query string of the wrong shape is the same 422, in JSON.
+    // A query string of the wrong shape is the same 422, in JSON; so is a
+    // NUL in the path or the query (a 500 on PostgreSQL before).
     for path in [
         "/v1/webhooks?colour=red",
         "/v1/webhooks/wh_x/deliveries?limit=abc",
+        "/v1/webhooks?owner=%00",
+        "/v1/webhooks/%00",
+        "/v1/webhooks/wh_x%00/deliveries",
     ] {
         let response = h
             .client

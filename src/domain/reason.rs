@@ -13,9 +13,12 @@ pub enum ReasonError {
     Missing,
     #[error("{0} characters; at most {MAX_REASON_CHARS}")]
     TooLong(usize),
+    #[error("{}", super::text::control_refusal(*.0))]
+    Control(char),
 }
 
-/// The reason, trimmed, if it has 1 to [`MAX_REASON_CHARS`] characters.
+/// The reason, trimmed, if it has 1 to [`MAX_REASON_CHARS`] characters and
+/// no control character but line breaks and tabs.
 pub fn check_reason(reason: &str) -> Result<&str, ReasonError> {
     let reason = reason.trim();
     if reason.is_empty() {
@@ -24,6 +27,9 @@ pub fn check_reason(reason: &str) -> Result<&str, ReasonError> {
     let chars = reason.chars().count();
     if chars > MAX_REASON_CHARS {
         return Err(ReasonError::TooLong(chars));
+    }
+    if let Some(c) = super::text::control_character(reason) {
+        return Err(ReasonError::Control(c));
     }
     Ok(reason)
 }
@@ -40,6 +46,13 @@ mod tests {
         // Characters, not bytes; and the count is of the trimmed text.
         assert!(check_reason(&"é".repeat(500)).is_ok());
         assert!(check_reason(&format!("  {}  ", "x".repeat(500))).is_ok());
+        // Lines, yes; NUL (which PostgreSQL cannot store) or ESC, no.
+        assert_eq!(check_reason("step 1\nstep 2"), Ok("step 1\nstep 2"));
+        assert_eq!(check_reason("a\0b"), Err(ReasonError::Control('\0')));
+        assert_eq!(
+            check_reason("\u{1b}[2J").unwrap_err().to_string(),
+            "must not hold control characters (found U+001B)"
+        );
         assert_eq!(
             check_reason(&"x".repeat(501)),
             Err(ReasonError::TooLong(501))

@@ -7,6 +7,7 @@
 use super::attempt::{record, settle, Settled, Source};
 use super::plan::JobPlan;
 use super::Inner;
+use crate::domain::text::OneLine;
 use crate::domain::Attempt;
 use crate::domain::ErrorKind;
 use crate::metrics::Metrics;
@@ -217,7 +218,7 @@ async fn reconcile(inner: &Arc<Inner>, attempt: &Attempt) -> Result<(), crate::s
     match settled {
         Settled::Won => tracing::info!("unknown attempt found executed; job succeeded"),
         Settled::Failed(f) => {
-            tracing::info!(reason = %f.reason, "unknown attempt settled as failed; the job may retry");
+            tracing::info!(reason = %OneLine(&f.reason), "unknown attempt settled as failed; the job may retry");
             inner.wake.notify_one();
         }
         Settled::Lost | Settled::Unknown => {}

@@ -20,6 +20,7 @@ use super::stream::{StreamEvent, StreamHub};
 use super::Inner;
 use crate::config::RouteConfig;
 use crate::domain::request::{Message, Role};
+use crate::domain::text::OneLine;
 use crate::domain::{Attempt, ErrorKind, Job, JobState};
 use crate::metrics::Metrics;
 use crate::providers::catalog::ProviderEntry;
@@ -315,7 +316,7 @@ impl Relay {
             let (code, message) = self.broken.take().unwrap_or_default();
             self.hub.fail(&code, &message);
             tracing::info!(
-                reason = %format!("{}: {}: {}", entry.name, f.kind, f.message),
+                reason = %format!("{}: {}: {}", entry.name, f.kind, OneLine(&f.message)),
                 "continuation refused; the stream ends with the original failure"
             );
             return false;

@@ -12,6 +12,7 @@ use super::AppState;
 use crate::clock::rfc3339;
 use crate::contracts::Contract;
 use crate::contracts::EligibilitySnapshot;
+use crate::domain::text::OneLine;
 use crate::providers::config::{ProviderConfig, ProviderKind, Tokenizer};
 use crate::providers::switches::{switch_provider, SwitchError};
 use crate::store::{ProviderAuditEntry, ProviderSwitch};
@@ -251,7 +252,7 @@ pub async fn switch_as(
         state.clock.now_ms(),
     )
     .await?;
-    tracing::info!(provider = %name, enabled, actor = %admin.owner_id, reason = %switch.reason, "provider switched");
+    tracing::info!(provider = %name, enabled, actor = %admin.owner_id, reason = %OneLine(&switch.reason), "provider switched");
     state.switches.record(switch);
     Ok(())
 }

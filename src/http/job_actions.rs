@@ -60,9 +60,12 @@ pub async fn cancel(
     jobs::find_for(state.store.as_ref(), &caller, &id)
         .await?
         .ok_or(ApiError::NotFound("job"))?;
-    let reason = request
-        .reason
-        .unwrap_or_else(|| "cancelled by owner".to_string());
+    // Optional, but when given it is a reason like any other (1–500
+    // characters): it goes into the job's event log and the console.
+    let reason = match &request.reason {
+        Some(given) => body::reason(given)?.to_string(),
+        None => "cancelled by owner".to_string(),
+    };
     let job = state
         .store
         .cancel_job(&id, &caller.owner_id, &reason, state.clock.now_ms())

@@ -19,6 +19,7 @@ pub mod responses;
 pub mod serve;
 pub mod tenants;
 pub mod ui;
+pub mod url_guard;
 pub use crate::views;
 pub mod webhooks;
 
@@ -174,6 +175,7 @@ pub fn router(state: AppState) -> Router {
             in_dialect(&headers, &uri, ApiError::MethodNotAllowed)
         })
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(axum::middleware::from_fn(url_guard::refuse_unnameable))
         // A body answered before it was read is read to its end (bounded), so
         // the answer arrives and the connection stays usable.
         .layer(axum::middleware::from_fn(move |request, next| {
@@ -198,7 +200,7 @@ async fn unknown_route(headers: HeaderMap, uri: Uri) -> Response {
 /// An error for a request no door decoded: Anthropic's shape for a caller
 /// that speaks Anthropic (its SDK always sends `anthropic-version`),
 /// OpenAI's for any other `/v1/` path, onejob's own elsewhere.
-fn in_dialect(headers: &HeaderMap, uri: &Uri, error: ApiError) -> Response {
+pub(crate) fn in_dialect(headers: &HeaderMap, uri: &Uri, error: ApiError) -> Response {
     if headers.contains_key("anthropic-version") {
         anthropic::AnthropicError::from(error).into_response()
     } else if uri.path().starts_with("/v1/") {

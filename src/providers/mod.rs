@@ -23,6 +23,7 @@ pub mod transport;
 pub mod vertex_auth;
 
 use crate::domain::request::Message;
+use crate::domain::text::OneLine;
 use crate::domain::JobId;
 use async_trait::async_trait;
 use config::{ProviderConfig, ProviderConfigError, ProviderKind};
@@ -215,13 +216,13 @@ fn trace_outcome(outcome: &AttemptOutcome, key: &str) {
         }
         AttemptOutcome::Failed(f) => tracing::warn!(
             key, kind = %f.kind, retryable = f.retryable, status = f.status,
-            message = %f.message, "provider call failed"
+            message = %OneLine(&f.message), "provider call failed"
         ),
         AttemptOutcome::Unknown(a) => tracing::warn!(
-            key, kind = %a.kind, message = %a.message, "provider call outcome unknown"
+            key, kind = %a.kind, message = %OneLine(&a.message), "provider call outcome unknown"
         ),
         AttemptOutcome::Abandoned { reason } => {
-            tracing::info!(key, %reason, "provider call abandoned")
+            tracing::info!(key, reason = %OneLine(reason), "provider call abandoned")
         }
     }
 }

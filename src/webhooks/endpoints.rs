@@ -89,6 +89,14 @@ impl Webhooks<'_> {
                 "url is longer than {MAX_URL} bytes"
             )));
         }
+        // The parser would drop a tab or a line break and escape the rest:
+        // what is stored and listed would not be what is called.
+        if let Some(c) = new.url.chars().find(|c| c.is_control()) {
+            return Err(WebhookError::Invalid(format!(
+                "url {}",
+                crate::domain::text::control_refusal(c)
+            )));
+        }
         check_url(&new.url, self.config.allow_private_networks)
             .map_err(|e| WebhookError::Invalid(e.to_string()))?;
         let events = match new.events {
@@ -119,6 +127,9 @@ impl Webhooks<'_> {
             return Err(WebhookError::Invalid(format!(
                 "description is longer than {MAX_DESCRIPTION} characters"
             )));
+        }
+        if let Some(problem) = crate::domain::text::typed_text_problem(&description) {
+            return Err(WebhookError::Invalid(format!("description {problem}")));
         }
         let owner_id = match new.owner {
             Some(owner) if actor.is_admin && !OwnerId::is_valid_name(&owner) => {

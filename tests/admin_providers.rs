@@ -279,6 +279,26 @@ async fn admin_bodies_get_coded_errors_and_nothing_is_written(backend: Backend) 
             r#"{"limits": {}, "reason": "r"}"#,
         ),
         ("/v1/admin/keys", r#"{"owner": "a/b"}"#),
+        // A NUL PostgreSQL cannot store (a 500 there before), an escape
+        // that would reach the terminal of `providers list`.
+        (
+            "/v1/admin/providers/sim/disable",
+            r#"{"reason": "maint\u0000x"}"#,
+        ),
+        (
+            "/v1/admin/providers/sim/disable",
+            r#"{"reason": "\u001b[2J"}"#,
+        ),
+        (
+            "/v1/admin/limits/alice",
+            r#"{"limits": {"concurrent_jobs": 4}, "reason": "a\u0000b"}"#,
+        ),
+        // A rate whose wait overflowed a `Duration`: every request of the
+        // owner panicked the server's task.
+        (
+            "/v1/admin/limits/alice",
+            r#"{"limits": {"requests_per_second": 1e-300}, "reason": "r"}"#,
+        ),
         ("/v1/admin/keys", r#"{"owner": "x", "expires_in": "0d"}"#),
     ] {
         let response = post(&app, Some(&admin), path, body).await;
@@ -289,6 +309,21 @@ async fn admin_bodies_get_coded_errors_and_nothing_is_written(backend: Backend) 
             "{path} {body}"
         );
     }
+
+    // The message speaks JSON, not the server's Rust types.
+    let response = post(
+        &app,
+        Some(&admin),
+        "/v1/admin/limits/alice",
+        r#"{"limits": 5, "reason": "r"}"#,
+    )
+    .await;
+    assert_eq!(response.status(), 422);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(
+        body["error"]["message"],
+        "limits: invalid type: integer `5`, expected an object"
+    );
 
     assert!(app.store.provider_switches().await.unwrap().is_empty());
     assert!(app.store.provider_audit(None, 10).await.unwrap().is_empty());

@@ -11,6 +11,7 @@ pub mod fingerprint;
 pub mod hedging;
 pub mod ids;
 pub mod job;
+pub mod json_error;
 pub mod lifecycle;
 pub mod limits;
 pub mod reason;

@@ -202,13 +202,9 @@ impl JobRequest {
             return Err(RequestError::Invalid("body must be a JSON object".into()));
         }
         let request: JobRequest = serde_path_to_error::deserialize(value).map_err(|e| {
-            let path = e.path().to_string();
-            let inner = e.into_inner().to_string();
-            if path == "." {
-                RequestError::Invalid(inner)
-            } else {
-                RequestError::Invalid(format!("{path}: {inner}"))
-            }
+            // `door` is written by onejob's other doors, never by a client
+            // of this one: it is not a field to suggest.
+            RequestError::Invalid(super::json_error::path_error(e).replace(", `door`", ""))
         })?;
         request.validate()?;
         Ok(request)

@@ -3,6 +3,7 @@
 //! naming the field. Query strings of the wrong shape are that 422 too.
 
 use super::error::ApiError;
+use crate::domain::json_error::path_error;
 use crate::domain::reason::check_reason;
 use serde::de::DeserializeOwned;
 
@@ -16,15 +17,7 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
             "body must be a JSON object".to_string(),
         ));
     }
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        ApiError::InvalidRequest(if path == "." {
-            inner.to_string()
-        } else {
-            format!("{path}: {inner}")
-        })
-    })
+    serde_path_to_error::deserialize(value).map_err(|e| ApiError::InvalidRequest(path_error(e)))
 }
 
 /// Like `parse`, but an empty body means the type's default.

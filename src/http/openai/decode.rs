@@ -342,7 +342,8 @@ fn params_of(params: Value) -> Result<Params, CompatError> {
         Ok(params) => return Ok(params),
         Err(e) => {
             let path = e.path().to_string();
-            format!("params.{path}: {}", e.into_inner())
+            let why = crate::domain::json_error::json_words(&e.into_inner().to_string());
+            format!("params.{path}: {why}")
         }
     };
     Err(CompatError::submitted(ApiError::InvalidRequest(refused)))

@@ -237,6 +237,28 @@ async fn provider_refusals_keep_their_code_in_openais_error_shape(backend: Backe
         );
         assert!(headers.contains_key("x-onejob-job-id"));
     }
+    // No provider's window holds the prompt and max_tokens: the job fails
+    // before any attempt, and the client hears it as OpenAI would say it
+    // (a 400 the SDK does not retry), not as a 502 it retries twice.
+    let body = json!({"model": "filtered", "max_tokens": 1_000_000,
+                      "messages": [{"role": "user", "content": "hi"}]});
+    let mut job_id = String::new();
+    for _ in 0..2 {
+        let (got, headers, err) = complete(&world, Some("too-big"), &body).await;
+        job_id = headers["x-onejob-job-id"].to_str().unwrap().to_string();
+        assert_eq!(
+            (got, err["error"]["code"].as_str()),
+            (400, Some("context_length_exceeded")),
+            "{err}"
+        );
+        assert_eq!(err["error"]["type"], "invalid_request_error");
+        assert_eq!(headers["x-should-retry"], "false");
+    }
+    assert_eq!(
+        world.executions(&job_id, "filtered"),
+        0,
+        "no provider was asked"
+    );
     world.stop().await;
 }
 

@@ -180,7 +180,8 @@ impl ErrorKind {
     }
 
     /// The provider refused this request as such (its size, content,
-    /// form, the caller's rate or quota) or the answer broke its contract:
+    /// form, the caller's rate or quota), the request could be made into
+    /// no provider's (`invalid_request`), or the answer broke its contract:
     /// what a client is told even when the job went to review, where any
     /// other kind is the job's own business (`job_needs_review`).
     pub fn is_refusal(&self) -> bool {
@@ -195,6 +196,7 @@ impl ErrorKind {
                 | BadRequest
                 | Unprocessable
                 | InvalidPrompt
+                | InvalidRequest
         )
     }
 

@@ -159,13 +159,24 @@ impl Unanswered {
     /// A job in `state` with these `attempts` (only a failed job's and one
     /// in review are read, so a caller may pass none for another state);
     /// `None` when it succeeded.
-    pub fn of(state: JobState, attempts: &[Attempt]) -> Option<Unanswered> {
+    /// A failed job with no failed attempt (no provider could take its
+    /// request) keeps the kind its `last_error` leads with, when it names
+    /// one (`context_length_exceeded: …`).
+    pub fn of(
+        state: JobState,
+        attempts: &[Attempt],
+        last_error: Option<&str>,
+    ) -> Option<Unanswered> {
         let last_failed = || {
             attempts
                 .iter()
                 .rev()
                 .filter(|a| a.state == AttemptState::Failed)
                 .find_map(|a| a.error_kind.clone())
+        };
+        let led_with = || {
+            let (kind, _) = last_error?.split_once(": ")?;
+            Some(ErrorKind::parse(kind)).filter(|k| !matches!(k, ErrorKind::Other(_)))
         };
         Some(match state {
             JobState::Succeeded => return None,
@@ -174,7 +185,7 @@ impl Unanswered {
             JobState::NeedsReview => {
                 Unanswered::NeedsReview(last_failed().filter(ErrorKind::is_refusal))
             }
-            JobState::Failed => Unanswered::Failed(last_failed()),
+            JobState::Failed => Unanswered::Failed(last_failed().or_else(led_with)),
         })
     }
 
@@ -228,7 +239,7 @@ mod tests {
             attempt(AttemptState::Failed, Some(ErrorKind::ContentPolicy)),
             attempt(AttemptState::Unknown, Some(ErrorKind::Timeout)),
         ];
-        let code = |state| Unanswered::of(state, &refused).map(|u| u.code().to_string());
+        let code = |state| Unanswered::of(state, &refused, None).map(|u| u.code().to_string());
         assert_eq!(code(JobState::Succeeded), None);
         assert_eq!(code(JobState::Pending).as_deref(), Some("job_pending"));
         assert_eq!(code(JobState::Running).as_deref(), Some("job_pending"));
@@ -241,14 +252,30 @@ mod tests {
         // In review otherwise (a failure that is no refusal).
         let failed = [attempt(AttemptState::Failed, Some(ErrorKind::ServerError))];
         assert_eq!(
-            Unanswered::of(JobState::NeedsReview, &failed).map(|u| u.code().to_string()),
+            Unanswered::of(JobState::NeedsReview, &failed, None).map(|u| u.code().to_string()),
             Some("job_needs_review".to_string())
         );
         // Failed: the last failed attempt's kind, not a later unknown one's.
         assert_eq!(code(JobState::Failed).as_deref(), Some("content_policy"));
         assert_eq!(
-            Unanswered::of(JobState::Failed, &[]).map(|u| u.code().to_string()),
+            Unanswered::of(JobState::Failed, &[], None).map(|u| u.code().to_string()),
             Some("job_failed".to_string())
+        );
+        // Failed before any attempt: the kind the last error leads with,
+        // when it is one.
+        let failed_with = |last_error| {
+            Unanswered::of(JobState::Failed, &[], Some(last_error)).map(|u| u.code().to_string())
+        };
+        assert_eq!(
+            failed_with(
+                "context_length_exceeded: no provider on the route can take the request: …"
+            )
+            .as_deref(),
+            Some("context_length_exceeded")
+        );
+        assert_eq!(
+            failed_with("context_window: sim needs 8 prompt tokens").as_deref(),
+            Some("job_failed")
         );
     }
 }

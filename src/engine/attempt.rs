@@ -142,8 +142,8 @@ pub(super) async fn open(
             None,
             Some(RoundFailure::of_round(
                 false,
-                ErrorKind::InvalidRequest,
-                e.0,
+                e.kind,
+                e.message,
                 &first.name,
             )),
         )

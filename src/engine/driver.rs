@@ -186,7 +186,7 @@ impl<'a> Driver<'a> {
             None => match JobPlan::new(&job.id, &job.request, &inner.contracts) {
                 Ok(plan) => (plan, None),
                 Err(e) => {
-                    to_failed(inner, &job.id, e.0).await;
+                    to_failed(inner, &job.id, e.message).await;
                     return None;
                 }
             },
@@ -307,13 +307,19 @@ impl<'a> Driver<'a> {
                 let hub = self.hub.clone().filter(|hub| hub.is_open());
                 return Some(round::run(scope, first, self.tried(), hub).await);
             }
-            Choice::NoneFits(reason) => {
-                let reason = match self.steer.window_above {
-                    Some(_) => format!(
+            Choice::NoneFits(unfit, reason) => {
+                // The job's last error leads with the kind, which a client
+                // is told (`Unanswered::of`): its request, not a provider,
+                // is at fault, so an SDK does not retry it.
+                let reason = match (self.steer.window_above, unfit) {
+                    (Some(_), _) => format!(
                         "{}: no provider on the route has a larger context window: {reason}",
                         ErrorKind::ContextLengthExceeded
                     ),
-                    None => reason,
+                    (None, Some(kind)) => {
+                        format!("{kind}: no provider on the route can take the request: {reason}")
+                    }
+                    (None, None) => reason,
                 };
                 to_failed(self.inner, &self.job.id, reason).await;
                 return None;

@@ -31,8 +31,30 @@ pub struct JobPlan {
 
 /// A prompt that cannot be sent anywhere: the job fails, it is not retried.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("{0}")]
-pub struct PlanError(pub String);
+#[error("{message}")]
+pub struct PlanError {
+    /// `ContextLengthExceeded` when the prompt and `max_tokens` do not fit
+    /// the provider's window, else `InvalidRequest`: the client's request
+    /// as it stands can be taken nowhere.
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl PlanError {
+    fn new(message: impl Into<String>) -> Self {
+        PlanError {
+            kind: ErrorKind::InvalidRequest,
+            message: message.into(),
+        }
+    }
+
+    fn window(message: impl Into<String>) -> Self {
+        PlanError {
+            kind: ErrorKind::ContextLengthExceeded,
+            message: message.into(),
+        }
+    }
+}
 
 impl JobPlan {
     pub fn new(
@@ -41,7 +63,7 @@ impl JobPlan {
         contracts: &Arc<BTreeMap<String, Contract>>,
     ) -> Result<Self, PlanError> {
         let request = JobRequest::parse(request_json.as_bytes())
-            .map_err(|e| PlanError(format!("stored request: {e}")))?;
+            .map_err(|e| PlanError::new(format!("stored request: {e}")))?;
         Self::of_request(job_id, request, contracts)
     }
 
@@ -71,7 +93,7 @@ impl JobPlan {
     ) -> Result<Self, PlanError> {
         if let Some(name) = &request.contract {
             if !contracts.contains_key(name) {
-                return Err(PlanError(format!(
+                return Err(PlanError::new(format!(
                     "contract {name:?} is not loaded on this server"
                 )));
             }
@@ -119,7 +141,7 @@ impl JobPlan {
         match (self.contract(), &self.request.input, &self.request.messages) {
             (Some(contract), Some(input), _) => contract
                 .render(input, wire)
-                .map_err(|e| PlanError(format!("contract {}: {e}", contract.name))),
+                .map_err(|e| PlanError::new(format!("contract {}: {e}", contract.name))),
             (_, _, Some(messages)) => {
                 let system: Vec<&str> = messages
                     .iter()
@@ -136,7 +158,7 @@ impl JobPlan {
                     messages: turns,
                 })
             }
-            _ => Err(PlanError(
+            _ => Err(PlanError::new(
                 "request has neither contract input nor messages".to_string(),
             )),
         }
@@ -193,10 +215,10 @@ impl JobPlan {
         // encoding every text of every job is the plan's largest cost.
         if prompt_tokens_at_most(&prompt) + u64::from(max_tokens) > window {
             let tokenizer = provider.config.tokenizer.name();
-            let prompt_tokens =
-                count_prompt_tokens(tokenizer, &prompt).map_err(|e| PlanError(e.to_string()))?;
+            let prompt_tokens = count_prompt_tokens(tokenizer, &prompt)
+                .map_err(|e| PlanError::new(e.to_string()))?;
             if u64::from(prompt_tokens) + u64::from(max_tokens) > window {
-                return Err(PlanError(format!(
+                return Err(PlanError::window(format!(
                     "context_window: {} needs {prompt_tokens} prompt tokens ({tokenizer}) + {max_tokens} max_tokens; \
                      its window is {}",
                     provider.name, provider.config.context_window
@@ -257,7 +279,7 @@ impl JobPlan {
         prompt: &RenderedPrompt,
     ) -> Result<(), PlanError> {
         if prompt.messages.iter().any(Message::has_images) && !provider.config.takes_images() {
-            return Err(PlanError(format!(
+            return Err(PlanError::new(format!(
                 "{}: does not accept image parts (accepts_images = false)",
                 provider.name
             )));
@@ -274,7 +296,7 @@ impl JobPlan {
                 .into_iter()
                 .find(|k| OPENAI_ANSWER_CHANGING.contains(&k.as_str()))
             {
-                return Err(PlanError(format!(
+                return Err(PlanError::new(format!(
                     "{}: {name} is only taken by OpenAI's wire format",
                     provider.name
                 )));
@@ -292,7 +314,7 @@ impl JobPlan {
                 }),
             };
             if set {
-                return Err(PlanError(format!(
+                return Err(PlanError::new(format!(
                     "{}: its server refuses {field} (refuses in its file)",
                     provider.name
                 )));
@@ -301,7 +323,7 @@ impl JobPlan {
         if matches!(kind, ProviderKind::Gemini | ProviderKind::Bedrock)
             && params.parallel_tool_calls == Some(false)
         {
-            return Err(PlanError(format!(
+            return Err(PlanError::new(format!(
                 "{}: parallel_tool_calls = false cannot be asked of its wire format",
                 provider.name
             )));
@@ -313,7 +335,7 @@ impl JobPlan {
                 ("frequency_penalty", params.frequency_penalty.is_some()),
             ] {
                 if given {
-                    return Err(PlanError(format!(
+                    return Err(PlanError::new(format!(
                         "{}: {name} is not supported by the {} wire format",
                         provider.name,
                         if provider.config.kind == ProviderKind::Bedrock {

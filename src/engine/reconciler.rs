@@ -156,7 +156,7 @@ async fn reconcile(inner: &Arc<Inner>, attempt: &Attempt) -> Result<(), crate::s
                     settle(inner, &plan, attempt, outcome, Source::Reconciled).await
                 }
                 Err(e) => {
-                    let outcome = AttemptOutcome::failed(ErrorKind::InvalidRequest, e.0);
+                    let outcome = AttemptOutcome::failed(e.kind, e.message);
                     record(inner, attempt, outcome, false, Source::Reconciled).await
                 }
             }

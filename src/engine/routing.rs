@@ -5,14 +5,18 @@
 use super::plan::JobPlan;
 use super::Inner;
 use crate::config::RouteConfig;
-use crate::domain::{Attempt, AttemptKind, AttemptState};
+use crate::domain::{Attempt, AttemptKind, AttemptState, ErrorKind};
 use crate::providers::catalog::ProviderEntry;
 
 /// Where a round's first attempt can go.
 pub(super) enum Choice<'a> {
     Provider(&'a ProviderEntry),
-    /// No provider on the route can ever take the prompt (context windows): fail.
-    NoneFits(String),
+    /// No provider on the route can ever take the prompt (context windows,
+    /// capabilities): fail, with the kind that says why when it is the
+    /// request's own (`context_length_exceeded` when every one was a
+    /// window, else `invalid_request`); `None` when no provider of the
+    /// route is configured.
+    NoneFits(Option<ErrorKind>, String),
     /// None may take it now (disabled, ineligible): wait and try again.
     NoneAdmitted(String),
     /// Every provider that could take it has an attempt of this job whose
@@ -91,6 +95,8 @@ pub(super) fn choose_provider<'a>(
     let now = inner.clock.now_ms();
     let (mut reasons, mut fits_somewhere, mut breaker_skipped) = (Vec::new(), false, None);
     let mut blocked = false;
+    // Why the request fits nowhere, when it is the request's doing.
+    let mut unfit: Option<ErrorKind> = None;
     for name in order {
         let Some(entry) = inner.catalog.get(name) else {
             reasons.push(format!("{name}: not configured"));
@@ -98,6 +104,7 @@ pub(super) fn choose_provider<'a>(
         };
         if let Some(window) = steer.window_above {
             if entry.config.context_window <= window {
+                unfit.get_or_insert(ErrorKind::ContextLengthExceeded);
                 reasons.push(format!(
                     "{name}: context window {} is not larger than the {window} that was exceeded",
                     entry.config.context_window
@@ -106,7 +113,12 @@ pub(super) fn choose_provider<'a>(
             }
         }
         if let Err(e) = plan.request_for(entry) {
-            reasons.push(e.0);
+            // A window too small anywhere is the prompt's length; anything
+            // else a provider cannot take is the request's shape.
+            if unfit != Some(ErrorKind::InvalidRequest) {
+                unfit = Some(e.kind);
+            }
+            reasons.push(e.message);
             continue;
         }
         fits_somewhere = true;
@@ -140,7 +152,7 @@ pub(super) fn choose_provider<'a>(
     } else if fits_somewhere {
         Choice::NoneAdmitted(reasons.join("; "))
     } else {
-        Choice::NoneFits(reasons.join("; "))
+        Choice::NoneFits(unfit, reasons.join("; "))
     }
 }
 

@@ -205,7 +205,7 @@ pub(super) async fn close_after_drive(
                 };
                 // A job that succeeded with its stream still open (the
                 // answer was not streamed here): a replay has it.
-                let code = Unanswered::of(now.state, &attempts)
+                let code = Unanswered::of(now.state, &attempts, now.last_error.as_deref())
                     .unwrap_or(Unanswered::Pending)
                     .code()
                     .to_string();

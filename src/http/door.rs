@@ -408,9 +408,12 @@ impl Refusal {
             ErrorKind::ContentPolicy => Refusal::ContentPolicy,
             ErrorKind::RateLimited | ErrorKind::QuotaExceeded => Refusal::RateLimited,
             ErrorKind::ContractViolation => Refusal::ContractViolation,
-            ErrorKind::BadRequest | ErrorKind::Unprocessable | ErrorKind::InvalidPrompt => {
-                Refusal::BadRequest(kind.clone())
-            }
+            // The request itself: a provider refused it, or it could be
+            // made into no provider's (`invalid_request`).
+            ErrorKind::BadRequest
+            | ErrorKind::Unprocessable
+            | ErrorKind::InvalidPrompt
+            | ErrorKind::InvalidRequest => Refusal::BadRequest(kind.clone()),
             other => Refusal::Failed(Some(other.clone())),
         }
     }
@@ -437,7 +440,9 @@ pub fn outcome(
     key_made_here: bool,
 ) -> Result<Answer, Refused> {
     let job = &settled.job;
-    if let Some(unanswered) = Unanswered::of(job.state, &settled.attempts) {
+    if let Some(unanswered) =
+        Unanswered::of(job.state, &settled.attempts, job.last_error.as_deref())
+    {
         return Err(refusal(job, unanswered, key_made_here));
     }
     let winner = settled.winner();
@@ -703,7 +708,9 @@ pub async fn open_existing(
 /// The events of a finished (or failed) job, as a stream would have had them.
 fn stored_events(state: &AppState, settled: &Settled) -> Vec<StreamEvent> {
     let job = &settled.job;
-    if let Some(unanswered) = Unanswered::of(job.state, &settled.attempts) {
+    if let Some(unanswered) =
+        Unanswered::of(job.state, &settled.attempts, job.last_error.as_deref())
+    {
         let message = format!(
             "job {} is {}: {}",
             job.id,

@@ -523,14 +523,47 @@ pub async fn checked_resolution(
     let Some(job) = store.get_job(job_id).await? else {
         return Ok(resolution);
     };
-    let plan = crate::engine::plan::JobPlan::new(job_id, &job.request, contracts)
+    let result = admins_result(&job, contracts, result)?;
+    Ok(JobResolution::Complete { result })
+}
+
+/// `resolution` as the store should record it: an admin's word that an
+/// unknown attempt `executed`, with the provider's result, makes that
+/// result the job's when the attempt wins, so it is held to the job's
+/// schema or contract as [`checked_resolution`] holds a `complete`. The
+/// API, the console and the CLI call this before they settle.
+pub async fn checked_attempt_resolution(
+    store: &dyn Store,
+    contracts: &Arc<BTreeMap<String, Contract>>,
+    attempt_id: &crate::domain::AttemptId,
+    resolution: AttemptResolution,
+) -> Result<AttemptResolution, ResolutionError> {
+    let AttemptResolution::Executed { result } = &resolution else {
+        return Ok(resolution);
+    };
+    // No such attempt (or job): the store's refusal says so.
+    let Some(attempt) = store.get_attempt(attempt_id).await? else {
+        return Ok(resolution);
+    };
+    let Some(job) = store.get_job(&attempt.job_id).await? else {
+        return Ok(resolution);
+    };
+    let result = admins_result(&job, contracts, result)?;
+    Ok(AttemptResolution::Executed { result })
+}
+
+/// An admin's `result` (JSON text) for `job`, as its plan records an
+/// answer ([`crate::engine::plan::JobPlan::admins_result`]).
+fn admins_result(
+    job: &Job,
+    contracts: &Arc<BTreeMap<String, Contract>>,
+    result: &str,
+) -> Result<String, ResolutionError> {
+    let plan = crate::engine::plan::JobPlan::new(&job.id, &job.request, contracts)
         .map_err(|e| ResolutionError::Result(format!("cannot be checked here: {e}")))?;
     let value: serde_json::Value = serde_json::from_str(result)
         .map_err(|e| ResolutionError::Result(format!("not JSON: {e}")))?;
-    let result = plan
-        .admins_result(&value)
-        .map_err(ResolutionError::Result)?;
-    Ok(JobResolution::Complete { result })
+    plan.admins_result(&value).map_err(ResolutionError::Result)
 }
 
 /// Why [`checked_resolution`] refused.

@@ -21,6 +21,7 @@ on_both_backends!(
     cancel_makes_a_late_result_lose,
     review_resolutions_are_audited,
     a_completed_job_takes_only_a_result_it_could_have_answered,
+    an_attempt_resolved_executed_takes_only_a_result_it_could_have_answered,
     a_disabled_provider_is_never_chosen,
     the_breaker_sends_first_attempts_elsewhere_until_the_primary_recovers,
     a_provider_whose_window_cannot_hold_the_prompt_is_skipped,
@@ -474,6 +475,60 @@ async fn a_provider_whose_window_cannot_hold_the_prompt_is_skipped(backend: Back
             .as_str()
             .unwrap()
             .contains("context_window"),
+        "{job}"
+    );
+    world.stop().await;
+}
+
+/// An admin's word that an unknown attempt `executed`, with the provider's
+/// result, is held to what an answer of the job is held to, as a
+/// `complete` is: the result becomes the job's when the attempt wins.
+/// Before, `null` was stored as a succeeded job's result.
+async fn an_attempt_resolved_executed_takes_only_a_result_it_could_have_answered(backend: Backend) {
+    let providers = [ProviderSpec {
+        name: "primary",
+        model: "drop_response",
+    }];
+    let mut r = route("primary", &[]);
+    r.max_attempts = 1;
+    // No lookup: nothing but an admin can say whether the attempt ran.
+    let world = start_world(backend, &providers, r, |c| {
+        let path = c.providers_dir.join("primary.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(
+            &path,
+            text.replace("lookup = \"sim_ledger\"", "lookup = \"none\""),
+        )
+        .unwrap();
+    })
+    .await;
+    let (status, job) = world.submit("dropped", &chat_body("x"), None).await;
+    assert_eq!(status, 201, "{job}");
+    let id = job["id"].as_str().unwrap().to_string();
+    let (_, attempts) = world
+        .until(&id, WAIT, |_, a| a.iter().any(|a| a["state"] == "unknown"))
+        .await;
+    let attempt = attempts[0]["id"].as_str().unwrap().to_string();
+    let path = format!("/v1/admin/attempts/{attempt}/resolve");
+    for result in [Value::Null, json!(42), json!({"text": "x"})] {
+        let body =
+            json!({"outcome": "executed", "result": result, "reason": "provider's dashboard"});
+        let (status, body) = world.post(&world.admin_key, &path, &body).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (422, Some("invalid_request")),
+            "{result}: {body}"
+        );
+    }
+    let job = world.job(&id).await;
+    assert_ne!(state(&job), "succeeded", "{job}");
+    let body = json!({"outcome": "executed", "result": "it ran", "reason": "provider's dashboard"});
+    let (status, body) = world.post(&world.admin_key, &path, &body).await;
+    assert_eq!(status, 200, "{body}");
+    let job = world.job(&id).await;
+    assert_eq!(
+        (state(&job), &job["result"]),
+        ("succeeded", &json!("it ran")),
         "{job}"
     );
     world.stop().await;

@@ -64,6 +64,27 @@ pub async fn list(db: &DbArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The contracts an admin's result is checked against, as a server loads
+/// them.
+fn loaded_contracts(
+    config: &crate::config::Config,
+) -> anyhow::Result<std::sync::Arc<std::collections::BTreeMap<String, crate::contracts::Contract>>>
+{
+    Ok(std::sync::Arc::new(if config.contracts_dir.exists() {
+        crate::contracts::load_all(&config.contracts_dir)?
+    } else {
+        Default::default()
+    }))
+}
+
+/// A refused result as the flag that gave it (`--result: …`).
+fn resolution_refused(e: jobs::ResolutionError) -> anyhow::Error {
+    match e {
+        jobs::ResolutionError::Store(e) => e.into(),
+        e => anyhow!("--{e}"),
+    }
+}
+
 pub async fn resolve_job(
     db: &DbArgs,
     job_id: &JobId,
@@ -75,11 +96,7 @@ pub async fn resolve_job(
     let resolution =
         jobs::job_resolution(action, result_json(result)?).map_err(|e| anyhow!("--{e}"))?;
     let config = db.load(None)?;
-    let contracts = std::sync::Arc::new(if config.contracts_dir.exists() {
-        crate::contracts::load_all(&config.contracts_dir)?
-    } else {
-        Default::default()
-    });
+    let contracts = loaded_contracts(&config)?;
     let store = open_store(&config).await?;
     let outcome =
         match jobs::checked_resolution(store.as_ref(), &contracts, job_id, resolution).await {
@@ -90,10 +107,7 @@ pub async fn resolve_job(
             }
             Err(e) => {
                 store.close().await;
-                return Err(match e {
-                    jobs::ResolutionError::Store(e) => e.into(),
-                    e => anyhow!("--{e}"),
-                });
+                return Err(resolution_refused(e));
             }
         };
     store.close().await;
@@ -118,10 +132,22 @@ pub async fn resolve_attempt(
     let resolution =
         jobs::attempt_resolution(outcome, result_json(result)?).map_err(|e| anyhow!("--{e}"))?;
     let config = db.load(None)?;
+    let contracts = loaded_contracts(&config)?;
     let store = open_store(&config).await?;
-    let settled = store
-        .resolve_attempt(attempt_id, resolution, &actor(), why, SystemClock.now_ms())
-        .await;
+    let settled =
+        match jobs::checked_attempt_resolution(store.as_ref(), &contracts, attempt_id, resolution)
+            .await
+        {
+            Ok(resolution) => {
+                store
+                    .resolve_attempt(attempt_id, resolution, &actor(), why, SystemClock.now_ms())
+                    .await
+            }
+            Err(e) => {
+                store.close().await;
+                return Err(resolution_refused(e));
+            }
+        };
     store.close().await;
     let job = settled?.map_err(|r| refused("attempt", attempt_id, r))?;
     println!(

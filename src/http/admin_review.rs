@@ -148,6 +148,13 @@ pub async fn settle_attempt(
     resolution: AttemptResolution,
     reason: &str,
 ) -> Result<Job, ApiError> {
+    let resolution = crate::jobs::checked_attempt_resolution(
+        state.store.as_ref(),
+        &state.contracts,
+        attempt_id,
+        resolution,
+    )
+    .await?;
     let actor = format!("admin:{}", admin.owner_id);
     let (state, attempt_id, reason) = (state.clone(), attempt_id.clone(), reason.to_string());
     // The engine is told after the commit even if the client goes away.

@@ -59,6 +59,9 @@ pub trait AttemptStore: Send + Sync {
     /// The job's attempts, oldest first.
     async fn list_attempts(&self, job_id: &JobId) -> Result<Vec<Attempt>, StoreError>;
 
+    /// One attempt by its id.
+    async fn get_attempt(&self, attempt_id: &AttemptId) -> Result<Option<Attempt>, StoreError>;
+
     /// The guarded insert (invariant 4): check and insert in one atomic step.
     async fn start_attempt(
         &self,

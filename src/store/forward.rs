@@ -48,6 +48,7 @@ macro_rules! forward_store {
             }
             AttemptStore {
                 fn list_attempts(job_id: &JobId) -> Vec<Attempt>;
+                fn get_attempt(attempt_id: &AttemptId) -> Option<Attempt>;
                 fn start_attempt(attempt: NewAttempt) -> Result<Attempt, GuardRefusal>;
                 fn finish_attempt(finish: FinishAttempt) -> FinishOutcome;
                 fn list_unknown_attempts(after: Option<(Millis, &AttemptId)>, limit: i64) -> Vec<Attempt>;

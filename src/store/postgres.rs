@@ -256,6 +256,10 @@ impl AttemptStore for PgStore {
         ops::list_attempts(&mut *self.pool.acquire().await?, job_id).await
     }
 
+    async fn get_attempt(&self, attempt_id: &AttemptId) -> Result<Option<Attempt>, StoreError> {
+        ops::get_attempt(&mut *self.pool.acquire().await?, attempt_id).await
+    }
+
     async fn start_attempt(
         &self,
         attempt: NewAttempt,

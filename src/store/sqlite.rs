@@ -829,6 +829,10 @@ impl AttemptStore for SqliteStore {
         self.read.raw(|c| db::now(ops::list_attempts(c, job_id)))
     }
 
+    async fn get_attempt(&self, attempt_id: &AttemptId) -> Result<Option<Attempt>, StoreError> {
+        self.read.raw(|c| db::now(ops::get_attempt(c, attempt_id)))
+    }
+
     async fn start_attempt(
         &self,
         attempt: NewAttempt,

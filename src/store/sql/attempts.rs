@@ -34,6 +34,23 @@ pub(crate) async fn list_attempts(
     rows.into_iter().map(Attempt::try_from).collect()
 }
 
+pub(crate) async fn get_attempt(
+    conn: &mut impl Db,
+    attempt_id: &str,
+) -> Result<Option<Attempt>, StoreError> {
+    let row: Option<AttemptRow> = conn
+        .fetch_optional(
+            concat!(
+                "SELECT ",
+                attempt_columns!(),
+                " FROM attempts WHERE id = $1"
+            ),
+            args![attempt_id],
+        )
+        .await?;
+    row.map(Attempt::try_from).transpose()
+}
+
 pub(crate) async fn start_attempt<C: Db>(
     conn: &mut C,
     new: NewAttempt,

@@ -52,6 +52,25 @@ pub struct PgStore {
 impl PgStore {
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let options = PgConnectOptions::from_str(url)?;
+        // The pool retries a refused connection until its acquire timeout
+        // and then says only that it timed out: one connection first says
+        // at once why none can be made (refused, no such database, a bad
+        // password), within the same bound.
+        let first = tokio::time::timeout(
+            Duration::from_secs(10),
+            sqlx::Connection::connect_with(&options),
+        )
+        .await;
+        match first {
+            Ok(Ok(conn)) => {
+                let conn: sqlx::PgConnection = conn;
+                let _ = sqlx::Connection::close(conn).await;
+            }
+            Ok(Err(e)) => return Err(e.into()),
+            // A server that accepts but does not answer: the pool's own
+            // bound below says so as before.
+            Err(_elapsed) => {}
+        }
         let pool = PgPoolOptions::new()
             .max_connections(16)
             .acquire_timeout(Duration::from_secs(10))

@@ -23,6 +23,13 @@ pub enum ConfigError {
     Parse { path: PathBuf, message: String },
     #[error("config {path}: {message}")]
     Invalid { path: PathBuf, message: String },
+    /// A value given on the command line or in the environment, not the
+    /// file: the error names where it came from.
+    #[error("{given}: {message}")]
+    Override {
+        given: &'static str,
+        message: String,
+    },
     #[error(transparent)]
     DatabaseUrl(#[from] crate::store::InvalidDatabaseUrl),
 }
@@ -456,16 +463,18 @@ impl Config {
             path: file_path.to_path_buf(),
             message,
         };
-        let listen_text = overrides
-            .listen
-            .clone()
-            .or(file.server.listen)
-            .unwrap_or_else(|| DEFAULT_LISTEN.to_string());
-        let listen: SocketAddr = listen_text.parse().map_err(|_| {
-            invalid(format!(
-                "server.listen: {listen_text:?} is not an address like 127.0.0.1:8080"
-            ))
-        })?;
+        let not_an_address = |text: &str| format!("{text:?} is not an address like 127.0.0.1:8080");
+        let listen: SocketAddr = match (&overrides.listen, file.server.listen) {
+            (Some(given), _) => given.parse().map_err(|_| ConfigError::Override {
+                given: "--listen (or ONEJOB_LISTEN)",
+                message: not_an_address(given),
+            })?,
+            (None, in_file) => {
+                let text = in_file.unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+                text.parse()
+                    .map_err(|_| invalid(format!("server.listen: {}", not_an_address(&text))))?
+            }
+        };
         // A path written in the file is relative to the file's folder; one
         // given on the command line (or in the environment) is relative to
         // the working directory, as every other path a shell user types.

@@ -227,3 +227,42 @@ fn an_unwritable_report_path_stops_contracts_run_before_any_run() {
         .unwrap();
     assert_eq!(runs, 0, "no run was stored");
 }
+
+/// A PostgreSQL server that is not there is said at once and why: the pool
+/// alone retried a refused connection for its whole acquire timeout (10 s)
+/// and then said only "pool timed out".
+#[test]
+fn a_database_that_refuses_says_so() {
+    // A port nothing listens on: bind one, note it, let it go.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("postgres://postgres@127.0.0.1:{port}/x");
+    let err = refused(&["keys", "list", "--database-url", &url], &[], "");
+    assert!(err.contains("Connection refused"), "{err}");
+    assert!(!err.contains("pool timed out"), "{err}");
+}
+
+/// A bad `--listen` is blamed on the flag, not on a config file that never
+/// named it.
+#[test]
+fn a_bad_listen_flag_is_named_as_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = setup(dir.path());
+    for (args, env) in [
+        (
+            vec!["serve", "--listen", "abc", "--config", &config],
+            vec![],
+        ),
+        (
+            vec!["serve", "--validate", "--config", &config],
+            vec![("ONEJOB_LISTEN", "abc")],
+        ),
+    ] {
+        let err = refused(&args, &env, "--listen (or ONEJOB_LISTEN)");
+        assert!(err.contains("\"abc\" is not an address"), "{err}");
+        assert!(!err.contains("onejob.toml"), "{err}");
+    }
+}

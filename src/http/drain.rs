@@ -36,6 +36,9 @@ pub struct DrainLimits {
     pub max_time: Duration,
 }
 
+/// The middleware every request passes: it refuses a URL that names
+/// nothing ([`super::url_guard`]) before any route reads it, and reads to
+/// its end the body the answer left unread.
 pub async fn drain_unread_body(limits: DrainLimits, request: Request, next: Next) -> Response {
     let deadline = Instant::now() + limits.max_time;
     let (parts, body) = request.into_parts();
@@ -45,7 +48,10 @@ pub async fn drain_unread_body(limits: DrainLimits, request: Request, next: Next
         ended: false,
         give_back: Some(give_back),
     });
-    let mut response = next.run(Request::from_parts(parts, body)).await;
+    let mut response = match super::url_guard::refusal(&parts) {
+        Some(refused) => refused,
+        None => next.run(Request::from_parts(parts, body)).await,
+    };
     // The handler's future has completed, so a body it dropped is back here;
     // one still held (a task reading it) is left to its reader.
     if let Ok(rest) = given_back.try_recv() {

@@ -175,7 +175,6 @@ pub fn router(state: AppState) -> Router {
             in_dialect(&headers, &uri, ApiError::MethodNotAllowed)
         })
         .layer(DefaultBodyLimit::max(body_limit))
-        .layer(axum::middleware::from_fn(url_guard::refuse_unnameable))
         // A body answered before it was read is read to its end (bounded), so
         // the answer arrives and the connection stays usable.
         .layer(axum::middleware::from_fn(move |request, next| {

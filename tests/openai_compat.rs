@@ -23,6 +23,7 @@ on_both_backends!(
     an_unknown_path_answers_in_the_callers_error_shape,
     keyless_calls_are_keyed_by_their_body_in_fingerprint_mode,
     a_fingerprint_key_names_its_job_for_one_window,
+    a_fingerprint_key_finds_its_job_while_it_runs,
     a_provider_that_refuses_a_field_that_changes_the_answer_is_skipped,
 );
 
@@ -750,6 +751,89 @@ async fn a_fingerprint_key_names_its_job_for_one_window(backend: Backend) {
     let (_, first, _) = complete(&world, None, &body).await;
     let (_, second, _) = complete(&world, None, &body).await;
     assert_ne!(first["x-onejob-job-id"], second["x-onejob-job-id"]);
+    assert_eq!(world.store.count_jobs().await.unwrap(), 2);
+    world.stop().await;
+}
+
+/// A keyless request's job that runs longer than a window is still the
+/// job of an SDK's retry of it, however many windows later: before, the
+/// retry after the window made a second job and a second charge. Once the
+/// job has finished and is older than a window, the same body is a new
+/// intent again. The job is aged in the database (created five windows
+/// ago, under that window's key) instead of waiting.
+async fn a_fingerprint_key_finds_its_job_while_it_runs(backend: Backend) {
+    // Running for 5 s: the checks below take milliseconds, and the server
+    // stops (draining its jobs) soon after.
+    let providers = [ProviderSpec {
+        name: "primary",
+        model: "slow_first_byte:ms=5000",
+    }];
+    let world = start_world(backend, &providers, route("primary", &[]), |c| {
+        c.idempotency = onejob::config::IdempotencyMode::Fingerprint;
+        c.fingerprint_window = std::time::Duration::from_secs(1);
+    })
+    .await;
+    let body = json!({"model": "default", "messages": [{"role": "user", "content": "long"}]});
+    let keyless = || {
+        world
+            .client
+            .post(format!("{}/v1/chat/completions", world.address))
+            .bearer_auth(&world.key)
+            .header("Prefer", "wait=0")
+            .json(&body)
+            .send()
+    };
+    let first = keyless().await.unwrap();
+    assert_eq!(first.status(), 504);
+    let running: onejob::domain::JobId =
+        first.headers()["x-onejob-job-id"].to_str().unwrap().into();
+    let job = world.store.get_job(&running).await.unwrap().unwrap();
+    let (prefix, bucket) = job.idempotency_key.rsplit_once('-').unwrap();
+    let aged_key = format!("{prefix}-{}", bucket.parse::<i64>().unwrap() - 5);
+    let sql = format!(
+        "UPDATE jobs SET created_at = created_at - 5000, idempotency_key = '{aged_key}' \
+         WHERE id = '{running}'"
+    );
+    match &world.db.url {
+        onejob::config::DatabaseUrl::Sqlite(path) => {
+            use sqlx::Connection;
+            let url = format!("sqlite://{}", path.display());
+            let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
+            sqlx::query(&sql).execute(&mut conn).await.unwrap();
+        }
+        onejob::config::DatabaseUrl::Postgres(url) => {
+            use sqlx::Connection;
+            let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+            sqlx::query(&sql).execute(&mut conn).await.unwrap();
+        }
+    }
+
+    let retried = keyless().await.unwrap();
+    assert_eq!(retried.status(), 504);
+    assert_eq!(
+        retried.headers()["x-onejob-job-id"].to_str().unwrap(),
+        running.as_str(),
+        "the retry of a running job is that job"
+    );
+    assert_eq!(world.store.count_jobs().await.unwrap(), 1);
+
+    // Finished, and older than a window: the same body is a new job.
+    let cancel = |id: String| {
+        world
+            .client
+            .post(format!("{}/v1/jobs/{id}/cancel", world.address))
+            .bearer_auth(&world.key)
+            .send()
+    };
+    assert_eq!(cancel(running.to_string()).await.unwrap().status(), 200);
+    let cancelled = world.store.get_job(&running).await.unwrap().unwrap();
+    assert!(cancelled.state.is_final());
+    let again = keyless().await.unwrap();
+    let new_id = again.headers()["x-onejob-job-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert_ne!(new_id, running.as_str());
     assert_eq!(world.store.count_jobs().await.unwrap(), 2);
     world.stop().await;
 }

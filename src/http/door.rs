@@ -136,11 +136,21 @@ pub fn door_key(state: &AppState, headers: &HeaderMap) -> Result<DoorKey, ApiErr
     }
 }
 
+/// How far back a keyless request looks for its job still running: an
+/// hour, in windows, at least one and at most 32 of them.
+fn fingerprint_lookback(window_ms: i64) -> i64 {
+    let window_ms = window_ms.max(1);
+    ((3_600_000 + window_ms - 1) / window_ms).clamp(1, 32)
+}
+
 /// The key of a keyless request under `idempotency = "fingerprint"`: its
 /// owner's (keys are per owner) for its canonical body, in the window its
 /// job was created in. Windows are `fingerprint_window` long; the key of
-/// the window before names the same intent while its job is younger than
-/// one window, so a retry across a window's edge still finds its job.
+/// an earlier window names the same intent while its job is younger than
+/// one window, so a retry across a window's edge still finds its job, and
+/// while that job has not finished (it may run longer than a window; an
+/// SDK's retry of it is no new intent), as far back as
+/// [`fingerprint_lookback`]. The newest such job wins.
 async fn fingerprint_key(
     state: &AppState,
     owner: &OwnerId,
@@ -155,17 +165,17 @@ async fn fingerprint_key(
         IdempotencyKey::parse(format!("onejob-fp-{digest}-{bucket}").as_bytes())
             .map_err(ApiError::InvalidIdempotencyKey)
     };
-    let previous = key(now / window - 1)?;
-    if let Some(job) = state
-        .store
-        .find_job_by_key(owner, previous.as_str())
-        .await?
-    {
-        if job.created_at > now - window {
-            return Ok(previous);
+    let bucket = now / window;
+    let earlier: Vec<String> = (1..=fingerprint_lookback(window))
+        .map(|back| format!("onejob-fp-{digest}-{}", bucket - back))
+        .collect();
+    if let Some(job) = state.store.latest_job_by_keys(owner, &earlier).await? {
+        if job.created_at > now - window || !job.state.is_final() {
+            return IdempotencyKey::parse(job.idempotency_key.as_bytes())
+                .map_err(ApiError::InvalidIdempotencyKey);
         }
     }
-    key(now / window)
+    key(bucket)
 }
 
 /// A request let in at a door: who asks, under which key, admitted by the

@@ -35,6 +35,7 @@ macro_rules! forward_store {
             JobStore {
                 fn create_job(job: NewJob) -> CreateOutcome;
                 fn find_job_by_key(owner_id: &OwnerId, key: &str) -> Option<Job>;
+                fn latest_job_by_keys(owner_id: &OwnerId, keys: &[String]) -> Option<Job>;
                 fn get_job(id: &JobId) -> Option<Job>;
                 fn count_jobs() -> i64;
                 fn claim_jobs(owner: &str, now: Millis, lease_until: Millis, limit: i64, reclaim_own: bool) -> Vec<Job>;

@@ -82,6 +82,15 @@ pub trait JobStore: Send + Sync {
         key: &str,
     ) -> Result<Option<Job>, StoreError>;
 
+    /// The newest of the owner's jobs held by any of `keys` (one
+    /// statement): a keyless request's earlier windows, under
+    /// `idempotency = "fingerprint"`.
+    async fn latest_job_by_keys(
+        &self,
+        owner_id: &OwnerId,
+        keys: &[String],
+    ) -> Result<Option<Job>, StoreError>;
+
     async fn get_job(&self, id: &JobId) -> Result<Option<Job>, StoreError>;
 
     async fn count_jobs(&self) -> Result<i64, StoreError>;

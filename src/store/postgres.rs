@@ -177,6 +177,14 @@ impl JobStore for PgStore {
         ops::find_job_by_key(&mut *self.pool.acquire().await?, owner_id, key).await
     }
 
+    async fn latest_job_by_keys(
+        &self,
+        owner_id: &OwnerId,
+        keys: &[String],
+    ) -> Result<Option<Job>, StoreError> {
+        ops::latest_job_by_keys(&mut *self.pool.acquire().await?, owner_id, keys).await
+    }
+
     async fn get_job(&self, id: &JobId) -> Result<Option<Job>, StoreError> {
         ops::get_job(&mut *self.pool.acquire().await?, id).await
     }

@@ -697,6 +697,15 @@ impl JobStore for SqliteStore {
             .raw(|c| db::now(ops::find_job_by_key(c, owner_id, key)))
     }
 
+    async fn latest_job_by_keys(
+        &self,
+        owner_id: &OwnerId,
+        keys: &[String],
+    ) -> Result<Option<Job>, StoreError> {
+        self.read
+            .raw(|c| db::now(ops::latest_job_by_keys(c, owner_id, keys)))
+    }
+
     async fn get_job(&self, id: &JobId) -> Result<Option<Job>, StoreError> {
         self.read.raw(|c| db::now(ops::get_job(c, id)))
     }

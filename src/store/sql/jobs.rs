@@ -93,6 +93,35 @@ pub(crate) async fn find_job_by_key(
     row.map(Job::try_from).transpose()
 }
 
+/// The newest of the owner's jobs held by any of `keys`: one statement,
+/// each key an indexed probe.
+pub(crate) async fn latest_job_by_keys(
+    conn: &mut impl Db,
+    owner_id: &str,
+    keys: &[String],
+) -> Result<Option<Job>, StoreError> {
+    if keys.is_empty() {
+        return Ok(None);
+    }
+    let placeholders: Vec<String> = (0..keys.len()).map(|i| format!("${}", i + 2)).collect();
+    let sql = format!(
+        concat!(
+            "SELECT ",
+            job_columns!(),
+            " FROM jobs WHERE owner_id = $1 AND idempotency_key IN ({}) \
+             ORDER BY created_at DESC LIMIT 1"
+        ),
+        placeholders.join(", ")
+    );
+    let mut args = vec![crate::store::sql::db::IntoArg::arg(owner_id)];
+    args.extend(
+        keys.iter()
+            .map(|k| crate::store::sql::db::IntoArg::arg(k.as_str())),
+    );
+    let row: Option<JobRow> = conn.fetch_optional(&sql, &args).await?;
+    row.map(Job::try_from).transpose()
+}
+
 pub(crate) async fn get_job(conn: &mut impl Db, id: &str) -> Result<Option<Job>, StoreError> {
     let row: Option<JobRow> = conn
         .fetch_optional(

@@ -12,6 +12,7 @@ on_both_backends!(
     a_completion_is_one_job_however_often_it_is_sent,
     the_answer_names_the_model_and_attempt_that_answered,
     provider_refusals_keep_their_code_in_openais_error_shape,
+    a_job_in_review_tells_the_client_it_may_still_answer,
     what_onejob_cannot_honour_is_refused_naming_the_field,
     tool_calls_make_a_round_trip,
     a_json_schema_answer_is_validated_and_a_broken_one_never_returned,
@@ -260,6 +261,53 @@ async fn provider_refusals_keep_their_code_in_openais_error_shape(backend: Backe
         0,
         "no provider was asked"
     );
+    world.stop().await;
+}
+
+/// A job in review is not finished: its provider's record of an attempt
+/// or an admin may still settle it with an answer, which the same request
+/// then gets. So its 502 says `x-should-retry: true` (it said `false`, "a
+/// replay answers the same", and a client that believed it and asked
+/// again under a new key paid twice).
+async fn a_job_in_review_tells_the_client_it_may_still_answer(backend: Backend) {
+    let providers = [ProviderSpec {
+        name: "primary",
+        model: "fail:500",
+    }];
+    let mut r = route("primary", &[]);
+    r.max_attempts = 1;
+    let world = start_world(backend, &providers, r, |_| {}).await;
+    let body = json!({"model": "default", "messages": [{"role": "user", "content": "hi"}]});
+    let (status, headers, err) = complete(&world, Some("in-review"), &body).await;
+    assert_eq!(
+        (status, err["error"]["code"].as_str()),
+        (502, Some("job_needs_review")),
+        "{err}"
+    );
+    assert_eq!(headers["x-should-retry"], "true");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("replay this request with the same Idempotency-Key"),
+        "{err}"
+    );
+    let id = headers["x-onejob-job-id"].to_str().unwrap().to_string();
+    let (status, answer) = world
+        .post(
+            &world.admin_key,
+            &format!("/v1/admin/jobs/{id}/resolve"),
+            &json!({"action": "complete", "result": "answered by hand", "reason": "support ticket"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    let (status, headers, answer) = complete(&world, Some("in-review"), &body).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer["choices"][0]["message"]["content"],
+        "answered by hand"
+    );
+    assert_eq!(headers["x-onejob-job-id"].to_str().unwrap(), id);
     world.stop().await;
 }
 

@@ -403,12 +403,32 @@ pub enum Refusal {
     ContractViolation,
     /// The provider refused the request as malformed (its kind kept).
     BadRequest(ErrorKind),
-    NeedsReview,
+    /// Waiting for a human, or for its provider's record of an attempt
+    /// whose outcome is unknown: it may still end with an answer, which a
+    /// replay with the same key gets (`client_may_retry` unless the key
+    /// was made here).
+    NeedsReview {
+        client_may_retry: bool,
+    },
     /// Failed otherwise (the provider's kind, when one is known).
     Failed(Option<ErrorKind>),
 }
 
 impl Refusal {
+    /// Whether the client is told it may send the same request again
+    /// (`x-should-retry: true`): the job may still answer it. A finished
+    /// job answers every replay the same.
+    pub fn client_may_retry(&self) -> bool {
+        matches!(
+            self,
+            Refusal::Pending {
+                client_may_retry: true
+            } | Refusal::NeedsReview {
+                client_may_retry: true
+            }
+        )
+    }
+
     /// How the kind of an attempt's failure is told to a client, by every
     /// door and in every stream: the provider's refusals
     /// ([`ErrorKind::is_refusal`]) by class, any other kind kept as it is.
@@ -538,7 +558,18 @@ fn refusal(job: &Job, unanswered: Unanswered, key_made_here: bool) -> Refused {
         }
         Unanswered::Cancelled => Refusal::Cancelled,
         Unanswered::NeedsReview(Some(kind)) => Refusal::of_kind(&kind),
-        Unanswered::NeedsReview(None) => Refusal::NeedsReview,
+        Unanswered::NeedsReview(None) => {
+            return Refused {
+                why: Refusal::NeedsReview {
+                    client_may_retry: !key_made_here,
+                },
+                message: format!(
+                    "{message}; it may still be settled (its provider's record of an attempt, \
+                     or an admin): replay this request with the same Idempotency-Key, or GET /v1/jobs/{}",
+                    job.id
+                ),
+            }
+        }
         Unanswered::Failed(Some(kind)) => Refusal::of_kind(&kind),
         Unanswered::Failed(None) => Refusal::Failed(None),
     };

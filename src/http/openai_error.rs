@@ -90,7 +90,7 @@ pub(crate) fn refusal_code(why: &Refusal) -> (StatusCode, &str) {
         Refusal::RateLimited => (429, "rate_limit_exceeded"),
         Refusal::ContractViolation => (502, "contract_violation"),
         Refusal::BadRequest(kind) => (400, kind.as_str()),
-        Refusal::NeedsReview => (502, "job_needs_review"),
+        Refusal::NeedsReview { .. } => (502, "job_needs_review"),
         Refusal::Failed(None) => (502, "job_failed"),
         Refusal::Failed(Some(kind)) => (502, kind.as_str()),
     };
@@ -104,8 +104,8 @@ pub(crate) fn refusal_code(why: &Refusal) -> (StatusCode, &str) {
 /// answers: [`refusal_code`]'s status and code, `param` naming the
 /// request's prompt field (`prompt_param`) for a context length and its
 /// format field (`format_param`) for a broken contract. A finished job
-/// answers the same to every replay, so only a pending one says the SDK
-/// may retry (and not when the key was made here).
+/// answers the same to every replay, so only a pending one or one in
+/// review says the SDK may retry (and not when the key was made here).
 pub(crate) fn refusal(refused: Refused, prompt_param: &str, format_param: &str) -> OpenAiError {
     let Refused { why, message } = refused;
     let (status, code) = refusal_code(&why);
@@ -120,12 +120,7 @@ pub(crate) fn refusal(refused: Refused, prompt_param: &str, format_param: &str) 
         code: code.to_string(),
         param,
         message,
-        retry: matches!(
-            why,
-            Refusal::Pending {
-                client_may_retry: true
-            }
-        ),
+        retry: why.client_may_retry(),
         retry_after_ms: None,
     }
 }

@@ -63,7 +63,7 @@ pub(super) fn message(job: &Job, answer: Answer) -> Value {
 /// A job without an answer, as the error Anthropic's clients act on: a
 /// refusal by the provider is the request's fault (`invalid_request_error`),
 /// a finished job answers every replay the same (no retry), a pending one
-/// may be asked again with the same key.
+/// or one in review may be asked again with the same key.
 pub(super) fn refusal(refused: Refused) -> AnthropicError {
     let Refused { why, message } = refused;
     let (status, kind) = refusal_type(&why);
@@ -72,12 +72,7 @@ pub(super) fn refusal(refused: Refused) -> AnthropicError {
         _ => message,
     };
     AnthropicError {
-        retry: matches!(
-            why,
-            Refusal::Pending {
-                client_may_retry: true
-            }
-        ),
+        retry: why.client_may_retry(),
         ..AnthropicError::new(status, kind, message)
     }
 }

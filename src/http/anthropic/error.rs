@@ -69,7 +69,7 @@ pub(super) fn refusal_type(why: &Refusal) -> (StatusCode, &'static str) {
         }
         Refusal::RateLimited => (429, "rate_limit_error"),
         Refusal::Failed(Some(ErrorKind::Overloaded)) => (529, "overloaded_error"),
-        Refusal::ContractViolation | Refusal::NeedsReview | Refusal::Failed(_) => {
+        Refusal::ContractViolation | Refusal::NeedsReview { .. } | Refusal::Failed(_) => {
             (500, "api_error")
         }
     };

@@ -104,27 +104,7 @@ async fn set_states(db: &TestDb, jobs: &[Made]) {
             state.as_str(),
             ids.join(", ")
         );
-        let changed = match &db.url {
-            onejob::config::DatabaseUrl::Sqlite(path) => {
-                use sqlx::Connection;
-                let url = format!("sqlite://{}", path.display());
-                let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
-                sqlx::query(&sql)
-                    .execute(&mut conn)
-                    .await
-                    .unwrap()
-                    .rows_affected()
-            }
-            onejob::config::DatabaseUrl::Postgres(url) => {
-                use sqlx::Connection;
-                let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
-                sqlx::query(&sql)
-                    .execute(&mut conn)
-                    .await
-                    .unwrap()
-                    .rows_affected()
-            }
-        };
+        let changed = db.execute(&sql).await;
         assert_eq!(changed as usize, ids.len());
     }
 }

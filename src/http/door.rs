@@ -161,21 +161,16 @@ async fn fingerprint_key(
     let digest = fingerprint.get(..32).unwrap_or(&fingerprint);
     let window = state.config.fingerprint_window.as_millis().max(1) as i64;
     let now = state.clock.now_ms();
-    let key = |bucket: i64| {
-        IdempotencyKey::parse(format!("onejob-fp-{digest}-{bucket}").as_bytes())
-            .map_err(ApiError::InvalidIdempotencyKey)
-    };
+    let name = |bucket: i64| format!("onejob-fp-{digest}-{bucket}");
     let bucket = now / window;
     let earlier: Vec<String> = (1..=fingerprint_lookback(window))
-        .map(|back| format!("onejob-fp-{digest}-{}", bucket - back))
+        .map(|back| name(bucket - back))
         .collect();
-    if let Some(job) = state.store.latest_job_by_keys(owner, &earlier).await? {
-        if job.created_at > now - window || !job.state.is_final() {
-            return IdempotencyKey::parse(job.idempotency_key.as_bytes())
-                .map_err(ApiError::InvalidIdempotencyKey);
-        }
-    }
-    key(bucket)
+    let key = match state.store.latest_job_by_keys(owner, &earlier).await? {
+        Some(job) if job.created_at > now - window || !job.state.is_final() => job.idempotency_key,
+        _ => name(bucket),
+    };
+    IdempotencyKey::parse(key.as_bytes()).map_err(ApiError::InvalidIdempotencyKey)
 }
 
 /// A request let in at a door: who asks, under which key, admitted by the

@@ -114,6 +114,32 @@ impl TestDb {
         store
     }
 
+    /// Run `sql` on the database directly, beside the store: a test's way
+    /// to put rows where no store call puts them (a job in any state, a
+    /// job made long ago). The rows it changed.
+    pub async fn execute(&self, sql: &str) -> u64 {
+        use sqlx::Connection;
+        match &self.url {
+            DatabaseUrl::Sqlite(path) => {
+                let url = format!("sqlite://{}", path.display());
+                let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
+                sqlx::query(sql)
+                    .execute(&mut conn)
+                    .await
+                    .unwrap()
+                    .rows_affected()
+            }
+            DatabaseUrl::Postgres(url) => {
+                let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+                sqlx::query(sql)
+                    .execute(&mut conn)
+                    .await
+                    .unwrap()
+                    .rows_affected()
+            }
+        }
+    }
+
     pub fn url_string(&self) -> String {
         match &self.url {
             DatabaseUrl::Sqlite(p) => p.display().to_string(),

@@ -46,6 +46,17 @@ async fn new_job(store: &dyn Store) -> JobId {
     }
 }
 
+/// A new job and its primary attempt, started.
+async fn job_with_primary(store: &dyn Store) -> (JobId, onejob::domain::Attempt) {
+    let job_id = new_job(store).await;
+    let primary = store
+        .start_attempt(attempt(&job_id, AttemptKind::Primary, 1))
+        .await
+        .unwrap()
+        .unwrap();
+    (job_id, primary)
+}
+
 fn attempt(job_id: &JobId, kind: AttemptKind, max_hedges: i64) -> NewAttempt {
     NewAttempt {
         id: AttemptId::new(),
@@ -100,12 +111,7 @@ async fn race_retries(store: &Arc<dyn Store>, job_id: &JobId, n: usize) -> usize
 async fn no_retry_starts_while_an_attempt_is_started_or_unknown(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store().await;
-    let job_id = new_job(store.as_ref()).await;
-    let primary = store
-        .start_attempt(attempt(&job_id, AttemptKind::Primary, 1))
-        .await
-        .unwrap()
-        .unwrap();
+    let (job_id, primary) = job_with_primary(store.as_ref()).await;
 
     assert_eq!(
         race_retries(&store, &job_id, 20).await,
@@ -139,12 +145,7 @@ async fn no_retry_starts_while_an_attempt_is_started_or_unknown(backend: Backend
 async fn exactly_one_of_twenty_retries_starts_once_all_attempts_finished(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store().await;
-    let job_id = new_job(store.as_ref()).await;
-    let primary = store
-        .start_attempt(attempt(&job_id, AttemptKind::Primary, 1))
-        .await
-        .unwrap()
-        .unwrap();
+    let (job_id, primary) = job_with_primary(store.as_ref()).await;
     let failed = AttemptOutcome::failed("server_error".into(), "503");
     store
         .finish_attempt(finish(&primary.id, failed))
@@ -167,12 +168,7 @@ async fn exactly_one_of_twenty_retries_starts_once_all_attempts_finished(backend
 async fn reverse_order_finish_lets_the_later_attempt_lose(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store().await;
-    let job_id = new_job(store.as_ref()).await;
-    let a = store
-        .start_attempt(attempt(&job_id, AttemptKind::Primary, 1))
-        .await
-        .unwrap()
-        .unwrap();
+    let (job_id, a) = job_with_primary(store.as_ref()).await;
     let b = store
         .start_attempt(attempt(&job_id, AttemptKind::Hedge, 1))
         .await
@@ -290,12 +286,7 @@ async fn twenty_concurrent_finishes_have_exactly_one_winner(backend: Backend) {
 async fn a_finished_attempt_cannot_finish_again(backend: Backend) {
     let db = TestDb::new(backend).await;
     let store = db.store().await;
-    let job_id = new_job(store.as_ref()).await;
-    let a = store
-        .start_attempt(attempt(&job_id, AttemptKind::Primary, 1))
-        .await
-        .unwrap()
-        .unwrap();
+    let (job_id, a) = job_with_primary(store.as_ref()).await;
     store
         .finish_attempt(finish(&a.id, succeeded("1")))
         .await
@@ -319,12 +310,7 @@ async fn a_providers_nul_is_recorded_not_an_attempt_left_started(backend: Backen
     let db = TestDb::new(backend).await;
     let store = db.store().await;
 
-    let job_id = new_job(store.as_ref()).await;
-    let a = store
-        .start_attempt(attempt(&job_id, AttemptKind::Primary, 1))
-        .await
-        .unwrap()
-        .unwrap();
+    let (job_id, a) = job_with_primary(store.as_ref()).await;
     let answer = AttemptOutcome::Succeeded(Success {
         provider_request_id: Some("chatcmpl-\0x".into()),
         ..Success::text("\0 in the answer")
@@ -341,12 +327,7 @@ async fn a_providers_nul_is_recorded_not_an_attempt_left_started(backend: Backen
     assert_eq!(job.state, JobState::Succeeded);
     assert_eq!(job.result.as_deref(), Some("\u{FFFD} in the answer"));
 
-    let job_id = new_job(store.as_ref()).await;
-    let a = store
-        .start_attempt(attempt(&job_id, AttemptKind::Primary, 1))
-        .await
-        .unwrap()
-        .unwrap();
+    let (job_id, a) = job_with_primary(store.as_ref()).await;
     let refused = AttemptOutcome::Failed(Failure {
         retryable: false,
         retry_after: None,

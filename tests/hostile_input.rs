@@ -256,7 +256,48 @@ async fn a_url_that_names_nothing_is_a_json_422(backend: Backend) {
     app.stop().await;
 }
 
+/// Two different `Idempotency-Key`s on one request name two jobs: the
+/// request is refused at every door and writes nothing, where before the
+/// first was taken and a client whose proxy added its own key got a job
+/// its retries would not find. The same key twice is one key.
+async fn two_different_idempotency_keys_are_refused(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let chat = serde_json::json!({ "model": "gpt-4o-mini", "messages": [{ "role": "user", "content": "hi" }] });
+    for (path, body) in [
+        ("/v1/jobs", chat_body("hi")),
+        ("/v1/chat/completions", chat),
+    ] {
+        let r = app
+            .client
+            .post(format!("{}{path}", app.address))
+            .bearer_auth(&app.key)
+            .header("Idempotency-Key", "order-1")
+            .header("Idempotency-Key", "order-2")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{path}");
+        assert_eq!(error_code(r).await, "invalid_idempotency_key", "{path}");
+    }
+    assert_eq!(app.store.count_jobs().await.unwrap(), 0, "nothing written");
+    let r = app
+        .client
+        .post(format!("{}/v1/jobs", app.address))
+        .bearer_auth(&app.key)
+        .header("Idempotency-Key", "order-1")
+        .header("Idempotency-Key", "order-1")
+        .json(&chat_body("hi"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    assert_eq!(app.store.count_jobs().await.unwrap(), 1);
+    app.stop().await;
+}
+
 on_both_backends!(
+    two_different_idempotency_keys_are_refused,
     a_url_that_names_nothing_is_a_json_422,
     bad_bodies_get_a_code_and_write_nothing,
     slow_clients_are_cut_off_and_other_owners_stay_served,

@@ -124,7 +124,18 @@ pub fn door_key(state: &AppState, headers: &HeaderMap) -> Result<DoorKey, ApiErr
             })
             .map_err(ApiError::InvalidIdempotencyKey)
     };
-    match headers.get("idempotency-key") {
+    let mut sent = headers.get_all("idempotency-key").iter();
+    let first = sent.next();
+    // Two keys on one request would name two jobs; taking either would
+    // silently run the job the client did not mean on a retry.
+    if let Some(first) = first {
+        if sent.any(|other| other != first) {
+            return Err(ApiError::InvalidIdempotencyKey(
+                "Idempotency-Key was sent more than once with different values; send one".into(),
+            ));
+        }
+    }
+    match first {
         Some(raw) => IdempotencyKey::parse(raw.as_bytes())
             .map(DoorKey::client)
             .map_err(ApiError::InvalidIdempotencyKey),

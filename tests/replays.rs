@@ -15,6 +15,7 @@ on_both_backends!(
     replays_of_a_finished_job_come_from_memory_and_are_audited,
     a_late_losers_error_leaves_a_succeeded_job_unchanged,
     a_chat_replay_names_its_winner_without_reading_the_attempts_again,
+    a_flush_of_many_jobs_writes_each_ones_count,
 );
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -270,4 +271,38 @@ async fn a_chat_replay_names_its_winner_without_reading_the_attempts_again(backe
     );
     assert_eq!(world.counter("onejob_replays_from_memory_total").await, 5.0);
     world.stop().await;
+}
+
+/// A flush of replays of 37 jobs (two statements of 16 rows and five of
+/// one) writes each job's own count, actor and time, and nothing else.
+async fn a_flush_of_many_jobs_writes_each_ones_count(backend: Backend) {
+    let db = common::TestDb::new(backend).await;
+    let store = db.store().await;
+    let audit = onejob::replays::ReplayAudit::default();
+    let mut jobs = Vec::new();
+    for i in 0..37_i64 {
+        let job = common::create_job(store.as_ref(), "alice", &format!("k{i}"), 1_000).await;
+        for n in 0..=i % 3 {
+            audit.record(&job, &format!("key-{i}"), 2_000 + i * 10 + n);
+        }
+        jobs.push(job);
+    }
+    audit.flush(store.as_ref()).await;
+    for (i, job) in jobs.iter().enumerate() {
+        let i = i as i64;
+        let replayed: Vec<_> = store
+            .list_events(job)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.kind == "replayed")
+            .collect();
+        assert_eq!(replayed.len(), 1, "job {i}: {replayed:?}");
+        let event = &replayed[0];
+        assert_eq!(event.actor, format!("key-{i}"));
+        assert_eq!(event.at, 2_000 + i * 10);
+        let detail: Value = serde_json::from_str(event.detail.as_deref().unwrap()).unwrap();
+        assert_eq!(detail["count"], i % 3 + 1, "job {i}");
+        assert_eq!(detail["last_at"], 2_000 + i * 10 + i % 3, "job {i}");
+    }
 }

@@ -177,6 +177,24 @@ async fn the_console_refuses_without_a_session_a_non_admin_key_or_a_csrf_token(b
         assert_eq!(status, 403, "{body}");
         assert!(body.contains("CSRF"), "{body}");
     }
+    // A form or query string that does not decode gets the console's
+    // refusal page, naming the field, not a line of plain text.
+    let (_, overview) = page(&world, &session, "/ui/overview").await;
+    let csrf = csrf_of(&overview);
+    let (status, _, body) = post_form(
+        &world,
+        &session,
+        "/ui/providers/primary/switch",
+        &[("reason", "no direction"), ("csrf", &csrf)],
+    )
+    .await;
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("<title>Refused"), "{body}");
+    assert!(body.contains("missing field `to`"), "{body}");
+    let (status, body) = page(&world, &session, "/ui/jobs?state=failed&state=running").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("<title>Refused"), "{body}");
+    assert!(body.contains("duplicate field `state`"), "{body}");
     let (_, providers) = world.get(&world.admin_key, "/v1/admin/providers").await;
     assert_eq!(
         providers["providers"][0]["enabled"], true,

@@ -1,13 +1,14 @@
 //! The job list (filters, newest first, keyset-paged) and each job's page:
 //! its timeline, attempts and event log.
 
+use super::form::ConsoleQuery;
 use super::session::UiAdmin;
 use super::{error_page, layout, render_page, timeline, when};
 use crate::domain::{AttemptId, AttemptState, JobId, JobState, Millis, OwnerId};
 use crate::http::error::ApiError;
 use crate::http::AppState;
 use crate::store::console::JobFilter;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
@@ -147,7 +148,7 @@ struct Row {
 pub async fn list(
     State(state): State<AppState>,
     admin: UiAdmin,
-    Query(query): Query<ListQuery>,
+    ConsoleQuery(query): ConsoleQuery<ListQuery>,
 ) -> Response {
     let filter = match query.filter() {
         Ok(f) => f,

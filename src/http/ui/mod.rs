@@ -4,6 +4,7 @@
 //! the console works offline.
 //!
 //! - [`session`]: admin key → session cookie, CSRF tokens, logout.
+//! - [`form`]: forms and query strings that do not decode get a refusal page.
 //! - [`jobs`]: the filtered, paged job list and each job's page.
 //! - [`timeline`]: a job's attempts drawn on one time axis.
 //! - [`review`]: the review queue and its audited decisions.
@@ -15,6 +16,7 @@
 //! Every action calls the same logic function as its API endpoint, so the
 //! console audits (and refuses) exactly as the API does.
 
+pub mod form;
 pub mod hedging;
 pub mod jobs;
 pub mod overview;
@@ -27,11 +29,12 @@ pub mod webhooks;
 
 use super::AppState;
 use crate::http::error::ApiError;
-use axum::extract::{Form, State};
+use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use form::ConsoleForm;
 use serde::Deserialize;
 use session::{cookie, refused, set_cookie, UiAdmin, LOGIN_CSRF_COOKIE, SESSION_COOKIE};
 use std::sync::OnceLock;
@@ -202,7 +205,7 @@ pub struct LoginForm {
 async fn login(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Form(form): Form<LoginForm>,
+    ConsoleForm(form): ConsoleForm<LoginForm>,
 ) -> Response {
     let expected = cookie(&headers, LOGIN_CSRF_COOKIE).unwrap_or_default();
     if expected.is_empty() || !session::same_token(&form.csrf, &expected) {
@@ -253,7 +256,7 @@ async fn logout(
     State(state): State<AppState>,
     admin: UiAdmin,
     headers: HeaderMap,
-    Form(form): Form<CsrfForm>,
+    ConsoleForm(form): ConsoleForm<CsrfForm>,
 ) -> Response {
     if !admin.csrf_ok(&form.csrf) {
         return session::csrf_refused();

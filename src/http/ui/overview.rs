@@ -4,13 +4,14 @@
 //! rate and hedge win rate, tokens spent on discarded attempts (the cost of
 //! hedging) and the review-queue depth, as small SVG charts.
 
+use super::form::ConsoleQuery;
 use super::session::UiAdmin;
 use super::svg::{format_number, stacked_columns, stacked_rows, Series};
 use super::{error_page, layout, render_page};
 use crate::domain::Millis;
 use crate::http::AppState;
 use crate::store::console::{histogram_percentile, WindowStats};
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -205,7 +206,7 @@ pub fn draw(stats: &WindowStats, from: Millis, to: Millis) -> Drawn {
 pub async fn page(
     State(state): State<AppState>,
     admin: UiAdmin,
-    Query(query): Query<OverviewQuery>,
+    ConsoleQuery(query): ConsoleQuery<OverviewQuery>,
 ) -> Response {
     let (window, minutes) = WINDOWS
         .iter()

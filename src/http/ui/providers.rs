@@ -3,13 +3,14 @@
 //! reason, and the contract suite run from a button with its report. Every
 //! action goes through the API's own functions (`switch_as`, `run_as`).
 
+use super::form::ConsoleForm;
 use super::session::{self, UiAdmin};
 use super::{breaker_text, error_page, layout, render_page, when};
 use crate::http::admin_contracts::run_as;
 use crate::http::admin_providers::{switch_as, view};
 use crate::http::error::ApiError;
 use crate::http::AppState;
-use axum::extract::{Form, Path, State};
+use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use serde::{Deserialize, Serialize};
 
@@ -148,7 +149,7 @@ pub async fn switch(
     State(state): State<AppState>,
     admin: UiAdmin,
     Path(name): Path<String>,
-    Form(form): Form<SwitchForm>,
+    ConsoleForm(form): ConsoleForm<SwitchForm>,
 ) -> Response {
     if !admin.csrf_ok(&form.csrf) {
         return session::csrf_refused();
@@ -179,7 +180,7 @@ pub async fn run_contracts(
     State(state): State<AppState>,
     admin: UiAdmin,
     Path(name): Path<String>,
-    Form(form): Form<RunForm>,
+    ConsoleForm(form): ConsoleForm<RunForm>,
 ) -> Response {
     if !admin.csrf_ok(&form.csrf) {
         return session::csrf_refused();

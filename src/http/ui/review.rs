@@ -2,6 +2,7 @@
 //! goes through the same functions as `POST /v1/admin/jobs/{id}/resolve` and
 //! `/v1/admin/attempts/{id}/resolve`, so it is refused and audited alike.
 
+use super::form::ConsoleForm;
 use super::session::{self, UiAdmin};
 use super::{error_page, layout, render_page, when};
 use crate::domain::{AttemptId, AttemptState, JobId, OwnerId};
@@ -10,7 +11,7 @@ use crate::http::body;
 use crate::http::error::ApiError;
 use crate::http::AppState;
 use crate::jobs;
-use axum::extract::{Form, Path, State};
+use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use serde::{Deserialize, Serialize};
 
@@ -116,7 +117,7 @@ pub async fn resolve_job(
     State(state): State<AppState>,
     admin: UiAdmin,
     Path(id): Path<JobId>,
-    Form(form): Form<ResolveJobForm>,
+    ConsoleForm(form): ConsoleForm<ResolveJobForm>,
 ) -> Response {
     if !admin.csrf_ok(&form.csrf) {
         return session::csrf_refused();
@@ -151,7 +152,7 @@ pub async fn resolve_attempt(
     State(state): State<AppState>,
     admin: UiAdmin,
     Path(id): Path<AttemptId>,
-    Form(form): Form<ResolveAttemptForm>,
+    ConsoleForm(form): ConsoleForm<ResolveAttemptForm>,
 ) -> Response {
     if !admin.csrf_ok(&form.csrf) {
         return session::csrf_refused();

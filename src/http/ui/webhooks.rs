@@ -3,6 +3,7 @@
 //! new secret shown once), delete, redeliver. Each calls
 //! [`crate::webhooks::endpoints`] as the admin.
 
+use super::form::ConsoleForm;
 use super::session::{self, UiAdmin};
 use super::{error_page, layout, render_page, when_ago};
 use crate::domain::{JobId, OwnerId};
@@ -10,7 +11,7 @@ use crate::http::error::ApiError;
 use crate::http::AppState;
 use crate::webhooks::endpoints::{Actor, NewEndpoint, Webhooks};
 use crate::webhooks::EVENT_TYPES;
-use axum::extract::{Form, Path, State};
+use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use serde::{Deserialize, Serialize};
 
@@ -166,7 +167,7 @@ fn secret_page(
 pub async fn create(
     State(state): State<AppState>,
     admin: UiAdmin,
-    Form(form): Form<CreateForm>,
+    ConsoleForm(form): ConsoleForm<CreateForm>,
 ) -> Response {
     if !admin.csrf_ok(&form.csrf) {
         return session::csrf_refused();
@@ -205,7 +206,7 @@ pub async fn rotate(
     State(state): State<AppState>,
     admin: UiAdmin,
     Path(id): Path<String>,
-    Form(form): Form<ActionForm>,
+    ConsoleForm(form): ConsoleForm<ActionForm>,
 ) -> Response {
     if !admin.csrf_ok(&form.csrf) {
         return session::csrf_refused();
@@ -223,7 +224,7 @@ pub async fn delete(
     State(state): State<AppState>,
     admin: UiAdmin,
     Path(id): Path<String>,
-    Form(form): Form<ActionForm>,
+    ConsoleForm(form): ConsoleForm<ActionForm>,
 ) -> Response {
     if !admin.csrf_ok(&form.csrf) {
         return session::csrf_refused();
@@ -239,7 +240,7 @@ pub async fn redeliver(
     State(state): State<AppState>,
     admin: UiAdmin,
     Path((id, delivery_id)): Path<(String, String)>,
-    Form(form): Form<ActionForm>,
+    ConsoleForm(form): ConsoleForm<ActionForm>,
 ) -> Response {
     if !admin.csrf_ok(&form.csrf) {
         return session::csrf_refused();

@@ -123,13 +123,13 @@ async fn disabling_with_a_reason_shows_who_and_why_and_is_audited(backend: Backe
     let answered: Value = response.json().await.unwrap();
     assert_eq!(answered["name"], "sim");
     assert_eq!(answered["enabled"], false);
-    assert_eq!(answered["changed_by"], "ops");
+    assert_eq!(answered["changed_by"], "admin:ops");
     assert_eq!(answered["reason"], "upstream returns 500s");
 
     let list = providers(&app, &admin).await;
     let sim = find(&list, "sim");
     assert_eq!(sim["enabled"], false);
-    assert_eq!(sim["changed_by"], "ops");
+    assert_eq!(sim["changed_by"], "admin:ops");
     assert_eq!(sim["reason"], "upstream returns 500s");
     assert!(sim["changed_at"].as_str().unwrap().ends_with('Z'), "{sim}");
     let eligibility = sim["eligibility"].as_array().unwrap();
@@ -160,7 +160,7 @@ async fn disabling_with_a_reason_shows_who_and_why_and_is_audited(backend: Backe
     assert_eq!(entries[0]["reason"], "fixed upstream");
     assert_eq!(entries[1]["enabled"], false);
     assert_eq!(entries[1]["reason"], "upstream returns 500s");
-    assert!(entries.iter().all(|e| e["actor"] == "ops"));
+    assert!(entries.iter().all(|e| e["actor"] == "admin:ops"));
     let other: Value = app
         .get(&admin, "/v1/admin/providers/sim-backup/audit")
         .await
@@ -177,7 +177,7 @@ async fn disabling_with_a_reason_shows_who_and_why_and_is_audited(backend: Backe
         .unwrap();
     assert_eq!(newest["audit"].as_array().unwrap().len(), 1, "{newest}");
     assert_eq!(newest["audit"][0]["reason"], "fixed upstream");
-    for bad in ["0", "lots", "-3"] {
+    for bad in ["0", "lots", "-3", "1001"] {
         let response = app
             .get(
                 &admin,
@@ -273,6 +273,14 @@ async fn admin_bodies_get_coded_errors_and_nothing_is_written(backend: Backend) 
         ("/v1/admin/keys", r#"["dave"]"#),
         ("/v1/admin/limits/alice", r#"[{"tokens_per_day": 7}, "r"]"#),
         ("/v1/admin/providers/sim/disable", r#"["maintenance"]"#),
+        // ... and so would it limits, read by position (a rate of 1, a
+        // burst of 2, …), or none from `[]`.
+        (
+            "/v1/admin/limits/alice",
+            r#"{"limits": [1, 2, 3, 4], "reason": "r"}"#,
+        ),
+        ("/v1/admin/limits/alice", r#"{"limits": [], "reason": "r"}"#),
+        ("/v1/admin/keys", r#"{"owner": "dave", "limits": [1]}"#),
         // Owners no key could have.
         (
             "/v1/admin/limits/al%20ice",

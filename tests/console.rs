@@ -344,7 +344,7 @@ async fn an_admin_sees_a_hedged_job_switches_a_provider_and_resolves_a_review_it
         .unwrap();
     assert_eq!(quick["enabled"], false);
     assert_eq!(quick["reason"], "vendor incident 42");
-    assert_eq!(quick["changed_by"], "ops");
+    assert_eq!(quick["changed_by"], "admin:ops");
 
     // A decision needs a reason, as in the API.
     let resolve = format!("/ui/jobs/{stuck}/resolve");

@@ -931,6 +931,8 @@ async fn bad_input_gets_a_stable_code_and_writes_nothing(backend: Backend) {
     for path in [
         "/v1/webhooks?colour=red",
         "/v1/webhooks/wh_x/deliveries?limit=abc",
+        "/v1/webhooks/wh_x/deliveries?limit=0",
+        "/v1/webhooks/wh_x/deliveries?limit=501",
         "/v1/webhooks?owner=%00",
         "/v1/webhooks/%00",
         "/v1/webhooks/wh_x%00/deliveries",

@@ -13,9 +13,11 @@ use std::collections::BTreeMap;
 /// The slowest rate a limit may set: one request a day.
 pub const MIN_REQUESTS_PER_SECOND: f64 = 1.0 / 86_400.0;
 
-/// The limits of one owner; every field optional.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// The limits of one owner; every field optional. Read from an object
+/// (a JSON object, a TOML table) only: serde's derive would also take an
+/// array, its items read by position (`[1, 2, 3, 4]` as a rate of 1, a
+/// burst of 2…).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Limits {
     /// Sustained requests per second to the doors that make jobs (`POST
     /// /v1/jobs`, `/v1/chat/completions`, `/v1/messages`, `/v1/responses`),
@@ -32,6 +34,45 @@ pub struct Limits {
     /// (hedges and discarded answers too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens_per_day: Option<u64>,
+}
+
+/// [`Limits`]' fields as serde's derive reads them.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsFields {
+    #[serde(default)]
+    requests_per_second: Option<f64>,
+    #[serde(default)]
+    burst: Option<u32>,
+    #[serde(default)]
+    concurrent_jobs: Option<u32>,
+    #[serde(default)]
+    tokens_per_day: Option<u64>,
+}
+
+impl<'de> Deserialize<'de> for Limits {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Object;
+        impl<'de> serde::de::Visitor<'de> for Object {
+            type Value = Limits;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Limits, A::Error> {
+                let fields =
+                    LimitsFields::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(Limits {
+                    requests_per_second: fields.requests_per_second,
+                    burst: fields.burst,
+                    concurrent_jobs: fields.concurrent_jobs,
+                    tokens_per_day: fields.tokens_per_day,
+                })
+            }
+        }
+        deserializer.deserialize_map(Object)
+    }
 }
 
 /// `[limits]` in `onejob.toml`.
@@ -130,6 +171,23 @@ impl LimitsConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn limits_are_read_from_an_object_only() {
+        let read = |text: &str| serde_json::from_str::<Limits>(text).map_err(|e| e.to_string());
+        assert_eq!(
+            read(r#"{"burst": 2, "tokens_per_day": null}"#),
+            Ok(Limits {
+                burst: Some(2),
+                ..Limits::default()
+            })
+        );
+        assert_eq!(read("{}"), Ok(Limits::default()));
+        for bad in ["[1, 2, 3, 4]", "[]", "3", r#"{"brust": 2}"#] {
+            assert!(read(bad).is_err(), "{bad}");
+        }
+        assert!(read("[]").unwrap_err().contains("expected an object"));
+    }
 
     #[test]
     fn owner_over_default_field_by_field() {

@@ -242,17 +242,20 @@ pub async fn switch_as(
     enabled: bool,
     reason: Option<&str>,
 ) -> Result<(), ApiError> {
+    // `admin:OWNER`, as every other admin decision is audited: the bare
+    // owner read as the CLI's actor for an owner named `cli`.
+    let actor = format!("admin:{}", admin.owner_id);
     let switch = switch_provider(
         state.store.as_ref(),
         state.providers.get(name).is_some(),
         name,
         enabled,
-        &admin.owner_id,
+        &actor,
         reason,
         state.clock.now_ms(),
     )
     .await?;
-    tracing::info!(provider = %name, enabled, actor = %admin.owner_id, reason = %OneLine(&switch.reason), "provider switched");
+    tracing::info!(provider = %name, enabled, actor = %actor, reason = %OneLine(&switch.reason), "provider switched");
     state.switches.record(switch);
     Ok(())
 }
@@ -275,7 +278,7 @@ pub async fn audit(
     }
     let limit = match query.limit.as_deref().map(str::parse::<i64>) {
         None => 100,
-        Some(Ok(n)) if n >= 1 => n.min(MAX_AUDIT),
+        Some(Ok(n)) if (1..=MAX_AUDIT).contains(&n) => n,
         Some(_) => {
             return Err(ApiError::InvalidRequest(format!(
                 "limit: a whole number from 1 to {MAX_AUDIT}"

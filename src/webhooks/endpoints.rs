@@ -25,6 +25,9 @@ impl Actor<'_> {
     }
 }
 
+/// The most deliveries one listing answers (`limit`, 1 to this).
+pub const MAX_DELIVERIES_LISTED: i64 = 500;
+
 #[derive(Debug, thiserror::Error)]
 pub enum WebhookError {
     #[error("{0}")]
@@ -230,11 +233,13 @@ impl Webhooks<'_> {
         id: &str,
         limit: i64,
     ) -> Result<Vec<(WebhookDelivery, Vec<WebhookTry>)>, WebhookError> {
+        if !(1..=MAX_DELIVERIES_LISTED).contains(&limit) {
+            return Err(WebhookError::Invalid(format!(
+                "limit: a whole number from 1 to {MAX_DELIVERIES_LISTED}"
+            )));
+        }
         self.get(actor, id).await?;
-        let deliveries = self
-            .store
-            .list_webhook_deliveries(id, limit.clamp(1, 500))
-            .await?;
+        let deliveries = self.store.list_webhook_deliveries(id, limit).await?;
         let mut out = Vec::with_capacity(deliveries.len());
         for d in deliveries {
             let tries = self.store.list_webhook_tries(&d.id).await?;

@@ -325,6 +325,29 @@ async fn an_expired_key_is_refused_and_last_use_is_recorded(backend: Backend) {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // An expired key is not live: revoking it is refused and not audited.
+    let id = created["key"]["id"].as_str().unwrap();
+    let (status, body) = post(
+        &a.address,
+        &admin,
+        &format!("/v1/admin/keys/{id}/revoke"),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("key_not_live")),
+        "{body}"
+    );
+    let (_, audit) = get(&a.address, &admin, "/v1/admin/tenants/audit").await;
+    assert!(
+        audit["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["action"] != "revoke"),
+        "{audit}"
+    );
     // A non-admin key cannot manage keys.
     let carol2 = key_of(&db, "carol").await;
     assert_eq!(get(&a.address, &carol2, "/v1/admin/keys").await.0, 403);

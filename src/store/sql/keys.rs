@@ -123,7 +123,12 @@ pub(crate) async fn revoke_api_key(
 ) -> Result<bool, StoreError> {
     let n = conn
         .execute(
-            "UPDATE api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL",
+            // A key rotated away but inside its grace still opens the
+            // door, so it may be revoked (ending the grace); an expired
+            // one no longer does, and its revocation would be a false
+            // record of a key cut off.
+            "UPDATE api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL \
+             AND (expires_at IS NULL OR expires_at > $2)",
             args![id, at],
         )
         .await?;

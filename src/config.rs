@@ -517,6 +517,18 @@ impl Config {
                     "routes.{name}: max_attempts must be at least 1"
                 )));
             }
+            // A provider named twice is tried once all the same: the
+            // second mention is a typo for another provider, or a hedge
+            // the operator believes is there and is not.
+            let mut named = vec![&route.primary];
+            for fallback in &route.fallbacks {
+                if named.contains(&fallback) {
+                    return Err(invalid(format!(
+                        "routes.{name}.fallbacks: provider {fallback:?} is named twice in the route"
+                    )));
+                }
+                named.push(fallback);
+            }
             if route.backoff_cap_ms < route.backoff_base_ms {
                 return Err(invalid(format!(
                     "routes.{name}: backoff_cap_ms must be at least backoff_base_ms"
@@ -798,6 +810,28 @@ mod tests {
             Some(20_000_000)
         );
         limits.check().unwrap();
+    }
+
+    #[test]
+    fn a_route_names_each_provider_once() {
+        for fallbacks in [r#"["b", "b"]"#, r#"["a"]"#, r#"["b", "a"]"#] {
+            let file = Config::parse_file(
+                Path::new("x.toml"),
+                &format!("[routes.r]\nprimary = \"a\"\nfallbacks = {fallbacks}\n"),
+            )
+            .unwrap();
+            let err = Config::resolve(
+                file,
+                PathBuf::from("."),
+                Path::new("x.toml"),
+                &Overrides::default(),
+            )
+            .unwrap_err();
+            assert!(
+                err.to_string().contains("named twice"),
+                "{fallbacks}: {err}"
+            );
+        }
     }
 
     #[test]

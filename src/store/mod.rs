@@ -147,8 +147,24 @@ pub enum StoreError {
     /// From the SQLite writer's rusqlite connection (`sql/db.rs`).
     #[error("database error: {0}")]
     Sqlite(#[from] rusqlite::Error),
-    #[error("migration failed: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// Not marked as its source: the words below replace sqlx's, which
+    /// would otherwise be printed after them.
+    #[error("{}", migrate_words(.0))]
+    Migrate(sqlx::migrate::MigrateError),
+    /// A migration the database refused (its SQL failed): the migration
+    /// and the database's words, without the migration's text.
+    #[error("migration {version} ({description}) failed: {message}")]
+    MigrationFailed {
+        version: i64,
+        description: String,
+        message: String,
+    },
+    /// Tables, but none of onejob's migrations: another program's database.
+    #[error(
+        "the database holds tables but no onejob migrations: it is not a onejob database \
+         (give another --database-url, or an empty database)"
+    )]
+    NotOnejob,
     #[error("{0} not found")]
     NotFound(&'static str),
     #[error("attempt {attempt_id} is {state}; it cannot become {wanted}")]
@@ -182,11 +198,40 @@ impl StoreError {
             StoreError::Sqlite(_) => false,
             StoreError::Batch(_) => true,
             StoreError::Migrate(_)
+            | StoreError::MigrationFailed { .. }
+            | StoreError::NotOnejob
             | StoreError::NotFound(_)
             | StoreError::InvalidTransition { .. }
             | StoreError::Corrupt(_)
             | StoreError::Closed => false,
         }
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for StoreError {
+    fn from(e: sqlx::migrate::MigrateError) -> Self {
+        StoreError::Migrate(e)
+    }
+}
+
+/// A migration error as an operator reads it: a database migrated by a
+/// newer build says so, where sqlx says a migration "is missing".
+fn migrate_words(e: &sqlx::migrate::MigrateError) -> String {
+    use sqlx::migrate::MigrateError;
+    match e {
+        MigrateError::VersionMissing(version) => format!(
+            "the database was migrated by a newer onejob: its migration {version} is not one this \
+             build has; run that build (or a newer one) against it, or give another --database-url"
+        ),
+        MigrateError::VersionMismatch(version) => format!(
+            "migration {version} was applied to the database with other contents than this \
+             build's; the database and this build disagree on its schema"
+        ),
+        MigrateError::Dirty(version) => format!(
+            "migration {version} was left half-applied by an earlier start; restore the \
+             database from a backup"
+        ),
+        other => format!("migration failed: {other}"),
     }
 }
 

@@ -128,6 +128,17 @@ impl Store for PgStore {
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
+        // Another program's tables and no migrations of ours: refused
+        // before the migrator creates its table there.
+        let (ours, tables): (bool, bool) = sqlx::query_as(
+            "SELECT to_regclass('_sqlx_migrations') IS NOT NULL, \
+             EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = current_schema())",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        if tables && !ours {
+            return Err(StoreError::NotOnejob);
+        }
         // The migrator takes an advisory lock, so concurrent starts are safe.
         MIGRATOR.run(&self.pool).await?;
         Ok(())

@@ -573,6 +573,17 @@ const WEBHOOK_TRIGGERS_FOLLOW_ENDPOINTS: i64 = 16;
 /// leaves nothing behind.
 fn migrate(conn: &mut rusqlite::Connection) -> Result<(), StoreError> {
     use sqlx::migrate::MigrateError;
+    // Another program's tables and no migrations of ours: refused before
+    // anything is written to that file.
+    let (ours, tables): (bool, bool) = conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'), \
+         EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%')",
+        [],
+        |row| Ok((row.get(0)?, row.get(1)?)),
+    )?;
+    if tables && !ours {
+        return Err(StoreError::NotOnejob);
+    }
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS _sqlx_migrations ( \
          version BIGINT PRIMARY KEY, description TEXT NOT NULL, \
@@ -607,7 +618,16 @@ fn migrate(conn: &mut rusqlite::Connection) -> Result<(), StoreError> {
         let started = std::time::Instant::now();
         conn.execute_batch("BEGIN IMMEDIATE")?;
         let applied = (|| {
-            conn.execute_batch(&migration.sql)?;
+            // rusqlite's error would quote the whole migration.
+            conn.execute_batch(&migration.sql)
+                .map_err(|e| StoreError::MigrationFailed {
+                    version: migration.version,
+                    description: migration.description.to_string(),
+                    message: match e {
+                        rusqlite::Error::SqlInputError { msg, .. } => msg,
+                        other => other.to_string(),
+                    },
+                })?;
             if migration.version >= WEBHOOK_TRIGGERS_FOLLOW_ENDPOINTS {
                 db::now(ops::webhook_triggers_follow_endpoints(conn))?;
             }

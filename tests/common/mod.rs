@@ -140,6 +140,23 @@ impl TestDb {
         }
     }
 
+    /// The one number `sql` (a `SELECT` of one row and column) answers,
+    /// read on the database directly.
+    pub async fn number(&self, sql: &str) -> i64 {
+        use sqlx::Connection;
+        match &self.url {
+            DatabaseUrl::Sqlite(path) => {
+                let url = format!("sqlite://{}", path.display());
+                let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
+                sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+            }
+            DatabaseUrl::Postgres(url) => {
+                let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+                sqlx::query_scalar(sql).fetch_one(&mut conn).await.unwrap()
+            }
+        }
+    }
+
     pub fn url_string(&self) -> String {
         match &self.url {
             DatabaseUrl::Sqlite(p) => p.display().to_string(),

@@ -34,6 +34,9 @@ on_both_backends!(
     a_streamed_primary_down_for_a_while_is_routed_around_then_probed_back,
     the_simulator_streams_a_tool_call,
     a_healthy_stream_longer_than_attempt_timeout_is_not_cut,
+    events_after_the_last_piece_keep_a_stream_alive,
+    a_stream_that_said_why_it_stopped_is_whole_though_it_stays_open,
+    a_tool_call_cut_mid_stream_is_not_continued,
 );
 
 /// One SSE event as the client saw it.
@@ -1171,5 +1174,101 @@ async fn a_healthy_stream_longer_than_attempt_timeout_is_not_cut(backend: Backen
             .contains("stream_timeout_ms"),
         "{attempts:?}"
     );
+    world.stop().await;
+}
+
+/// The finish, the usage chunk and `[DONE]` are signs of life like the
+/// pieces: a stream whose events keep coming within `stall_ms` is never a
+/// stall. Before, the stall timer counted from the last piece, so a
+/// healthy stream paced at 200 ms (three events after its last piece)
+/// was taken for stalled at 450 ms and its job run again on the fallback.
+async fn events_after_the_last_piece_keep_a_stream_alive(backend: Backend) {
+    let providers = [
+        spec("primary", "healthy:gap=200"),
+        spec("backup", "healthy"),
+    ];
+    let mut r = route("primary", &["backup"]);
+    r.stall_ms = 450;
+    let world = start_world(backend, &providers, r, |_| {}).await;
+    let (_, headers, events) = stream(&world, "paced-1", &body("Hi")).await;
+    let id = job_id(&headers);
+    assert!(error_event(&events).is_none(), "{events:?}");
+    assert_eq!(content(&events), healthy_answer(&world, "Hi").await);
+    assert_eq!(finish_reasons(&events), vec!["stop"]);
+    assert!(ends_done(&events));
+    let attempts = world.attempts(&id).await;
+    assert_eq!(states(&attempts), vec![pair("primary", "succeeded")]);
+    assert_eq!(world.executions(&id, "backup"), 0, "never run again");
+    world.stop().await;
+}
+
+/// A provider that sent its finish and usage and then holds the
+/// connection open (no `[DONE]`, no close) gave a whole answer: it ends
+/// as that answer a short while after the finish. Before, the silence
+/// after the finish was a stall: the job ran again on the fallback, whose
+/// continuation was stuck onto the whole answer the client already had.
+async fn a_stream_that_said_why_it_stopped_is_whole_though_it_stays_open(backend: Backend) {
+    let providers = [
+        spec("primary", "stream_no_close"),
+        spec("backup", "healthy"),
+    ];
+    let mut r = route("primary", &["backup"]);
+    r.stall_ms = 300;
+    let world = start_world(backend, &providers, r, |_| {}).await;
+    let (_, headers, events) = stream(&world, "open-1", &body("Explain tides")).await;
+    let id = job_id(&headers);
+    assert!(error_event(&events).is_none(), "{events:?}");
+    assert_eq!(
+        content(&events),
+        healthy_answer(&world, "Explain tides").await,
+        "the answer once, nothing stuck on"
+    );
+    assert_eq!(finish_reasons(&events), vec!["stop"]);
+    assert!(ends_done(&events));
+    assert!(usage(&events)["completion_tokens"].as_u64() > Some(0));
+    let attempts = world.attempts(&id).await;
+    assert_eq!(states(&attempts), vec![pair("primary", "succeeded")]);
+    assert_eq!(world.executions(&id, "backup"), 0);
+    world.stop().await;
+}
+
+/// A stream cut in the middle of a tool call is not continued: a prefill
+/// carries text, so the fallback started the call again and the client
+/// got one call spliced from two (`{"city":"yarrow tundra h{"city":…`)
+/// under `finish_reason: tool_calls`. It ends with the cut, in-band.
+async fn a_tool_call_cut_mid_stream_is_not_continued(backend: Backend) {
+    let providers = [
+        spec("primary", "stream_cut:tokens=2"),
+        spec("backup", "healthy"),
+    ];
+    let world = start_world(backend, &providers, route("primary", &["backup"]), |c| {
+        c.engine.reconcile_min_age_ms = 10_000;
+    })
+    .await;
+    let mut ask = body("Weather in Paris?");
+    ask["tools"] = json!([{"type": "function", "function": {
+        "name": "get_weather", "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]);
+    ask["tool_choice"] = json!("required");
+    let (_, headers, events) = stream(&world, "tool-cut-1", &ask).await;
+    let id = job_id(&headers);
+    let calls: Vec<Value> = events
+        .iter()
+        .flat_map(|e| {
+            e.json()["choices"][0]["delta"]["tool_calls"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect();
+    assert!(!calls.is_empty(), "part of the call was sent: {events:?}");
+    let ids: Vec<&Value> = calls.iter().filter(|c| c["id"].is_string()).collect();
+    assert_eq!(ids.len(), 1, "one call begun, never a second: {calls:?}");
+    let error = error_event(&events).expect("the cut, in-band");
+    assert_eq!(error["code"], "stream_cut", "{error}");
+    assert!(finish_reasons(&events).is_empty(), "{events:?}");
+    assert!(!ends_done(&events));
+    assert_eq!(world.executions(&id, "backup"), 0, "no continuation");
     world.stop().await;
 }

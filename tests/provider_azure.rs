@@ -5,7 +5,7 @@
 
 mod upstream;
 
-use onejob::providers::stream::Delta;
+use onejob::providers::stream::Chunk;
 use onejob::providers::{build_provider, AttemptOutcome, Lookup, Provider};
 use serde_json::json;
 use std::sync::Arc;
@@ -199,10 +199,14 @@ async fn a_content_filter_keeps_the_categories_it_filtered() {
         "data: [DONE]\n\n",
     );
     let up = upstream(json(200, sse)).await;
-    let (tx, mut rx) = mpsc::unbounded_channel::<Delta>();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Chunk>();
     let (outcome, finish) = provider(&up.base_url, "").stream(&request(), &tx).await;
     drop(tx);
-    assert_eq!(rx.recv().await.unwrap().content, "Sure");
+    let mut pieces = Vec::new();
+    while let Ok(heard) = rx.try_recv() {
+        pieces.extend(heard.piece().map(|d| d.content));
+    }
+    assert_eq!(pieces, vec!["Sure".to_string()]);
     assert!(finish.is_none());
     let AttemptOutcome::Failed(f) = outcome else {
         panic!("{outcome:?}")
@@ -227,7 +231,7 @@ async fn a_stream_is_read_as_openais() {
         "data: [DONE]\n\n",
     );
     let up = upstream(json(200, sse)).await;
-    let (tx, _rx) = mpsc::unbounded_channel::<Delta>();
+    let (tx, _rx) = mpsc::unbounded_channel::<Chunk>();
     let (outcome, finish) = provider(&up.base_url, "").stream(&request(), &tx).await;
     let AttemptOutcome::Succeeded(s) = outcome else {
         panic!("{outcome:?}")

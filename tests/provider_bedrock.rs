@@ -1117,8 +1117,10 @@ async fn the_simulators_bedrock_wire_streams_the_answer_it_gives_whole() {
     let (outcome, finish) = provider.stream(&streamed_request, &tx).await;
     drop(tx);
     let mut pieces = Vec::new();
-    while let Some(delta) = rx.recv().await {
-        pieces.push(delta.content);
+    while let Some(heard) = rx.recv().await {
+        if let Some(delta) = heard.piece() {
+            pieces.push(delta.content);
+        }
     }
     let AttemptOutcome::Succeeded(streamed) = outcome else {
         panic!("{outcome:?}")

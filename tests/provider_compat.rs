@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use onejob::domain::request::{Message, Role};
 use onejob::providers::config::{ProviderConfig, ProviderKind};
-use onejob::providers::stream::Delta;
+use onejob::providers::stream::Chunk;
 use onejob::providers::{build_provider, AttemptOutcome, ChatRequest, Provider, Streamed};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -81,12 +81,12 @@ fn ask() -> ChatRequest {
 }
 
 async fn streamed(provider: &dyn Provider) -> (Streamed, String) {
-    let (tx, mut rx) = mpsc::unbounded_channel::<Delta>();
+    let (tx, mut rx) = mpsc::unbounded_channel();
     let outcome = provider.stream(&ask(), &tx).await;
     drop(tx);
     let mut text = String::new();
-    while let Some(d) = rx.recv().await {
-        text.push_str(&d.content);
+    while let Some(d) = rx.recv().await.map(Chunk::piece) {
+        text.push_str(&d.unwrap_or_default().content);
     }
     (outcome, text)
 }

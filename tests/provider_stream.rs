@@ -20,8 +20,8 @@ async fn streamed(provider: &dyn Provider, request: &ChatRequest) -> (Streamed, 
     let outcome = provider.stream(request, &tx).await;
     drop(tx);
     let mut pieces = Vec::new();
-    while let Some(d) = rx.recv().await {
-        pieces.push(d);
+    while let Some(heard) = rx.recv().await {
+        pieces.extend(heard.piece());
     }
     (outcome, pieces)
 }

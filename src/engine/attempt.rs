@@ -17,7 +17,7 @@ use crate::domain::ErrorKind;
 use crate::domain::{Attempt, AttemptId, AttemptKind, GuardRefusal, Job};
 use crate::metrics::Metrics;
 use crate::providers::catalog::ProviderEntry;
-use crate::providers::stream::Delta;
+use crate::providers::stream::{Chunk, Delta};
 use crate::providers::{AttemptOutcome, ChatRequest, Failure, Provider, Streamed, Success};
 use crate::store::{FinishAttempt, FinishOutcome};
 use std::time::Duration;
@@ -422,6 +422,9 @@ impl Limits {
 pub(super) enum Event {
     /// A piece of a streamed answer.
     Piece(Delta),
+    /// A streamed answer's event that is no piece: the stream is alive;
+    /// `finished` once the provider said why it stopped.
+    Alive { finished: bool },
     /// How it ended (for a stream, with why the provider stopped).
     End(Streamed),
 }
@@ -492,9 +495,15 @@ async fn stream(
     let ended = loop {
         tokio::select! {
             biased;
-            Some(delta) = rx.recv() => {
-                answering = true;
-                let _ = events.send((index, Event::Piece(delta)));
+            Some(heard) = rx.recv() => {
+                let event = match heard {
+                    Chunk::Piece(delta) => {
+                        answering = true;
+                        Event::Piece(delta)
+                    }
+                    Chunk::Alive { finished } => Event::Alive { finished },
+                };
+                let _ = events.send((index, event));
             }
             ended = &mut call => break ended.map_err(|_| format!(
                 "the stream did not end within stream_timeout_ms ({} ms)",
@@ -503,8 +512,10 @@ async fn stream(
             _ = &mut first_token, if !answering => break Err(no_answer(limits)),
         }
     };
-    while let Ok(delta) = rx.try_recv() {
-        let _ = events.send((index, Event::Piece(delta)));
+    while let Ok(heard) = rx.try_recv() {
+        if let Chunk::Piece(delta) = heard {
+            let _ = events.send((index, Event::Piece(delta)));
+        }
     }
     ended
 }

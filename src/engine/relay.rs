@@ -333,9 +333,11 @@ impl Relay {
     }
 
     /// The owner's stream broke mid-answer (`a`): where it may go on — on a
-    /// provider not `tried` that continues a prefill, else (no tool call
-    /// sent) on one that restarts the answer; `None` after a restart
-    /// diverged.
+    /// provider not `tried` that continues a prefill, else on one that
+    /// restarts the answer; `None` after a restart diverged, and once the
+    /// client was sent a piece of a tool call: a prefill carries text, so a
+    /// continuation would start the call again beside the half the client
+    /// has (a second call, or one spliced), and a restart cannot repeat it.
     pub(super) fn continuation<'a>(
         &self,
         inner: &'a Inner,
@@ -348,7 +350,7 @@ impl Relay {
             .restart
             .as_ref()
             .is_some_and(|r| r.index == index && r.echo == Echo::Diverged);
-        if gave_up {
+        if gave_up || self.tools_sent {
             return None;
         }
         if let Some(entry) = choose_continuation(inner, route, plan, tried, true) {
@@ -361,9 +363,6 @@ impl Relay {
                 request,
                 restart: false,
             });
-        }
-        if self.tools_sent {
-            return None;
         }
         let entry = choose_continuation(inner, route, plan, tried, false)?;
         let request = plan.request_for(entry).ok()?;

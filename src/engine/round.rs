@@ -116,6 +116,9 @@ struct Live<'a> {
     done: bool,
     /// Whether its first sign of an answer arrived (observed then).
     answered: bool,
+    /// A stream whose provider said why it stopped: its answer is whole,
+    /// and a silence after it is no stall (the provider ends it soon).
+    finished: bool,
 }
 
 struct Round<'a> {
@@ -173,6 +176,7 @@ impl<'a> Round<'a> {
                     .reset(tokio::time::Instant::now() + stall_for);
             }
             let owner = self.relay.as_ref().and_then(Relay::owner);
+            let stalls = owner.is_some_and(|o| !self.live[o].finished);
             let streaming = self.relay.is_some();
             let (index, event) = tokio::select! {
                 biased;
@@ -192,7 +196,7 @@ impl<'a> Round<'a> {
                     }
                     continue;
                 }
-                _ = &mut stall, if owner.is_some() => {
+                _ = &mut stall, if stalls => {
                     let Some(o) = owner else { continue };
                     self.live[o].task.abort();
                     let chars = self.relay.as_ref().map_or(0, Relay::own_chars);
@@ -209,6 +213,13 @@ impl<'a> Round<'a> {
             let end = match event {
                 Event::Piece(delta) => {
                     self.on_piece(index, delta).await;
+                    None
+                }
+                Event::Alive { finished } => {
+                    // Every event of the owner's stream is a sign of life
+                    // (a finish, its usage, a keep-alive), not only a piece.
+                    self.live[index].finished |= finished;
+                    self.stall_reset |= owner == Some(index);
                     None
                 }
                 Event::End((outcome, finish)) => self.on_end(index, outcome, finish).await,
@@ -254,6 +265,7 @@ impl<'a> Round<'a> {
             task,
             done: false,
             answered: false,
+            finished: false,
         });
         index
     }

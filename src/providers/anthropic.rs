@@ -8,7 +8,7 @@
 
 use super::classify::{classify_response, error_chain};
 use super::config::{ProviderConfig, Secret, Timeouts};
-use super::stream::{self, AnthropicReader, DeltaSender};
+use super::stream::{self, AnthropicReader, ChunkSender};
 use super::transport::exchange;
 use super::{AttemptOutcome, ChatRequest, Failure, Lookup, Provider, Streamed, Success, Usage};
 use crate::domain::request::{Message, Role};
@@ -361,7 +361,7 @@ impl Provider for AnthropicProvider {
 
     /// Streamed, with `stream: true`. A trailing assistant turn is sent as
     /// it is: the Messages API continues it (prefill).
-    async fn stream(&self, request: &ChatRequest, deltas: &DeltaSender) -> Streamed {
+    async fn stream(&self, request: &ChatRequest, deltas: &ChunkSender) -> Streamed {
         let mut body = match request_body(&self.model, request) {
             Ok(body) => body,
             Err(message) => {

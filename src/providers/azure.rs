@@ -14,7 +14,7 @@
 use super::classify::{azure_filtered_categories, classify_azure, error_chain};
 use super::config::{AzureAuth, ProviderConfig, Secret, Timeouts};
 use super::openai::{completion_to_success, request_body};
-use super::stream::{self, DeltaSender, OpenAiReader, SseEvent, Step, WireReader};
+use super::stream::{self, ChunkSender, OpenAiReader, SseEvent, Step, WireReader};
 use super::transport::exchange;
 use super::{AttemptOutcome, ChatRequest, Failure, Lookup, Provider, Streamed, Success, Usage};
 use crate::domain::ErrorKind;
@@ -158,7 +158,7 @@ impl Provider for AzureOpenAiProvider {
         outcome
     }
 
-    async fn stream(&self, request: &ChatRequest, deltas: &DeltaSender) -> Streamed {
+    async fn stream(&self, request: &ChatRequest, deltas: &ChunkSender) -> Streamed {
         let mut body = request_body(&self.model, request, false);
         super::openai::leave_out(&mut body, &self.refuses);
         body["stream"] = json!(true);

@@ -21,7 +21,7 @@ use super::classify::{bedrock_stream_exception, classify_bedrock, error_chain};
 use super::config::{ProviderConfig, Timeouts};
 use super::eventstream::EventStreamFraming;
 use super::sigv4::{self, Credentials, Scope};
-use super::stream::{self, DeltaSender, SseEvent, Step, WireReader};
+use super::stream::{self, ChunkSender, SseEvent, Step, WireReader};
 use super::transport::exchange;
 use super::{AttemptOutcome, ChatRequest, Failure, Lookup, Provider, Streamed, Success, Usage};
 use crate::domain::request::{Message, Role};
@@ -577,7 +577,7 @@ impl Provider for BedrockProvider {
         outcome
     }
 
-    async fn stream(&self, request: &ChatRequest, deltas: &DeltaSender) -> Streamed {
+    async fn stream(&self, request: &ChatRequest, deltas: &ChunkSender) -> Streamed {
         let converse = match request_body(request) {
             Ok(c) => c,
             Err(message) => return (AttemptOutcome::Failed(invalid_prompt(message)), None),

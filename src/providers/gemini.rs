@@ -18,7 +18,7 @@
 
 use super::classify::{classify_gemini, error_chain};
 use super::config::{ProviderConfig, Secret, Timeouts};
-use super::stream::{self, DeltaSender, SseEvent, Step, WireReader};
+use super::stream::{self, ChunkSender, SseEvent, Step, WireReader};
 use super::transport::exchange;
 use super::vertex_auth::VertexAuth;
 use super::{AttemptOutcome, ChatRequest, Failure, Lookup, Provider, Streamed, Success, Usage};
@@ -644,7 +644,7 @@ impl Provider for GeminiProvider {
         outcome
     }
 
-    async fn stream(&self, request: &ChatRequest, deltas: &DeltaSender) -> Streamed {
+    async fn stream(&self, request: &ChatRequest, deltas: &ChunkSender) -> Streamed {
         let body = match request_body(request) {
             Ok(body) => body,
             Err(message) => return (AttemptOutcome::Failed(invalid_prompt(message)), None),

@@ -100,7 +100,7 @@ pub trait Provider: Send + Sync {
     /// The same call, streamed: each piece of the answer goes to `deltas`
     /// as it arrives; the outcome carries the whole text. A provider that
     /// cannot stream answers in one piece.
-    async fn stream(&self, request: &ChatRequest, deltas: &stream::DeltaSender) -> Streamed {
+    async fn stream(&self, request: &ChatRequest, deltas: &stream::ChunkSender) -> Streamed {
         stream::whole(self.call(request).await, deltas)
     }
     async fn lookup(&self, idempotency_key: &str) -> Lookup;

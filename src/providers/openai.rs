@@ -6,7 +6,7 @@
 
 use super::classify::{classify_response, error_chain, ErrorBody};
 use super::config::{LookupMode, ProviderConfig, Secret, Timeouts};
-use super::stream::{self, DeltaSender, OpenAiReader};
+use super::stream::{self, ChunkSender, OpenAiReader};
 use super::transport::{exchange, RawResponse};
 use super::{AttemptOutcome, ChatRequest, Failure, Lookup, Provider, Streamed, Success, Usage};
 use crate::domain::request::Role;
@@ -390,7 +390,7 @@ impl Plain {
 pub(crate) async fn stream_openai_wire(
     p: &OpenAiProvider,
     request: &ChatRequest,
-    deltas: &DeltaSender,
+    deltas: &ChunkSender,
 ) -> Streamed {
     let mut body = request_body(&p.model, request, p.store);
     leave_out(&mut body, &p.refuses);
@@ -422,7 +422,7 @@ impl Provider for OpenAiProvider {
         outcome
     }
 
-    async fn stream(&self, request: &ChatRequest, deltas: &DeltaSender) -> Streamed {
+    async fn stream(&self, request: &ChatRequest, deltas: &ChunkSender) -> Streamed {
         stream_openai_wire(self, request, deltas).await
     }
 

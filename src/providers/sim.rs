@@ -3,7 +3,7 @@
 
 use super::config::LookupMode;
 use super::openai::{call_openai_wire, stream_openai_wire, OpenAiProvider};
-use super::stream::DeltaSender;
+use super::stream::ChunkSender;
 use super::{AttemptOutcome, ChatRequest, Lookup, Provider, Streamed, Success, Usage};
 use async_trait::async_trait;
 use serde::Deserialize;
@@ -48,7 +48,7 @@ impl Provider for SimProvider {
         outcome
     }
 
-    async fn stream(&self, request: &ChatRequest, deltas: &DeltaSender) -> Streamed {
+    async fn stream(&self, request: &ChatRequest, deltas: &ChunkSender) -> Streamed {
         stream_openai_wire(&self.inner, request, deltas).await
     }
 

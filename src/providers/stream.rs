@@ -40,9 +40,38 @@ impl Delta {
     }
 }
 
-/// Where a streamed call sends its pieces. A closed receiver means nobody
-/// wants the rest: the call stops reading.
-pub type DeltaSender = mpsc::UnboundedSender<Delta>;
+/// What a streamed call hears from the provider, passed on as it comes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Chunk {
+    /// A piece of the answer.
+    Piece(Delta),
+    /// An event that is no piece (a finish, usage, a keep-alive): the
+    /// stream is alive. `finished` once the provider said why it stopped:
+    /// the answer is whole, whatever follows (usage, the end marker, the
+    /// close).
+    Alive { finished: bool },
+}
+
+impl Chunk {
+    /// The piece, if this is one.
+    pub fn piece(self) -> Option<Delta> {
+        match self {
+            Chunk::Piece(delta) => Some(delta),
+            Chunk::Alive { .. } => None,
+        }
+    }
+}
+
+/// Where a streamed call sends what it hears. A closed receiver means
+/// nobody wants the rest: the call stops reading.
+pub type ChunkSender = mpsc::UnboundedSender<Chunk>;
+
+/// How long a stream whose provider said why it stopped may take to send
+/// the rest (its usage, the end marker) and close: after it the answer
+/// ends as it stands. A server that holds the connection open after the
+/// finish would otherwise keep a whole answer waiting until its stall or
+/// stream timeout, and be taken for broken.
+pub const AFTER_FINISH: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How a streamed answer finished, beyond its text.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -137,7 +166,7 @@ pub(crate) async fn run(
     request: RequestBuilder,
     timeouts: &Timeouts,
     reader: impl WireReader,
-    deltas: &DeltaSender,
+    deltas: &ChunkSender,
 ) -> (AttemptOutcome, Option<StreamFinish>) {
     let classify = |status, headers: &reqwest::header::HeaderMap, body: &[u8]| {
         classify_response(status, headers, body, |_| Err("not a success".to_string()))
@@ -183,7 +212,7 @@ pub(crate) async fn run_classified(
     request: RequestBuilder,
     timeouts: &Timeouts,
     reader: impl WireReader,
-    deltas: &DeltaSender,
+    deltas: &ChunkSender,
     classify: impl FnOnce(reqwest::StatusCode, &reqwest::header::HeaderMap, &[u8]) -> AttemptOutcome,
 ) -> (AttemptOutcome, Option<StreamFinish>) {
     let framing = SseParser::default();
@@ -196,7 +225,7 @@ pub(crate) async fn run_framed(
     timeouts: &Timeouts,
     mut framing: impl Framing,
     mut reader: impl WireReader,
-    deltas: &DeltaSender,
+    deltas: &ChunkSender,
     classify: impl FnOnce(reqwest::StatusCode, &reqwest::header::HeaderMap, &[u8]) -> AttemptOutcome,
 ) -> (AttemptOutcome, Option<StreamFinish>) {
     let started = Instant::now();
@@ -221,11 +250,30 @@ pub(crate) async fn run_framed(
     let mut output = String::new();
     let mut tool_calls: Vec<Value> = Vec::new();
     let mut ended = false;
+    let mut told_finished = false;
     while !ended {
-        let chunk = match response.chunk().await {
+        let next = if told_finished {
+            // The answer is whole: what is left (usage, the end marker,
+            // the close) gets a short while, then the answer is it.
+            match tokio::time::timeout(AFTER_FINISH, response.chunk()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    ended = true;
+                    break;
+                }
+            }
+        } else {
+            response.chunk().await
+        };
+        let chunk = match next {
             Ok(Some(chunk)) => chunk,
             Ok(None) => {
-                ended = reader.closed();
+                ended = told_finished || reader.closed();
+                break;
+            }
+            // Said why it stopped, then cut: the answer is whole.
+            Err(_) if told_finished => {
+                ended = true;
                 break;
             }
             Err(e) => {
@@ -239,20 +287,15 @@ pub(crate) async fn run_framed(
         };
         let framed = framing.frame(&chunk);
         for event in framed.events {
-            match reader.read(&event) {
-                Step::Nothing => {}
+            let heard = match reader.read(&event) {
+                Step::Nothing => Chunk::Alive { finished: false },
+                Step::Piece(delta) if delta.is_empty() => Chunk::Alive { finished: false },
                 Step::Piece(delta) => {
-                    if delta.is_empty() {
-                        continue;
-                    }
                     output.push_str(&delta.content);
                     for piece in &delta.tool_calls {
                         merge_tool_call(&mut tool_calls, piece);
                     }
-                    if deltas.send(delta).is_err() {
-                        let message = "the stream's reader went away".to_string();
-                        return (unknown(ErrorKind::StreamAbandoned, message), None);
-                    }
+                    Chunk::Piece(delta)
                 }
                 Step::End => {
                     ended = true;
@@ -260,9 +303,22 @@ pub(crate) async fn run_framed(
                 }
                 Step::Refused(failure) => return (AttemptOutcome::Failed(failure), None),
                 Step::Broken(kind, message) => return (unknown(kind, message), None),
+            };
+            let finished = !told_finished && reader.finish_reason().is_some();
+            let sent = match heard {
+                Chunk::Alive { .. } => deltas.send(Chunk::Alive { finished }),
+                piece => deltas.send(piece).and_then(|()| match finished {
+                    true => deltas.send(Chunk::Alive { finished }),
+                    false => Ok(()),
+                }),
+            };
+            told_finished |= finished;
+            if sent.is_err() {
+                let message = "the stream's reader went away".to_string();
+                return (unknown(ErrorKind::StreamAbandoned, message), None);
             }
         }
-        if let Some((kind, message)) = framed.broken.filter(|_| !ended) {
+        if let Some((kind, message)) = framed.broken.filter(|_| !ended && !told_finished) {
             return (unknown(kind, message), None);
         }
     }
@@ -539,11 +595,11 @@ impl WireReader for AnthropicReader {
 /// stream (the default [`super::Provider::stream`]): one piece, then done.
 pub(crate) fn whole(
     outcome: AttemptOutcome,
-    deltas: &DeltaSender,
+    deltas: &ChunkSender,
 ) -> (AttemptOutcome, Option<StreamFinish>) {
     match &outcome {
         AttemptOutcome::Succeeded(success) => {
-            let _ = deltas.send(Delta::text(success.output.clone()));
+            let _ = deltas.send(Chunk::Piece(Delta::text(success.output.clone())));
             let finish = StreamFinish {
                 finish_reason: "stop".into(),
             };

@@ -4,8 +4,9 @@
 //! requests `stream_cut:tokens=3`, `stream_stall:tokens=3`,
 //! `stream_malformed:tokens=3`, `stream_no_done` (the whole answer, its
 //! finish reason and usage, but no end marker), `stream_no_finish` (the
-//! text, then a clean close: no finish reason, no end marker) (a piece is
-//! 16 characters).
+//! text, then a clean close: no finish reason, no end marker),
+//! `stream_no_close` (the whole answer, its finish reason and usage, then
+//! silence without the end marker or a close) (a piece is 16 characters).
 //! `no_prefill` refuses a trailing assistant turn; every other behaviour
 //! continues it (the answer's remainder, when the turn is its beginning).
 //!
@@ -65,6 +66,9 @@ pub enum Fault {
     /// cleanly without the finish reason and end marker.
     StreamNoDone,
     StreamNoFinish,
+    /// `stream: true`: the whole answer, its finish reason and usage, then
+    /// silence: no end marker, and the connection held open.
+    StreamNoClose,
     /// Refuses (400) a request whose last turn is the assistant's (prefill);
     /// otherwise healthy.
     NoPrefill,
@@ -242,6 +246,7 @@ impl Behaviour {
             "stream_malformed" => Fault::StreamMalformed,
             "stream_no_done" => Fault::StreamNoDone,
             "stream_no_finish" => Fault::StreamNoFinish,
+            "stream_no_close" => Fault::StreamNoClose,
             "no_prefill" => Fault::NoPrefill,
             other => return Err(format!("unknown behaviour {other:?}")),
         };

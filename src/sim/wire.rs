@@ -552,6 +552,15 @@ fn answer_response(
             frames.pop();
             stream::empty().boxed()
         }
+        Fault::StreamNoClose => {
+            frames.pop();
+            let state = state.clone();
+            stream::once(async move {
+                state.closing().await;
+                Err(aborted())
+            })
+            .boxed()
+        }
         Fault::StreamNoFinish => {
             frames.truncate(head + pieces);
             stream::empty().boxed()

@@ -768,6 +768,19 @@ async fn a_client_that_drops_mid_stream_resumes_with_the_same_key(backend: Backe
     // Without Last-Event-ID: the whole answer.
     let (_, _, again) = stream(&world, "resume-1", &b).await;
     assert_eq!(content(&again), whole);
+    // From the id of `[DONE]` itself, or one past the end: `[DONE]` again,
+    // never an empty stream an SDK would take for a silent end.
+    let done_id = again.last().unwrap().id.clone().unwrap();
+    for after in [done_id.as_str(), "99999"] {
+        let response = request(&world, "resume-1", &b)
+            .header("Last-Event-ID", after)
+            .send()
+            .await
+            .unwrap();
+        let tail = parse(&response.text().await.unwrap());
+        assert_eq!(tail.len(), 1, "{after}: {tail:?}");
+        assert!(ends_done(&tail), "{after}: {tail:?}");
+    }
 
     assert_eq!(world.executions(&id, "primary"), 1, "one execution");
     assert_eq!(world.executions(&id, "backup"), 1);

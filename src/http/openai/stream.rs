@@ -125,6 +125,14 @@ impl Renderer {
         out.push_str("\n\n");
     }
 
+    /// The stream's last frame (`[DONE]`, or an error): sent even to a
+    /// client whose `Last-Event-ID` is at or past it, so a resume never
+    /// gets an empty stream an SDK takes for a silent end.
+    fn last_frame(&mut self, data: &str, out: &mut String) {
+        self.resume_after = None;
+        self.frame(0, data, out);
+    }
+
     fn render(&mut self, event: &StreamEvent) -> String {
         let mut out = String::new();
         match event {
@@ -192,12 +200,12 @@ impl Renderer {
                 } else {
                     self.at.after += 1;
                 }
-                self.frame(0, "[DONE]", &mut out);
+                self.last_frame("[DONE]", &mut out);
             }
             StreamEvent::Error { code, message } => {
                 let (code, kind) = in_band_error(code);
                 let body = json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
-                self.frame(0, &body.to_string(), &mut out);
+                self.last_frame(&body.to_string(), &mut out);
             }
         }
         out

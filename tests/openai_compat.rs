@@ -339,6 +339,10 @@ async fn what_onejob_cannot_honour_is_refused_naming_the_field(backend: Backend)
             "stream_options.include_usage",
         ),
         (
+            json!({"stream": true, "stream_options": {"foo": 1}}),
+            "stream_options.foo",
+        ),
+        (
             json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
             "response_format.json_schema.schema",
         ),

@@ -206,14 +206,22 @@ pub(super) fn decode(raw: &[u8]) -> Result<Decoded, CompatError> {
     match request.get("stream_options") {
         None | Some(Value::Null) => {}
         Some(Value::Object(o)) => {
-            if !matches!(
-                o.get("include_usage"),
-                None | Some(Value::Null | Value::Bool(_))
-            ) {
-                return Err(CompatError::invalid(
-                    "stream_options.include_usage",
-                    "must be a boolean",
-                ));
+            // OpenAI's two options; `include_obfuscation` asks for padding
+            // against length side channels, which a stream from here does
+            // not carry. Anything else is refused, like any unknown field.
+            for (name, value) in o {
+                if !matches!(name.as_str(), "include_usage" | "include_obfuscation") {
+                    return Err(CompatError::invalid(
+                        &format!("stream_options.{name}"),
+                        "is not a stream option (include_usage, include_obfuscation)",
+                    ));
+                }
+                if !matches!(value, Value::Null | Value::Bool(_)) {
+                    return Err(CompatError::invalid(
+                        &format!("stream_options.{name}"),
+                        "must be a boolean",
+                    ));
+                }
             }
         }
         Some(_) => return Err(CompatError::invalid("stream_options", "must be an object")),

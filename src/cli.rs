@@ -158,9 +158,15 @@ pub async fn run_contracts(
     let contracts = crate::contracts::load_all(&config.contracts_dir)?;
     // The report files are opened before any provider is called: a path
     // that cannot be written stops the command before a run is stored.
+    // Opened, not truncated: a report from an earlier run stays whole
+    // until this run's replaces it (the other path may be the bad one).
     let create = |path: &PathBuf, what: &str| {
-        std::fs::File::create(path)
-            .with_context(|| format!("cannot write {what} to {}", path.display()))
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .with_context(|| format!("cannot write {what} to {}; nothing was run", path.display()))
     };
     let junit_file = outputs
         .junit
@@ -195,13 +201,21 @@ pub async fn run_contracts(
     print!("{}", crate::contracts::render_table(&reports));
     let passed = reports.iter().all(|r| r.passed);
     use std::io::Write as _;
-    if let (Some(mut file), Some(path)) = (junit_file, &outputs.junit) {
-        file.write_all(crate::contracts::reports_to_junit_xml(&reports).as_bytes())
-            .with_context(|| format!("cannot write JUnit XML to {}", path.display()))?;
+    let replace = |file: std::fs::File, text: &[u8]| {
+        let mut file = file;
+        file.set_len(0)?;
+        file.write_all(text)
+    };
+    if let (Some(file), Some(path)) = (junit_file, &outputs.junit) {
+        replace(
+            file,
+            crate::contracts::reports_to_junit_xml(&reports).as_bytes(),
+        )
+        .with_context(|| format!("cannot write JUnit XML to {}", path.display()))?;
     }
-    if let (Some(mut file), Some(path)) = (json_file, &outputs.json) {
+    if let (Some(file), Some(path)) = (json_file, &outputs.json) {
         let json = serde_json::json!({ "passed": passed, "reports": reports });
-        file.write_all(serde_json::to_string_pretty(&json)?.as_bytes())
+        replace(file, serde_json::to_string_pretty(&json)?.as_bytes())
             .with_context(|| format!("cannot write JSON to {}", path.display()))?;
     }
     let failed = reports.iter().filter(|r| !r.passed).count();

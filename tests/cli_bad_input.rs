@@ -221,6 +221,27 @@ fn an_unwritable_report_path_stops_contracts_run_before_any_run() {
         &[],
         "cannot write JUnit XML",
     );
+    // A report kept from an earlier run is not emptied when the other
+    // path is the bad one.
+    let earlier = dir.path().join("earlier.xml");
+    std::fs::write(&earlier, "<testsuites/>").unwrap();
+    let nowhere_json = dir.path().join("no-such-dir/report.json");
+    let stderr = refused(
+        &[
+            "contracts",
+            "run",
+            "--config",
+            &config,
+            "--junit",
+            earlier.to_str().unwrap(),
+            "--json",
+            nowhere_json.to_str().unwrap(),
+        ],
+        &[],
+        "cannot write JSON",
+    );
+    assert!(stderr.contains("nothing was run"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&earlier).unwrap(), "<testsuites/>");
     let db = rusqlite::Connection::open(dir.path().join("onejob.db")).unwrap();
     let runs: i64 = db
         .query_row("SELECT COUNT(*) FROM contract_runs", [], |r| r.get(0))

@@ -49,6 +49,16 @@ mod tests {
         // Lines, yes; NUL (which PostgreSQL cannot store) or ESC, no.
         assert_eq!(check_reason("step 1\nstep 2"), Ok("step 1\nstep 2"));
         assert_eq!(check_reason("a\0b"), Err(ReasonError::Control('\0')));
+        // Nor a mark that shows the words in another order than stored.
+        assert_eq!(
+            check_reason("ok \u{202E}evil"),
+            Err(ReasonError::Control('\u{202E}'))
+        );
+        assert_eq!(
+            check_reason("a\u{2067}b"),
+            Err(ReasonError::Control('\u{2067}'))
+        );
+        assert!(check_reason("family \u{1F468}\u{200D}\u{1F469}").is_ok());
         assert_eq!(
             check_reason("\u{1b}[2J").unwrap_err().to_string(),
             "must not hold control characters (found U+001B)"

@@ -19,9 +19,16 @@ pub fn storable(text: &mut String) {
 /// line or a few (a reason, a label), refused: any but a line break or a
 /// tab. Such a character shows nothing on a page and can rewrite an
 /// operator's terminal (`ESC`), and PostgreSQL cannot store NUL.
+///
+/// Also the marks that reorder how the text around them is shown (bidi
+/// embeddings, overrides and isolates, and the direction marks): an audit
+/// line holding U+202E shows its words in another order than they were
+/// stored ("Trojan Source"). The joiners emoji need are not refused.
 pub fn control_character(text: &str) -> Option<char> {
-    text.chars()
-        .find(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t'))
+    text.chars().find(|c| {
+        (c.is_control() && !matches!(c, '\n' | '\r' | '\t'))
+            || matches!(c, '\u{200E}' | '\u{200F}' | '\u{061C}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+    })
 }
 
 /// Why `text` is refused by [`control_character`], in words.

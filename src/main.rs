@@ -76,7 +76,7 @@ enum Command {
         #[command(flatten)]
         db: DbArgs,
         /// Only this owner [default: every owner]
-        #[arg(long)]
+        #[arg(long, value_parser = OwnerId::parse_name)]
         owner: Option<OwnerId>,
         /// Days back, today included (1-366)
         #[arg(long, default_value_t = 7,
@@ -113,7 +113,7 @@ enum WebhooksCommand {
     Create {
         #[command(flatten)]
         db: DbArgs,
-        #[arg(long)]
+        #[arg(long, value_parser = OwnerId::parse_name)]
         owner: OwnerId,
         /// https://… (http and private addresses only with allow_private_networks)
         #[arg(long)]
@@ -128,7 +128,7 @@ enum WebhooksCommand {
     List {
         #[command(flatten)]
         db: DbArgs,
-        #[arg(long)]
+        #[arg(long, value_parser = OwnerId::parse_name)]
         owner: Option<OwnerId>,
     },
     /// Delete an endpoint and its deliveries.
@@ -303,7 +303,7 @@ enum KeysCommand {
     List {
         #[command(flatten)]
         db: DbArgs,
-        #[arg(long)]
+        #[arg(long, value_parser = OwnerId::parse_name)]
         owner: Option<OwnerId>,
     },
     /// Refuse a key from now on (every running server within a second).
@@ -335,6 +335,7 @@ enum LimitsCommand {
     Set {
         #[command(flatten)]
         db: DbArgs,
+        #[arg(value_parser = OwnerId::parse_name)]
         owner: OwnerId,
         #[arg(long, alias = "rps")]
         requests_per_second: Option<f64>,

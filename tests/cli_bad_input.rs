@@ -124,6 +124,16 @@ fn bad_values_are_refused_and_nothing_is_written() {
             "1-128 characters",
         );
     }
+    // A filter by an owner no key could have is a mistake, not an empty list.
+    for args in [
+        vec!["keys", "list", "--owner", "al ice"],
+        vec!["usage", "--owner", "al ice"],
+        vec!["webhooks", "list", "--owner", "al ice"],
+    ] {
+        let mut all = args.clone();
+        all.extend(["--config", c]);
+        refused(&all, &[], "1-128 characters");
+    }
     // A key expired as it is made.
     refused(
         &[

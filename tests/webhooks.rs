@@ -934,6 +934,9 @@ async fn bad_input_gets_a_stable_code_and_writes_nothing(backend: Backend) {
         "/v1/webhooks/wh_x/deliveries?limit=0",
         "/v1/webhooks/wh_x/deliveries?limit=501",
         "/v1/webhooks?owner=%00",
+        "/v1/webhooks?owner=al%20ice",
+        "/v1/admin/keys?owner=al%20ice",
+        "/v1/admin/usage?owner=al%20ice",
         "/v1/webhooks/%00",
         "/v1/webhooks/wh_x%00/deliveries",
     ] {

@@ -152,6 +152,16 @@ impl OwnerId {
     /// owner's limits, a webhook endpoint's owner (the API and the CLI alike).
     pub const NAME_RULE: &'static str = "1-128 characters of letters, digits, '-', '_', '.' or '@'";
 
+    /// `name` as an owner's id if it keeps [`OwnerId::NAME_RULE`]; also
+    /// for a filter (`--owner`, `?owner=`), where a name no owner can have
+    /// is a mistake to say, not a list that is empty.
+    pub fn parse_name(name: &str) -> Result<OwnerId, String> {
+        match Self::is_valid_name(name) {
+            true => Ok(OwnerId::from(name)),
+            false => Err(format!("must be {}", Self::NAME_RULE)),
+        }
+    }
+
     /// Whether `name` keeps [`OwnerId::NAME_RULE`].
     pub fn is_valid_name(name: &str) -> bool {
         (1..=128).contains(&name.len())

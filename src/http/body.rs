@@ -34,6 +34,17 @@ pub fn reason(reason: &str) -> Result<&str, ApiError> {
     check_reason(reason).map_err(|e| ApiError::InvalidRequest(format!("reason: {e}")))
 }
 
+/// An `owner` filter of a query (`?owner=`), held to the owner rule: a
+/// name no owner can have is refused, not answered with an empty list.
+/// For `#[serde(default, deserialize_with = "body::owner_filter")]`.
+pub fn owner_filter<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<crate::domain::OwnerId>, D::Error> {
+    let name: Option<String> = serde::Deserialize::deserialize(deserializer)?;
+    name.map(|n| crate::domain::OwnerId::parse_name(&n).map_err(serde::de::Error::custom))
+        .transpose()
+}
+
 /// A query string (axum's `Query`), refused as a body of the wrong shape
 /// is: `422 invalid_request` naming the parameter, in the API's JSON,
 /// where axum's own rejection is a line of plain text.

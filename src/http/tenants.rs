@@ -75,6 +75,7 @@ impl From<KeyError> for ApiError {
 
 #[derive(Debug, Deserialize)]
 pub struct OwnerQuery {
+    #[serde(default, deserialize_with = "crate::http::body::owner_filter")]
     owner: Option<OwnerId>,
 }
 
@@ -337,6 +338,7 @@ pub async fn audit(
 #[derive(Debug, Deserialize)]
 pub struct UsageQuery {
     days: Option<String>,
+    #[serde(default, deserialize_with = "crate::http::body::owner_filter")]
     owner: Option<OwnerId>,
 }
 

@@ -68,6 +68,7 @@ pub async fn create(
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// Admin: one owner's endpoints only.
+    #[serde(default, deserialize_with = "crate::http::body::owner_filter")]
     owner: Option<OwnerId>,
 }
 

@@ -926,6 +926,29 @@ async fn bad_input_gets_a_stable_code_and_writes_nothing(backend: Backend) {
     assert_eq!(common::error_code(response).await, "malformed_json");
     let (status, _) = h.call("GET", "oj_nobody", "/v1/webhooks", None).await;
     assert_eq!(status, 401);
+    // A rotation takes no field: a grace a client believes it set (as a
+    // key's rotation takes one) is refused, not ignored; an empty body or
+    // `{}` is a rotation.
+    let (endpoint, secret) = h.endpoint(&h.alice, "https://example.com/hook", None).await;
+    let rotate = format!("/v1/webhooks/{endpoint}/rotate");
+    let (s, answer) = h
+        .call("POST", &h.alice, &rotate, Some(json!({ "grace": "1h" })))
+        .await;
+    assert_eq!(
+        (s, answer["error"]["code"].as_str()),
+        (422, Some("invalid_request")),
+        "{answer}"
+    );
+    let (s, answer) = h.call("POST", &h.alice, &rotate, Some(json!({}))).await;
+    assert_eq!(s, 200, "{answer}");
+    assert_ne!(answer["secret"].as_str(), Some(secret.as_str()));
+    h.call(
+        "DELETE",
+        &h.alice,
+        &format!("/v1/webhooks/{endpoint}"),
+        None,
+    )
+    .await;
     // A query string of the wrong shape is the same 422, in JSON; so is a
     // NUL in the path or the query (a 500 on PostgreSQL before).
     for path in [

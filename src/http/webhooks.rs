@@ -110,11 +110,21 @@ pub async fn delete(
 
 /// `POST /v1/webhooks/{id}/rotate`: a new secret, shown this once; the old
 /// one signs beside it until `previous_secret_until`.
+/// `POST /v1/webhooks/{id}/rotate` takes no field: the grace is the
+/// server's `rotation_grace_ms`. A body is still read, so a field a
+/// client believes it set (`{"grace": "1h"}`, as a key's rotation takes)
+/// is refused rather than ignored.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RotateBody {}
+
 pub async fn rotate(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
+    LimitedBody(raw): LimitedBody,
 ) -> Result<Json<EndpointWithSecret>, ApiError> {
+    let RotateBody {} = body::parse_or_default(&raw)?;
     let (endpoint, secret) = webhooks(&state).rotate(actor(&caller), &id).await?;
     Ok(Json(EndpointWithSecret {
         endpoint: EndpointView::new(&endpoint, state.clock.now_ms()),

@@ -1287,11 +1287,18 @@ mod tests {
         assert_eq!(page_size(&store), PAGE_SIZE);
         store.close().await;
 
-        // A file an earlier build made, with SQLite's default pages.
+        // A file an earlier build made, with SQLite's default pages (its
+        // migrator's table first, as sqlx's made it; a file of tables
+        // and no migrations is another program's, and refused).
         let old = dir.path().join("old.db");
         rusqlite::Connection::open(&old)
             .unwrap()
-            .execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE earlier (n INTEGER)")
+            .execute_batch(
+                "PRAGMA journal_mode = WAL; CREATE TABLE _sqlx_migrations ( \
+                 version BIGINT PRIMARY KEY, description TEXT NOT NULL, \
+                 installed_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP, \
+                 success BOOLEAN NOT NULL, checksum BLOB NOT NULL, execution_time BIGINT NOT NULL)",
+            )
             .unwrap();
         let store = SqliteStore::open(&old).await.unwrap();
         store.migrate().await.unwrap();

@@ -3,9 +3,11 @@
 //!
 //! How a stream ends is classified like any call (invariant 3): an error
 //! status before the stream began is the same definitive or ambiguous answer
-//! as an unstreamed call; a stream that began and then broke — cut, a
-//! malformed event, a close without the wire format's end marker — is
-//! `unknown`, because the provider has executed (part of) the work.
+//! as an unstreamed call; a stream that began and then broke before the
+//! provider said why it stopped — cut, a malformed event, a close — is
+//! `unknown`, because the provider has executed (part of) the work. Once
+//! it said why it stopped, the answer is whole whatever follows: a close
+//! or a cut without the end marker, or [`AFTER_FINISH`] of silence.
 
 use super::classify::{classify_body_error, classify_response, classify_send_error, unknown};
 use super::config::Timeouts;
@@ -150,10 +152,9 @@ pub(crate) trait WireReader: Send {
     fn finish_reason(&self) -> Option<String>;
     fn usage(&self) -> Option<Usage>;
     fn provider_request_id(&self) -> Option<String>;
-    /// The connection closed cleanly: whether that ends the answer. On a
-    /// wire without an end marker (Gemini's), or one whose marker servers
-    /// leave out (OpenAI's `[DONE]`), a close after the finish reason is
-    /// how a stream ends.
+    /// The connection closed cleanly: whether that ends the answer (a
+    /// close after the finish reason always does; `run_framed` asks this
+    /// only before one).
     fn closed(&mut self) -> bool {
         false
     }

@@ -37,6 +37,7 @@ on_both_backends!(
     events_after_the_last_piece_keep_a_stream_alive,
     a_stream_that_said_why_it_stopped_is_whole_though_it_stays_open,
     a_tool_call_cut_mid_stream_is_not_continued,
+    a_job_cancelled_mid_stream_ends_it_as_cancelled,
 );
 
 /// One SSE event as the client saw it.
@@ -1283,5 +1284,43 @@ async fn a_tool_call_cut_mid_stream_is_not_continued(backend: Backend) {
     assert!(finish_reasons(&events).is_empty(), "{events:?}");
     assert!(!ends_done(&events));
     assert_eq!(world.executions(&id, "backup"), 0, "no continuation");
+    world.stop().await;
+}
+
+/// A cancel while the answer streams ends the client's stream with the
+/// code a replay gives (`job_cancelled`), never `[DONE]`; before, it said
+/// `job_finished` ("finished or cancelled by another party").
+async fn a_job_cancelled_mid_stream_ends_it_as_cancelled(backend: Backend) {
+    let providers = [spec("primary", "healthy:gap=150")];
+    let world = start_world(backend, &providers, route("primary", &[]), |_| {}).await;
+    let response = request(&world, "cancel-mid-1", &body("Tell a long story"))
+        .send()
+        .await
+        .unwrap();
+    let id = job_id(response.headers());
+    let mut bytes = response.bytes_stream();
+    let mut seen = String::new();
+    while content(&parse(&seen)).is_empty() {
+        seen.push_str(std::str::from_utf8(&bytes.next().await.unwrap().unwrap()).unwrap());
+    }
+    let (status, _) = world
+        .post(&world.key, &format!("/v1/jobs/{id}/cancel"), &json!({}))
+        .await;
+    assert_eq!(status, 200);
+    while let Some(chunk) = bytes.next().await {
+        seen.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+    }
+    let events = parse(&seen);
+    let error = error_event(&events).expect("the stream ends with an error");
+    assert_eq!(error["code"], "job_cancelled", "{error}");
+    assert!(!ends_done(&events), "{events:?}");
+    assert!(finish_reasons(&events).is_empty(), "{events:?}");
+    let (job, attempts) = world
+        .until(&id, Duration::from_secs(10), |_, a| {
+            a.iter().all(|a| a["state"] != "started")
+        })
+        .await;
+    assert_eq!(job["state"], "cancelled");
+    assert_eq!(attempts[0]["state"], "discarded", "{attempts:?}");
     world.stop().await;
 }

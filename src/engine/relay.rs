@@ -270,10 +270,11 @@ impl Relay {
     /// an error.
     pub(super) async fn lost(&self, inner: &Inner, job: &Job, index: usize, entry: &ProviderEntry) {
         let streamed = self.client_has(index);
-        let committed = match inner.store.get_job(&job.id).await {
-            Ok(Some(now)) if now.state == JobState::Succeeded => now.result,
-            _ => None,
-        };
+        let now = inner.store.get_job(&job.id).await.ok().flatten();
+        let cancelled = now.as_ref().is_some_and(|j| j.state == JobState::Cancelled);
+        let committed = now
+            .filter(|j| j.state == JobState::Succeeded)
+            .and_then(|j| j.result);
         let text = committed.map(|r| match serde_json::from_str::<serde_json::Value>(&r) {
             Ok(serde_json::Value::String(s)) => s,
             _ => r,
@@ -295,6 +296,12 @@ impl Relay {
                     usage: None,
                 });
             }
+            // The code a replay of the job gives: a cancel mid-stream
+            // ends it as `job_cancelled`, not as another party's finish.
+            None if cancelled => self.hub.fail(
+                "job_cancelled",
+                &format!("job {} was cancelled; it has no answer", job.id),
+            ),
             None => self.hub.fail(
                 "job_finished",
                 "the job was finished or cancelled by another party; replay for its final state",

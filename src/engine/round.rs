@@ -560,16 +560,35 @@ impl<'a> Round<'a> {
         {
             Ok(true) => true,
             Ok(false) => {
-                tracing::warn!("the job's lease was lost mid-stream; another process drives it");
-                for l in self.live.iter_mut().filter(|l| !l.done) {
-                    l.task.abort();
-                    l.done = true;
+                // A cancel clears the lease too. Then nobody else drives
+                // the job: its attempts are ended here (abandoned), and
+                // the client hears what a replay would say.
+                let now = inner.store.get_job(&self.job.id).await.ok().flatten();
+                let cancelled = now.is_some_and(|j| j.state == crate::domain::JobState::Cancelled);
+                if cancelled {
+                    for index in 0..self.live.len() {
+                        self.abandon(index, "the job was cancelled").await;
+                    }
+                } else {
+                    tracing::warn!(
+                        "the job's lease was lost mid-stream; another process drives it"
+                    );
+                    for l in self.live.iter_mut().filter(|l| !l.done) {
+                        l.task.abort();
+                        l.done = true;
+                    }
                 }
                 if let Some(relay) = &self.relay {
-                    relay.fail(
-                        "lease_lost",
-                        "another server took the job over; replay for its final state",
-                    );
+                    match cancelled {
+                        true => relay.fail(
+                            "job_cancelled",
+                            &format!("job {} was cancelled; it has no answer", self.job.id),
+                        ),
+                        false => relay.fail(
+                            "lease_lost",
+                            "another server took the job over; replay for its final state",
+                        ),
+                    }
                 }
                 false
             }

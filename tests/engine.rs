@@ -531,6 +531,48 @@ async fn an_attempt_resolved_executed_takes_only_a_result_it_could_have_answered
         ("succeeded", &json!("it ran")),
         "{job}"
     );
+
+    // A job completed by hand while its attempt was unknown: the attempt
+    // said executed afterwards loses (the job keeps its result), and the
+    // result the admin gave is kept in the decision's event, marked lost,
+    // where before it was kept nowhere (the provider was paid twice).
+    let (_, job) = world.submit("dropped-2", &chat_body("y"), None).await;
+    let id = job["id"].as_str().unwrap().to_string();
+    let (_, attempts) = world
+        .until(&id, WAIT, |_, a| a.iter().any(|a| a["state"] == "unknown"))
+        .await;
+    let attempt = attempts[0]["id"].as_str().unwrap().to_string();
+    let complete =
+        json!({"action": "complete", "result": "typed by hand", "reason": "customer waiting"});
+    let (status, body) = world
+        .post(
+            &world.admin_key,
+            &format!("/v1/admin/jobs/{id}/resolve"),
+            &complete,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let late =
+        json!({"outcome": "executed", "result": "the provider's own", "reason": "dashboard"});
+    let (status, body) = world
+        .post(
+            &world.admin_key,
+            &format!("/v1/admin/attempts/{attempt}/resolve"),
+            &late,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let job = world.job(&id).await;
+    assert_eq!(job["result"], "typed by hand", "{job}");
+    assert_eq!(world.attempts(&id).await[0]["state"], "discarded");
+    let events = world.store.list_events(&id.clone().into()).await.unwrap();
+    let resolved = events
+        .iter()
+        .find(|e| e.kind == "attempt_resolved")
+        .expect("the settlement's event");
+    let detail: Value = serde_json::from_str(resolved.detail.as_deref().unwrap()).unwrap();
+    assert_eq!(detail["won"], false, "{detail}");
+    assert_eq!(detail["result"], "the provider's own", "{detail}");
     world.stop().await;
 }
 

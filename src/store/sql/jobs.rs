@@ -10,8 +10,8 @@ use crate::store::rows::{job_columns, JobRow};
 use crate::store::sql::db::{args, Arg, Db, IntoArg};
 use crate::store::sql::Dialect;
 use crate::store::{
-    event, AttemptResolution, CreateOutcome, FinishAttempt, JobResolution, JobTransition, NewEvent,
-    Refusal, ReviewItem, StoreError,
+    event, AttemptResolution, CreateOutcome, FinishAttempt, FinishOutcome, JobResolution,
+    JobTransition, NewEvent, Refusal, ReviewItem, StoreError,
 };
 use crate::{attempt_states_live, job_state_awaiting_decision, job_states_taking_attempts};
 
@@ -492,15 +492,21 @@ pub(crate) async fn resolve_attempt<C: Db>(
     if state != AttemptState::Unknown {
         return Ok(Err(Refusal::NotUnknown(state.as_str())));
     }
+    // An executed attempt that loses the CAS (the job was finished by
+    // then) keeps no output: the result the admin gave is kept in the
+    // decision's event instead, with the fact that it lost.
+    let mut lost_result = None;
     let action = match resolution {
         AttemptResolution::Executed { result } => {
             let finish = FinishAttempt {
                 attempt_id: attempt_id.into(),
-                outcome: AttemptOutcome::succeeded(result),
+                outcome: AttemptOutcome::succeeded(result.clone()),
                 at,
                 actor: actor.to_string(),
             };
-            finish_attempt(conn, finish).await?;
+            if let FinishOutcome::Lost = finish_attempt(conn, finish).await? {
+                lost_result = Some(result);
+            }
             "executed"
         }
         AttemptResolution::NotExecuted => {
@@ -512,7 +518,12 @@ pub(crate) async fn resolve_attempt<C: Db>(
             "not_executed"
         }
     };
-    let detail = serde_json::json!({ "action": action, "reason": reason });
+    let mut detail = serde_json::json!({ "action": action, "reason": reason });
+    if let Some(result) = lost_result {
+        detail["won"] = false.into();
+        detail["result"] =
+            serde_json::from_str(&result).unwrap_or(serde_json::Value::String(result));
+    }
     decision_event(
         conn,
         &job_id,

@@ -812,42 +812,33 @@ mod tests {
         limits.check().unwrap();
     }
 
-    #[test]
-    fn a_route_names_each_provider_once() {
-        for fallbacks in [r#"["b", "b"]"#, r#"["a"]"#, r#"["b", "a"]"#] {
-            let file = Config::parse_file(
-                Path::new("x.toml"),
-                &format!("[routes.r]\nprimary = \"a\"\nfallbacks = {fallbacks}\n"),
-            )
-            .unwrap();
-            let err = Config::resolve(
-                file,
-                PathBuf::from("."),
-                Path::new("x.toml"),
-                &Overrides::default(),
-            )
-            .unwrap_err();
-            assert!(
-                err.to_string().contains("named twice"),
-                "{fallbacks}: {err}"
-            );
-        }
-    }
-
-    #[test]
-    fn timeout_must_exceed_silence() {
-        let file = Config::parse_file(
-            Path::new("x.toml"),
-            "[routes.r]\nprimary = \"a\"\nsilence_ms = 100\nattempt_timeout_ms = 100\n",
-        )
-        .unwrap();
-        let err = Config::resolve(
+    /// Why the config file `text` is refused.
+    fn refusal(text: &str) -> String {
+        let file = Config::parse_file(Path::new("x.toml"), text).unwrap();
+        Config::resolve(
             file,
             PathBuf::from("."),
             Path::new("x.toml"),
             &Overrides::default(),
         )
-        .unwrap_err();
-        assert!(err.to_string().contains("attempt_timeout_ms"), "{err}");
+        .unwrap_err()
+        .to_string()
+    }
+
+    #[test]
+    fn a_route_names_each_provider_once() {
+        for fallbacks in [r#"["b", "b"]"#, r#"["a"]"#, r#"["b", "a"]"#] {
+            let err = refusal(&format!(
+                "[routes.r]\nprimary = \"a\"\nfallbacks = {fallbacks}\n"
+            ));
+            assert!(err.contains("named twice"), "{fallbacks}: {err}");
+        }
+    }
+
+    #[test]
+    fn timeout_must_exceed_silence() {
+        let err =
+            refusal("[routes.r]\nprimary = \"a\"\nsilence_ms = 100\nattempt_timeout_ms = 100\n");
+        assert!(err.contains("attempt_timeout_ms"), "{err}");
     }
 }

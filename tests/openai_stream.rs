@@ -221,6 +221,30 @@ fn spec(name: &'static str, model: &'static str) -> ProviderSpec {
     ProviderSpec { name, model }
 }
 
+/// A streamed question that must be answered with a call of `get_weather`.
+fn weather_ask() -> Value {
+    let mut ask = body("Weather in Paris?");
+    ask["tools"] = json!([{"type": "function", "function": {
+        "name": "get_weather", "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]);
+    ask["tool_choice"] = json!("required");
+    ask
+}
+
+/// Every `delta.tool_calls` piece the client was sent, in order.
+fn tool_call_deltas(events: &[Sse]) -> Vec<Value> {
+    events
+        .iter()
+        .flat_map(|e| {
+            e.json()["choices"][0]["delta"]["tool_calls"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
 async fn a_streamed_completion_arrives_in_pieces_and_replays_the_same_text(backend: Backend) {
     let providers = [spec("primary", "healthy")];
     let world = start_world(backend, &providers, route("primary", &[]), |_| {}).await;
@@ -1098,25 +1122,12 @@ async fn a_streamed_primary_down_for_a_while_is_routed_around_then_probed_back(b
 async fn the_simulator_streams_a_tool_call(backend: Backend) {
     let providers = [spec("primary", "healthy")];
     let world = start_world(backend, &providers, route("primary", &[]), |_| {}).await;
-    let mut ask = body("Weather in Paris?");
-    ask["tools"] = json!([{"type": "function", "function": {
-        "name": "get_weather", "description": "Weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                       "required": ["city"]}}}]);
-    ask["tool_choice"] = json!("required");
+    let ask = weather_ask();
     let (status, headers, events) = stream(&world, "tool-stream-1", &ask).await;
     assert_eq!(status, 200);
     assert!(ends_done(&events), "{events:?}");
     assert_eq!(finish_reasons(&events), vec!["tool_calls"]);
-    let deltas: Vec<Value> = events
-        .iter()
-        .flat_map(|e| {
-            e.json()["choices"][0]["delta"]["tool_calls"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-        })
-        .collect();
+    let deltas = tool_call_deltas(&events);
     assert!(deltas.len() >= 2, "the call comes in pieces: {deltas:?}");
     assert_eq!(deltas[0]["function"]["name"], "get_weather");
     assert!(deltas[0]["id"].is_string(), "{deltas:?}");
@@ -1259,23 +1270,10 @@ async fn a_tool_call_cut_mid_stream_is_not_continued(backend: Backend) {
         c.engine.reconcile_min_age_ms = 10_000;
     })
     .await;
-    let mut ask = body("Weather in Paris?");
-    ask["tools"] = json!([{"type": "function", "function": {
-        "name": "get_weather", "description": "Weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                       "required": ["city"]}}}]);
-    ask["tool_choice"] = json!("required");
+    let ask = weather_ask();
     let (_, headers, events) = stream(&world, "tool-cut-1", &ask).await;
     let id = job_id(&headers);
-    let calls: Vec<Value> = events
-        .iter()
-        .flat_map(|e| {
-            e.json()["choices"][0]["delta"]["tool_calls"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-        })
-        .collect();
+    let calls = tool_call_deltas(&events);
     assert!(!calls.is_empty(), "part of the call was sent: {events:?}");
     let ids: Vec<&Value> = calls.iter().filter(|c| c["id"].is_string()).collect();
     assert_eq!(ids.len(), 1, "one call begun, never a second: {calls:?}");

@@ -311,6 +311,10 @@ async fn refused_requests_are_invalid_request_errors_and_write_nothing(backend: 
     let mut hot = message_body("x");
     hot["temperature"] = json!(7);
     cases.push((hot, 400, "invalid_request_error", "temperature"));
+    // 1.5 is an OpenAI temperature, not an Anthropic one.
+    let mut warm = message_body("x");
+    warm["temperature"] = json!(1.5);
+    cases.push((warm, 400, "invalid_request_error", "between 0 and 1"));
     let mut stops = message_body("x");
     stops["stop_sequences"] = json!(["a", "b", "c", "d", "e"]);
     cases.push((stops, 400, "invalid_request_error", "stop_sequences"));

@@ -100,6 +100,11 @@ pub(super) fn decode(raw: &[u8], endpoint: Endpoint) -> Result<Decoded, Invalid>
     }
     for name in ["temperature", "top_p"] {
         if let Some(v) = request.get(name).filter(|v| !v.is_null()) {
+            // Anthropic's temperature is 0 to 1 (OpenAI's, which a job
+            // keeps, goes to 2): this door refuses what its API refuses.
+            if v.as_f64().is_some_and(|t| !(0.0..=1.0).contains(&t)) {
+                return Err(invalid(name, "must be between 0 and 1"));
+            }
             params.insert(name.into(), v.clone());
         }
     }

@@ -311,6 +311,14 @@ async fn refused_requests_are_invalid_request_errors_and_write_nothing(backend: 
     let mut hot = message_body("x");
     hot["temperature"] = json!(7);
     cases.push((hot, 400, "invalid_request_error", "temperature"));
+    let mut empty_block = message_body("x");
+    empty_block["messages"] = json!([{"role": "user", "content": [{"type": "text", "text": ""}]}]);
+    cases.push((
+        empty_block,
+        400,
+        "invalid_request_error",
+        "must be non-empty",
+    ));
     // 1.5 is an OpenAI temperature, not an Anthropic one.
     let mut warm = message_body("x");
     warm["temperature"] = json!(1.5);

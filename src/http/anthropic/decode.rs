@@ -150,9 +150,15 @@ pub(super) fn decode(raw: &[u8], endpoint: Endpoint) -> Result<Decoded, Invalid>
 }
 
 fn text_of<'a>(block: &'a Value, field: &str) -> Result<&'a str, Invalid> {
-    block["text"]
-        .as_str()
-        .ok_or_else(|| invalid(&format!("{field}.text"), "a string is required"))
+    match block["text"].as_str() {
+        // As Anthropic's API says it: an empty block is refused there.
+        Some("") => Err(invalid(
+            &format!("{field}.text"),
+            "text content blocks must be non-empty",
+        )),
+        Some(text) => Ok(text),
+        None => Err(invalid(&format!("{field}.text"), "a string is required")),
+    }
 }
 
 /// A text or image block as an OpenAI content part (the canonical form),

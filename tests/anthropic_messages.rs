@@ -319,6 +319,20 @@ async fn refused_requests_are_invalid_request_errors_and_write_nothing(backend: 
         "invalid_request_error",
         "must be non-empty",
     ));
+    for content in [json!(""), json!([])] {
+        let mut empty_turn = message_body("x");
+        empty_turn["messages"] = json!([
+            {"role": "user", "content": content},
+            {"role": "assistant", "content": "Sure"},
+            {"role": "user", "content": "go on"},
+        ]);
+        cases.push((
+            empty_turn,
+            400,
+            "invalid_request_error",
+            "messages[0].content",
+        ));
+    }
     // 1.5 is an OpenAI temperature, not an Anthropic one.
     let mut warm = message_body("x");
     warm["temperature"] = json!(1.5);
@@ -655,7 +669,10 @@ async fn blocks_reach_an_anthropic_provider_natively_with_cache_control_untouche
             ]},
             {"role": "user", "content": [
                 {"type": "tool_result", "tool_use_id": "toolu_1", "content": "18 C"}
-            ]}
+            ]},
+            // An empty last assistant turn asks for nothing: Anthropic takes
+            // it, and onejob drops it rather than send an empty turn on.
+            {"role": "assistant", "content": ""}
         ],
     });
     let (status, headers, message) =
@@ -689,5 +706,6 @@ async fn blocks_reach_an_anthropic_provider_natively_with_cache_control_untouche
         sent["messages"][2]["content"][0],
         json!({"type": "tool_result", "tool_use_id": "toolu_1", "content": "18 C"})
     );
+    assert_eq!(sent["messages"].as_array().unwrap().len(), 3, "{sent}");
     world.stop().await;
 }

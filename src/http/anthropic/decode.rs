@@ -85,7 +85,7 @@ pub(super) fn decode(raw: &[u8], endpoint: Endpoint) -> Result<Decoded, Invalid>
         return Err(invalid("messages", "a list of messages is required"));
     };
     for (i, turn) in turns.iter().enumerate() {
-        decode_turn(i, turn, &mut messages)?;
+        decode_turn(i, turn, i + 1 == turns.len(), &mut messages)?;
     }
     let mut params = Map::new();
     match (endpoint, request.get("max_tokens")) {
@@ -204,7 +204,10 @@ fn part_of(block: &Value, field: &str) -> Result<Value, Invalid> {
 /// The turns one Anthropic message makes: its text and images as one
 /// user or assistant turn, an assistant's `tool_use` blocks as its tool
 /// calls, each `tool_result` a tool turn (in block order).
-fn decode_turn(i: usize, turn: &Value, out: &mut Vec<Value>) -> Result<(), Invalid> {
+///
+/// As Anthropic's API has it, every turn needs content but the last one if
+/// it is the assistant's: that one, empty, asks for nothing and is dropped.
+fn decode_turn(i: usize, turn: &Value, last: bool, out: &mut Vec<Value>) -> Result<(), Invalid> {
     let field = format!("messages[{i}]");
     let Some(fields) = turn.as_object() else {
         return Err(invalid(&field, "an object is required"));
@@ -227,6 +230,20 @@ fn decode_turn(i: usize, turn: &Value, out: &mut Vec<Value>) -> Result<(), Inval
             ))
         }
     };
+    let empty = match &turn["content"] {
+        Value::String(text) => text.is_empty(),
+        Value::Array(blocks) => blocks.is_empty(),
+        _ => false,
+    };
+    if empty {
+        if last && role == "assistant" {
+            return Ok(());
+        }
+        return Err(invalid(
+            &format!("{field}.content"),
+            "all messages must have non-empty content except for the optional final assistant message",
+        ));
+    }
     let blocks = match &turn["content"] {
         Value::String(text) => {
             out.push(json!({"role": role, "content": text}));

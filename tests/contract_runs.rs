@@ -10,7 +10,7 @@ use common::{spawn_app, test_config, Backend, TestDb};
 use onejob::app::Application;
 use onejob::clock::SystemClock;
 use onejob::contracts::{
-    load_all, run_contracts, CheckKind, Contract, ContractReport, EligibilityCache,
+    load_all, profile_of, run_contracts, CheckKind, Contract, ContractReport, EligibilityCache,
     EligibilityStatus, RunError,
 };
 use onejob::providers::catalog::Catalog;
@@ -120,7 +120,7 @@ async fn healthy_simulated_provider_passes_every_check_of_both_shipped_contracts
         for case in &contracts[&report.contract].cases {
             let key = onejob::contracts::contract_run_key(
                 &contracts[&report.contract],
-                "sim",
+                &profile_of(catalog.get("sim").unwrap()),
                 &case.name,
             );
             assert_eq!(sim.ledger().executions(&key), 1, "{key}");
@@ -387,20 +387,77 @@ async fn runs_are_stored_and_decide_eligibility(backend: Backend) {
 
     // The provider's config changes: its runs no longer count.
     let (_dir2, changed) = self::catalog(&sim, &[("good", "healthy:latency=1")]);
+    let changed = Arc::new(changed);
     let changed_cache = EligibilityCache::with_max_age(
         store.clone(),
-        Arc::new(changed),
+        changed.clone(),
         edited.clone(),
         Duration::ZERO,
     );
-    let changed = changed_cache
+    let stale = changed_cache
         .eligibility("good", "ticket-triage")
         .await
         .unwrap();
-    assert_eq!(changed.status, EligibilityStatus::ProviderChanged);
-    assert!(changed
+    assert_eq!(stale.status, EligibilityStatus::ProviderChanged);
+    assert!(stale
         .reason
         .starts_with("provider config changed since the last run"));
+
+    // The changed config is run (a staging run before its rollout): its
+    // calls carry new keys, so the simulator, which honours keys, runs
+    // them rather than refuse a key it saw with another model's body.
+    let reports = run_contracts(
+        &changed,
+        &edited,
+        store.as_ref(),
+        &SystemClock,
+        Some("good"),
+        None,
+        "tester",
+    )
+    .await
+    .unwrap();
+    assert!(reports[0].passed, "{}", reports[0].to_table());
+    for case in &edited["ticket-triage"].cases {
+        let key = onejob::contracts::contract_run_key(
+            &edited["ticket-triage"],
+            &profile_of(changed.get("good").unwrap()),
+            &case.name,
+        );
+        assert_eq!(sim.ledger().executions(&key), 1, "{key}");
+    }
+    assert!(
+        changed_cache
+            .eligibility("good", "ticket-triage")
+            .await
+            .unwrap()
+            .eligible
+    );
+    // ... and servers still on the config that passed keep it eligible,
+    // though the pair's newest run was made with another config; so does
+    // a failed run of a third config.
+    let (_dir3, broken) = self::catalog(&sim, &[("good", "hallucinate_key")]);
+    let reports = run_contracts(
+        &broken,
+        &edited,
+        store.as_ref(),
+        &SystemClock,
+        Some("good"),
+        None,
+        "tester",
+    )
+    .await
+    .unwrap();
+    assert!(!reports[0].passed);
+    let kept = cache.eligibility("good", "ticket-triage").await.unwrap();
+    assert!(kept.eligible, "{}", kept.reason);
+    assert!(
+        changed_cache
+            .eligibility("good", "ticket-triage")
+            .await
+            .unwrap()
+            .eligible
+    );
 
     // Disabled by ops: ineligible whatever the runs say.
     store
@@ -412,15 +469,24 @@ async fn runs_are_stored_and_decide_eligibility(backend: Backend) {
     assert_eq!(disabled.status, EligibilityStatus::Disabled);
     assert_eq!(disabled.reason, "disabled");
 
-    // Three runs are stored in all; the latest per pair is the newest.
+    // Six runs are stored; the latest of each pair and digests is listed
+    // (good: the contract before and after its edit under the first
+    // config, then two more configs; bad: one), and the one that decides
+    // is the run of the config and contract as loaded.
     let latest = store.latest_contract_runs().await.unwrap();
-    assert_eq!(latest.len(), 2);
-    let good_latest = latest.iter().find(|r| r.provider == "good").unwrap();
-    assert_ne!(good_latest.id, good_run.id);
-    assert_eq!(
-        good_latest.contract_digest,
-        edited["ticket-triage"].digest()
-    );
+    assert_eq!(latest.len(), 5);
+    let first = catalog.get("good").unwrap();
+    let deciding = onejob::contracts::eligibility::deciding_run(
+        &latest,
+        "good",
+        &first.digest,
+        &edited["ticket-triage"],
+    )
+    .unwrap();
+    assert_ne!(deciding.id, good_run.id);
+    assert!(deciding.passed);
+    assert_eq!(deciding.contract_digest, edited["ticket-triage"].digest());
+    assert_eq!(deciding.provider_digest, first.digest);
     assert!(store.contract_run(&good_run.id).await.unwrap().is_some());
     store.close().await;
 }

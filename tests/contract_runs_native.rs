@@ -12,7 +12,7 @@ mod common;
 
 use common::{Backend, TestDb};
 use onejob::clock::SystemClock;
-use onejob::contracts::{load_all, run_contracts, CheckKind, Contract, ContractReport};
+use onejob::contracts::{load_all, profile_of, run_contracts, CheckKind, Contract, ContractReport};
 use onejob::providers::catalog::Catalog;
 use onejob::sim::{SimHandle, SimServer};
 use std::collections::BTreeMap;
@@ -121,7 +121,8 @@ async fn honest(backend: Backend, kind: &str) {
         }
         // Each case ran once on the simulator (counting runs nothing).
         for case in &contract.cases {
-            let key = onejob::contracts::contract_run_key(contract, kind, &case.name);
+            let profile = profile_of(catalog.get(kind).unwrap());
+            let key = onejob::contracts::contract_run_key(contract, &profile, &case.name);
             assert_eq!(sim.ledger().executions(&key), 1, "{key}");
         }
     }

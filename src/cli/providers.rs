@@ -108,10 +108,9 @@ fn eligibility_rows(
     for (name, provider) in providers {
         let enabled = crate::contracts::eligibility::is_enabled(switches, name);
         for (contract_name, contract) in contracts {
-            let latest = runs
-                .iter()
-                .find(|r| &r.provider == name && &r.contract == contract_name);
-            let e = crate::contracts::eligibility(enabled, &provider.digest(), contract, latest);
+            let digest = provider.digest();
+            let latest = crate::contracts::eligibility::deciding_run(runs, name, &digest, contract);
+            let e = crate::contracts::eligibility(enabled, &digest, contract, latest);
             rows.push([
                 name.clone(),
                 contract_name.clone(),

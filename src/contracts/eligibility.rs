@@ -50,9 +50,35 @@ impl Eligibility {
     }
 }
 
+/// The run that decides whether `provider` may take jobs of `contract`,
+/// among `runs` (the store's `latest_contract_runs`): the latest made with
+/// the contract and the provider config as they are now, or, when none
+/// was, the pair's latest (whose digests say what changed). A run made
+/// with another config (a staging run before a rollout) does not undo a
+/// pass of the config these servers run.
+pub fn deciding_run<'a>(
+    runs: &'a [ContractRunSummary],
+    provider: &str,
+    provider_digest: &str,
+    contract: &Contract,
+) -> Option<&'a ContractRunSummary> {
+    let mut latest: Option<&ContractRunSummary> = None;
+    for run in runs
+        .iter()
+        .filter(|r| r.provider == provider && r.contract == contract.name)
+    {
+        if run.contract_digest == contract.digest() && run.provider_digest == provider_digest {
+            return Some(run);
+        }
+        if latest.is_none_or(|l| (run.finished_at, &run.id) > (l.finished_at, &l.id)) {
+            latest = Some(run);
+        }
+    }
+    latest
+}
+
 /// The eligibility rule. `provider_digest` is the digest of the provider's
-/// config as loaded now; `latest_run` is the latest stored run of this
-/// (contract, provider) pair, whatever digests it was made with.
+/// config as loaded now; `latest_run` is the pair's [`deciding_run`].
 pub fn eligibility(
     provider_enabled: bool,
     provider_digest: &str,
@@ -131,17 +157,11 @@ impl EligibilitySnapshot {
         switches: &[ProviderSwitch],
         latest_runs: &[ContractRunSummary],
     ) -> Self {
-        let runs: HashMap<(&str, &str), &ContractRunSummary> = latest_runs
-            .iter()
-            .map(|r| ((r.provider.as_str(), r.contract.as_str()), r))
-            .collect();
         let mut pairs = HashMap::new();
         for provider in catalog.entries() {
             let enabled = is_enabled(switches, &provider.name);
             for contract in contracts.values() {
-                let run = runs
-                    .get(&(provider.name.as_str(), contract.name.as_str()))
-                    .copied();
+                let run = deciding_run(latest_runs, &provider.name, &provider.digest, contract);
                 pairs.insert(
                     (provider.name.clone(), contract.name.clone()),
                     eligibility(enabled, &provider.digest, contract, run),

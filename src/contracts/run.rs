@@ -24,13 +24,23 @@ pub struct ProviderProfile {
     /// `o200k_base` or `cl100k_base`.
     pub tokenizer: String,
     pub context_window: u32,
+    /// The digest of the provider's config ([`crate::providers::config::ProviderConfig::digest`]).
+    pub digest: String,
 }
 
 /// The idempotency key of a case's call: stable for one contract version,
-/// provider and case, so re-running a contract replays rather than re-bills
-/// where the provider honours keys; a changed contract gets new keys.
-pub fn contract_run_key(contract: &Contract, provider: &str, case: &str) -> String {
-    format!("contract-{}-{provider}-{case}", contract.digest_prefix())
+/// provider config and case, so re-running a contract replays rather than
+/// re-bills where the provider honours keys. A changed contract, or a
+/// changed provider config (another model, another timeout), gets new
+/// keys: the run must exercise the config it qualifies, and a provider
+/// that honours keys refuses one key reused with another body.
+pub fn contract_run_key(contract: &Contract, profile: &ProviderProfile, case: &str) -> String {
+    format!(
+        "contract-{}-{}-{}-{case}",
+        contract.digest_prefix(),
+        profile.name,
+        profile.digest.get(..12).unwrap_or(&profile.digest)
+    )
 }
 
 /// Run every case of `contract` against `provider` and report each check.
@@ -109,10 +119,7 @@ async fn run_case(
         contract.max_tokens,
         &prompt,
     );
-    let request = contract.request_for(
-        prompt,
-        contract_run_key(contract, &profile.name, &case.name),
-    );
+    let request = contract.request_for(prompt, contract_run_key(contract, profile, &case.name));
     let outcome = provider.call(&request).await;
     let provider_count = provider.count_tokens(&request).await;
 

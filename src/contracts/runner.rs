@@ -46,6 +46,7 @@ pub fn profile_of(entry: &ProviderEntry) -> ProviderProfile {
         }
         .to_string(),
         context_window: entry.config.context_window,
+        digest: entry.digest.clone(),
     }
 }
 

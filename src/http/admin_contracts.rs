@@ -5,7 +5,7 @@ use super::error::ApiError;
 use super::jobs::LimitedBody;
 use super::AppState;
 use crate::clock::rfc3339;
-use crate::contracts::eligibility::{is_enabled, EligibilitySnapshot};
+use crate::contracts::eligibility::{deciding_run, is_enabled, EligibilitySnapshot};
 use crate::contracts::{run_contracts, ContractReport, Eligibility, RunError};
 use crate::http::auth::Admin;
 use crate::store::ContractRunSummary;
@@ -14,7 +14,6 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -139,21 +138,17 @@ pub async fn latest(
     let switches = state.store.provider_switches().await?;
     let runs = state.store.latest_contract_runs().await?;
     let snapshot = EligibilitySnapshot::build(&state.providers, &state.contracts, &switches, &runs);
-    let by_pair: HashMap<(&str, &str), &ContractRunSummary> = runs
-        .iter()
-        .map(|r| ((r.contract.as_str(), r.provider.as_str()), r))
-        .collect();
     let mut pairs = Vec::new();
-    for contract in state.contracts.keys() {
-        for provider in state.providers.names() {
+    for contract in state.contracts.values() {
+        for provider in state.providers.entries() {
+            let name = provider.name.as_str();
             pairs.push(PairView {
-                contract: contract.clone(),
-                provider: provider.to_string(),
-                enabled: is_enabled(&switches, provider),
-                eligibility: snapshot.get(provider, contract),
-                latest_run: by_pair
-                    .get(&(contract.as_str(), provider))
-                    .map(|r| RunView::from(*r)),
+                contract: contract.name.clone(),
+                provider: name.to_string(),
+                enabled: is_enabled(&switches, name),
+                eligibility: snapshot.get(name, &contract.name),
+                latest_run: deciding_run(&runs, name, &provider.digest, contract)
+                    .map(RunView::from),
             });
         }
     }

@@ -721,11 +721,31 @@ impl ProviderConfig {
         }
     }
 
-    /// Hex SHA-256 of the canonical JSON of this configuration (defaults
-    /// filled in, source path left out): contract runs made under another
-    /// digest are stale.
+    /// Hex SHA-256 of the canonical JSON of this configuration (source path
+    /// left out): contract runs made under another digest are stale. A
+    /// setting written out at its default reads as one left unset, and a
+    /// `base_url` with a trailing `/` as one without, so that neither makes
+    /// a passed provider look changed (the form of an unset one is the
+    /// form digests had before, so no stored pass goes stale).
     pub fn digest(&self) -> String {
-        fingerprint(&serde_json::to_value(self).unwrap_or(serde_json::Value::Null))
+        let mut plain = self.clone();
+        let kind = self.kind;
+        plain.base_url = self.base().to_string();
+        if plain.accepts_images == Some(kind == ProviderKind::Sim) {
+            plain.accepts_images = None;
+        }
+        if plain.stream_usage == Some(true) {
+            plain.stream_usage = None;
+        }
+        if plain.supports_prefill
+            == Some(matches!(kind, ProviderKind::Anthropic | ProviderKind::Sim))
+        {
+            plain.supports_prefill = None;
+        }
+        if plain.anthropic_version.as_deref() == Some(DEFAULT_ANTHROPIC_VERSION) {
+            plain.anthropic_version = None;
+        }
+        fingerprint(&serde_json::to_value(&plain).unwrap_or(serde_json::Value::Null))
     }
 
     /// See `supports_prefill`: the stated value, or the wire format's default.
@@ -841,6 +861,19 @@ lookup = "sim_ledger"
         let other = SIM.replace("\"healthy\"", "\"hang\"");
         let c = ProviderConfig::parse(&other, Path::new("a.toml")).unwrap();
         assert_ne!(a.digest(), c.digest());
+        // Options written out at their defaults, and a trailing slash.
+        let written = format!(
+            "accepts_images = true\nsupports_prefill = true\nstream_usage = true\n{}",
+            SIM.replace("8090\"", "8090/\"")
+        );
+        let d = ProviderConfig::parse(&written, Path::new("d.toml")).unwrap();
+        assert_eq!(a.digest(), d.digest());
+        // Not at their defaults, they count.
+        let e = ProviderConfig::parse(&format!("accepts_images = false\n{SIM}"), Path::new("e"));
+        assert_ne!(a.digest(), e.unwrap().digest());
+        // A file with nothing written at its default keeps the digest it
+        // had before defaults were read as unset: no stored pass went stale.
+        assert_eq!(a.digest(), fingerprint(&serde_json::to_value(&a).unwrap()));
     }
 
     #[test]

@@ -80,7 +80,9 @@ impl Row for ContractRun {
 pub trait ContractRunStore: Send + Sync {
     async fn insert_contract_run(&self, run: NewContractRun) -> Result<(), StoreError>;
 
-    /// The latest run of each (contract, provider) pair, by contract then provider.
+    /// The latest run of each (contract, provider) pair for each pair of
+    /// digests it ran with, by contract then provider: see
+    /// [`crate::contracts::eligibility::deciding_run`].
     async fn latest_contract_runs(&self) -> Result<Vec<ContractRunSummary>, StoreError>;
 
     async fn contract_run(&self, id: &str) -> Result<Option<ContractRun>, StoreError>;

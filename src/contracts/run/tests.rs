@@ -57,6 +57,7 @@ fn profile(wire: WireFormat) -> ProviderProfile {
         wire,
         tokenizer: "o200k_base".into(),
         context_window: 16_384,
+        digest: "0123456789abcdef".into(),
     }
 }
 
@@ -124,7 +125,7 @@ async fn healthy_provider_passes_every_check_of_every_case() {
     assert_eq!(
         first.idempotency_key,
         format!(
-            "contract-{}-canned-{}",
+            "contract-{}-canned-0123456789ab-{}",
             &contract.digest()[..12],
             contract.cases[0].name
         )

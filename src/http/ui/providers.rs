@@ -6,6 +6,7 @@
 use super::form::ConsoleForm;
 use super::session::{self, UiAdmin};
 use super::{breaker_text, error_page, layout, render_page, when};
+use crate::contracts::eligibility::deciding_run;
 use crate::http::admin_contracts::run_as;
 use crate::http::admin_providers::{switch_as, view};
 use crate::http::error::ApiError;
@@ -99,9 +100,14 @@ pub async fn page(State(state): State<AppState>, admin: UiAdmin) -> Response {
                     reason: e.reason,
                 })
                 .collect(),
-            runs: runs
-                .iter()
-                .filter(|r| r.provider == name)
+            // Per contract, the run that decides its eligibility.
+            runs: state
+                .contracts
+                .values()
+                .filter_map(|contract| {
+                    let digest = &state.providers.get(name)?.digest;
+                    deciding_run(&runs, name, digest, contract)
+                })
                 .map(|r| RunRow {
                     id: r.id.clone(),
                     contract: r.contract.clone(),

@@ -36,9 +36,11 @@ pub(crate) async fn insert_contract_run(
     Ok(())
 }
 
-/// The latest run of every (contract, provider) pair: no later run
-/// of the pair exists (ties on `finished_at` go to the larger id,
-/// which is time-ordered).
+/// The latest run of every (contract, provider) pair for each pair of
+/// digests it was run with: no later run of the pair with the same
+/// digests exists (ties on `finished_at` go to the larger id, which is
+/// time-ordered). [`crate::contracts::eligibility::deciding_run`] picks
+/// the one that counts.
 pub(crate) async fn latest_contract_runs(
     conn: &mut impl Db,
 ) -> Result<Vec<ContractRunSummary>, StoreError> {
@@ -48,6 +50,7 @@ pub(crate) async fn latest_contract_runs(
          r.first_failure, r.started_at, r.finished_at, r.actor FROM contract_runs r \
          WHERE NOT EXISTS (SELECT 1 FROM contract_runs n \
          WHERE n.contract = r.contract AND n.provider = r.provider \
+         AND n.contract_digest = r.contract_digest AND n.provider_digest = r.provider_digest \
          AND (n.finished_at > r.finished_at OR (n.finished_at = r.finished_at AND n.id > r.id))) \
          ORDER BY r.contract, r.provider",
             args![],

@@ -6,6 +6,7 @@
 //! extra check that a case's expected fields came back.
 
 use super::definition::{Case, Contract};
+use crate::domain::fingerprint::canonical_json;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -109,7 +110,8 @@ impl Contract {
                 }),
                 Some(got) if self.exact_values => {
                     if let Some(want) = case.expect.values.get(field) {
-                        if got != want {
+                        // Equal as JSON Schema counts equal: `4.0` is `4`.
+                        if canonical_json(got) != canonical_json(want) {
                             problems.push(Problem {
                                 pointer,
                                 message: format!("expected {want}, got {got}"),
@@ -297,6 +299,16 @@ mod tests {
             }
         }
         contract.check_round_trip(&case, &answer).unwrap();
+        // A whole number written with a fraction is the same number.
+        let mut numbered = contract.clone();
+        let mut case_4 = case.clone();
+        case_4.expect.values.insert(field.clone(), json!(4));
+        numbered.cases = vec![case_4.clone()];
+        let mut four = answer.clone();
+        four[field] = json!(4.0);
+        numbered.check_round_trip(&case_4, &four).unwrap();
+        four[field] = json!(4.5);
+        assert!(numbered.check_round_trip(&case_4, &four).is_err());
         answer[field] = json!("something else");
         let err = contract.check_round_trip(&case, &answer).unwrap_err();
         assert!(err.to_string().contains(&format!("/{field}")), "{err}");

@@ -24,6 +24,7 @@ on_both_backends!(
     the_ai_sdk_tool_loop_over_chat_completions_runs_each_step_once,
     the_ai_sdk_streams_a_tool_loop_over_chat_completions,
     the_ai_sdk_default_provider_speaks_the_responses_api,
+    the_ai_sdk_default_provider_carries_a_conversation_on,
     the_ai_sdk_retrying_a_failure_makes_one_job,
 );
 
@@ -95,6 +96,34 @@ async fn the_ai_sdk_default_provider_speaks_the_responses_api(backend: Backend) 
     assert_eq!(run["steps"], 2);
     assert_eq!(run["tool_calls"], 1, "{run}");
     one_execution_per_step(&world, &run, 2).await;
+    jobs_made(&world, 2).await;
+    world.stop().await;
+}
+
+/// The second turn refers to the first answer by its item id (the SDK's
+/// way with a stored response): the job gets that answer as the
+/// assistant's turn.
+async fn the_ai_sdk_default_provider_carries_a_conversation_on(backend: Backend) {
+    let Some(node) = node() else {
+        return;
+    };
+    let world = client_world(backend).await;
+    let [run] = node_cases(
+        &node,
+        &world.address,
+        &world.key,
+        ["ai_responses_conversation"],
+    )
+    .await;
+    assert_eq!(run["statuses"], serde_json::json!([200, 200]), "{run}");
+    let ids = one_execution_per_step(&world, &run, 2).await;
+    let second = world.stored_job(&ids[1]).await;
+    let request: Value = serde_json::from_str(&second.request).unwrap();
+    assert_eq!(
+        request["messages"][1],
+        serde_json::json!({"role": "assistant", "content": run["first"]}),
+        "{request}"
+    );
     jobs_made(&world, 2).await;
     world.stop().await;
 }

@@ -22,6 +22,7 @@ on_both_backends!(
     a_job_still_running_or_too_long_is_the_error_a_client_acts_on,
     cancel_delete_and_input_items_answer_in_openai_shapes,
     context_length_exceeded_moves_to_a_larger_window,
+    an_item_reference_is_the_item_it_names,
 );
 
 fn spec(name: &'static str, model: &'static str) -> ProviderSpec {
@@ -755,4 +756,124 @@ async fn context_length_exceeded_moves_to_a_larger_window(backend: Backend) {
         "never re-sent to it"
     );
     world.stop().await;
+}
+
+/// The AI SDK's default OpenAI provider sends a stored answer back as an
+/// `item_reference` to its id on the conversation's next turn: the
+/// reference is the item it names, of the caller's own responses only.
+async fn an_item_reference_is_the_item_it_names(backend: Backend) {
+    let world = start_world(
+        backend,
+        &[spec("primary", "healthy")],
+        route("primary", &[]),
+        |_| {},
+    )
+    .await;
+    let first = create(
+        &world,
+        Some("turn-1"),
+        &json!({"model": "default", "input": "What is two and two?"}),
+    )
+    .await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    let message = &first.body["output"][0];
+    assert_eq!(message["type"], "message", "{}", first.body);
+    let message_id = message["id"].as_str().unwrap().to_string();
+    let said = message["content"][0]["text"].as_str().unwrap().to_string();
+    let tools = json!([{"type": "function", "name": "get_weather", "description": "Weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}]);
+    let asked = create(
+        &world,
+        Some("turn-tool"),
+        &json!({"model": "default", "input": "Weather in Paris?", "tools": tools,
+                "tool_choice": "required"}),
+    )
+    .await;
+    assert_eq!(asked.status, 200, "{}", asked.body);
+    let tool_call = asked.body["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|item| item["type"] == "function_call")
+        .unwrap_or_else(|| panic!("{}", asked.body))
+        .clone();
+
+    let next = json!({"model": "default", "tools": tools, "input": [
+        {"role": "user", "content": "What is two and two?"},
+        {"type": "item_reference", "id": message_id},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"type": "item_reference", "id": tool_call["id"]},
+        {"type": "function_call_output", "call_id": tool_call["call_id"], "output": "18 C"},
+    ]});
+    let mut next = next;
+    next["parallel_tool_calls"] = json!(false);
+    let second = create(&world, Some("turn-2"), &next).await;
+    assert_eq!(second.status, 200, "{}", second.body);
+    assert_eq!(second.body["parallel_tool_calls"], false, "{}", second.body);
+    let job_id = second.headers["x-onejob-job-id"].to_str().unwrap();
+    let job = world.stored_job(job_id).await;
+    let request: Value = serde_json::from_str(&job.request).unwrap();
+    let turns = request["messages"].as_array().unwrap();
+    assert_eq!(turns.len(), 5, "{request}");
+    assert_eq!(turns[1], json!({"role": "assistant", "content": said}));
+    assert_eq!(turns[3]["role"], "assistant");
+    assert_eq!(turns[3]["tool_calls"][0]["id"], tool_call["call_id"]);
+    assert_eq!(turns[3]["tool_calls"][0]["function"]["name"], "get_weather");
+    assert_eq!(turns[4]["tool_call_id"], tool_call["call_id"]);
+    assert_eq!(request["params"]["parallel_tool_calls"], false);
+    // input_items lists the items referred to, as they are.
+    let listed = call_input_items(&world, &second.body["id"]).await;
+    assert_eq!(listed["data"][1]["id"], message_id.as_str(), "{listed}");
+    assert_eq!(listed["data"][1]["content"][0]["text"], said.as_str());
+    assert_eq!(listed["data"][3]["type"], "function_call");
+    // A retry is the same job.
+    let again = create(&world, Some("turn-2"), &next).await;
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert_eq!(again.body["id"], second.body["id"]);
+
+    // Another owner's item, an unknown one and one onejob never made are
+    // not found, and make no job.
+    let jobs = world.store.count_jobs().await.unwrap();
+    let bob = onejob::keys::create_key(world.store.as_ref(), &SystemClock, "bob", false)
+        .await
+        .unwrap();
+    let unknown = format!("msg_{}", "0".repeat(32));
+    for (who, id) in [
+        (bob.as_str(), message_id.as_str()),
+        (world.key.as_str(), unknown.as_str()),
+        (world.key.as_str(), "msg_abc"),
+    ] {
+        let body = json!({"model": "default", "input": [
+            {"role": "user", "content": "Hi"},
+            {"type": "item_reference", "id": id},
+        ]});
+        let answer = call(
+            &world,
+            reqwest::Method::POST,
+            "/v1/responses",
+            who,
+            Some(&format!("ref-{id}")),
+            Some(&body),
+        )
+        .await;
+        assert_openai_error(&answer, 404, "not_found_error", "item_not_found");
+        assert_eq!(answer.body["error"]["param"], "input[1].id");
+        assert!(answer.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(id));
+    }
+    assert_eq!(world.store.count_jobs().await.unwrap(), jobs);
+    world.stop().await;
+}
+
+async fn call_input_items(world: &World, id: &Value) -> Value {
+    let path = format!(
+        "/v1/responses/{}/input_items?order=asc",
+        id.as_str().unwrap()
+    );
+    let listed = call(world, reqwest::Method::GET, &path, &world.key, None, None).await;
+    assert_eq!(listed.status, 200, "{}", listed.body);
+    listed.body
 }

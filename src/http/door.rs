@@ -512,17 +512,15 @@ pub fn respond(
     Ok(response)
 }
 
-fn answer_of(state: &AppState, job: &Job, winner: Option<&Attempt>) -> Answer {
-    let usage = winner
-        .and_then(|w| w.usage.as_deref())
-        .and_then(|u| serde_json::from_str::<Usage>(u).ok())
-        .unwrap_or_default();
+/// A job's result as the assistant's text (`None` for a tool-call turn
+/// without text) and its OpenAI-shaped tool calls.
+pub fn result_parts(job: &Job) -> (Option<String>, Vec<Value>) {
     let result: Value = job
         .result
         .as_deref()
         .and_then(|r| serde_json::from_str(r).ok())
         .unwrap_or(Value::Null);
-    let (text, tool_calls) = match result {
+    match result {
         Value::String(text) => (Some(text), Vec::new()),
         Value::Object(mut turn) if turn.contains_key("tool_calls") => (
             turn.remove("content")
@@ -534,7 +532,15 @@ fn answer_of(state: &AppState, job: &Job, winner: Option<&Attempt>) -> Answer {
         ),
         // A contract job's result is its validated JSON.
         other => (Some(other.to_string()), Vec::new()),
-    };
+    }
+}
+
+fn answer_of(state: &AppState, job: &Job, winner: Option<&Attempt>) -> Answer {
+    let usage = winner
+        .and_then(|w| w.usage.as_deref())
+        .and_then(|u| serde_json::from_str::<Usage>(u).ok())
+        .unwrap_or_default();
+    let (text, tool_calls) = result_parts(job);
     Answer {
         text,
         tool_calls,

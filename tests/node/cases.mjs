@@ -127,6 +127,28 @@ const CASES = {
     return report;
   },
 
+  /**
+   * A conversation's second turn with the AI SDK's default provider: the
+   * first answer was stored (the Responses default), so the SDK sends it
+   * back as an `item_reference` to its id, as useChat does.
+   */
+  async ai_responses_conversation() {
+    const rec = recorder();
+    const openai = createOpenAI({ baseURL: BASE_URL, apiKey: API_KEY, fetch: rec.fetch });
+    const messages = [{ role: 'user', content: 'What is two and two?' }];
+    const first = await generateText({ model: openai('default'), messages });
+    assert.ok(first.text, 'a first answer with text');
+    messages.push(...first.response.messages, { role: 'user', content: 'And then?' });
+    const second = await generateText({ model: openai('default'), messages });
+    assert.ok(second.text, 'a second answer with text');
+    const sent = rec.seen.requests[1].body.input;
+    assert.ok(
+      sent.some((item) => item.type === 'item_reference'),
+      `the SDK referred to the stored answer: ${JSON.stringify(sent)}`,
+    );
+    return rec.report({ first: first.text, text: second.text });
+  },
+
   /** streamText over Chat Completions, with a tool: the call streamed, then the text. */
   async ai_chat_stream() {
     const rec = recorder();

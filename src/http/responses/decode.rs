@@ -51,6 +51,9 @@ pub(super) struct Decoded {
     pub stream: bool,
     pub background: bool,
     pub previous_response_id: Option<String>,
+    /// The input items as given, while some are `item_reference`s that
+    /// need the store to be read.
+    references: Option<Vec<Value>>,
 }
 
 impl Decoded {
@@ -60,6 +63,20 @@ impl Decoded {
     /// again).
     pub(super) fn request(&self, history: Vec<Value>) -> Result<JobRequest, RequestError> {
         JobRequest::from_value(self.body(history))
+    }
+
+    /// The input items as given, when some are references to resolve.
+    pub(super) fn references(&self) -> Option<&[Value]> {
+        self.references.as_deref()
+    }
+
+    /// The input with its references resolved: its turns, and the items
+    /// shown back as resolved (as `input_items` lists them).
+    pub(super) fn resolved(&mut self, items: Vec<Value>) -> Result<(), ResponsesError> {
+        self.messages = input::turns_of(&items)?;
+        self.echo.insert("input".into(), Value::Array(items));
+        self.references = None;
+        Ok(())
     }
 
     /// The job request as JSON, in `POST /v1/jobs`'s shape.
@@ -122,12 +139,6 @@ pub(super) fn decode(raw: &[u8]) -> Result<Decoded, ResponsesError> {
             "a background response must be stored (store: true), or it could never be retrieved",
         ));
     }
-    if !flag("parallel_tool_calls", true)? {
-        return Err(ResponsesError::unsupported(
-            "parallel_tool_calls",
-            "cannot be turned off through onejob",
-        ));
-    }
     refuse_unless(&request, "include", |v| {
         v.as_array().is_some_and(Vec::is_empty)
     })?;
@@ -159,7 +170,12 @@ pub(super) fn decode(raw: &[u8]) -> Result<Decoded, ResponsesError> {
             ))
         }
     };
-    let messages = input::turns_of(&items)?;
+    let references = items.iter().any(|i| i["type"] == "item_reference");
+    let messages = if references {
+        Vec::new()
+    } else {
+        input::turns_of(&items)?
+    };
     let previous_response_id = match given("previous_response_id") {
         None => None,
         Some(Value::String(id)) => Some(id.clone()),
@@ -175,6 +191,12 @@ pub(super) fn decode(raw: &[u8]) -> Result<Decoded, ResponsesError> {
         if let Some(v) = value {
             params.insert(name.into(), v.clone());
         }
+    }
+    // As Chat Completions' field: carried to every provider (the Anthropic
+    // wire sends `false` as `disable_parallel_tool_use`).
+    if given("parallel_tool_calls").is_some() {
+        let parallel = flag("parallel_tool_calls", true)?;
+        params.insert("parallel_tool_calls".into(), json!(parallel));
     }
     let tools = match given("tools") {
         None => Vec::new(),
@@ -205,6 +227,7 @@ pub(super) fn decode(raw: &[u8]) -> Result<Decoded, ResponsesError> {
             ))
         }
     };
+    let references = references.then(|| items.clone());
     let mut echo = Map::new();
     echo.insert("input".into(), Value::Array(items));
     for (name, value) in [
@@ -233,6 +256,7 @@ pub(super) fn decode(raw: &[u8]) -> Result<Decoded, ResponsesError> {
         stream,
         background,
         previous_response_id,
+        references,
     })
 }
 
@@ -478,6 +502,29 @@ mod tests {
     }
 
     #[test]
+    fn parallel_tool_calls_is_carried_as_chat_carries_it() {
+        let off =
+            job_request(json!({"model": "default", "input": "Hi", "parallel_tool_calls": false}));
+        assert_eq!(off["params"]["parallel_tool_calls"], json!(false));
+        let unsaid = job_request(json!({"model": "default", "input": "Hi"}));
+        assert!(unsaid["params"].get("parallel_tool_calls").is_none());
+        let err = refused(json!({"model": "default", "input": "Hi", "parallel_tool_calls": 0}));
+        assert_eq!(err.param.as_deref(), Some("parallel_tool_calls"));
+    }
+
+    #[test]
+    fn references_wait_for_the_store() {
+        let body = json!({"model": "default", "input": [
+            {"role": "user", "content": "Hi"},
+            {"type": "item_reference", "id": "msg_x"},
+        ]});
+        let decoded = decode(body.to_string().as_bytes()).unwrap();
+        assert_eq!(decoded.references().map(<[Value]>::len), Some(2));
+        let plain = decode(br#"{"model": "default", "input": "Hi"}"#).unwrap();
+        assert!(plain.references().is_none());
+    }
+
+    #[test]
     fn what_no_provider_can_honour_is_refused_by_name() {
         for (body, param) in [
             (
@@ -491,14 +538,6 @@ mod tests {
             (
                 json!({"model": "default", "input": "Hi", "prompt": {"id": "p"}}),
                 "prompt",
-            ),
-            (
-                json!({"model": "default", "input": "Hi", "parallel_tool_calls": false}),
-                "parallel_tool_calls",
-            ),
-            (
-                json!({"model": "default", "input": [{"type": "item_reference", "id": "x"}]}),
-                "input[0].type",
             ),
             (
                 json!({"model": "default", "input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}),

@@ -43,6 +43,42 @@ pub(super) fn call_item_id(job: &Job, index: usize) -> String {
     format!("fc_{}_{index}", hex_of(job))
 }
 
+/// Which item of a response an item id names.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum ItemOf {
+    /// One of its output items (`msg_HEX`, `fc_HEX_N`).
+    Output,
+    /// Its `n`th input item (`msg_HEX_inN`, `fc_HEX_inN`, `fco_HEX_inN`).
+    Input(usize),
+}
+
+/// The response (as the hex of its job id) and the item an item id onejob
+/// made names; `None` for any other id.
+pub(super) fn item_id_parts(id: &str) -> Option<(&str, ItemOf)> {
+    let (prefix, rest) = id.split_once('_')?;
+    if !matches!(prefix, "msg" | "fc" | "fco") {
+        return None;
+    }
+    let hex = rest.get(..32)?;
+    if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let index = |n: &str| {
+        n.parse::<usize>()
+            .ok()
+            .filter(|_| n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    let which = match (prefix, &rest[32..]) {
+        ("msg", "") => ItemOf::Output,
+        ("fc", tail) if tail.starts_with('_') && !tail.starts_with("_in") => {
+            index(&tail[1..])?;
+            ItemOf::Output
+        }
+        (_, tail) => ItemOf::Input(index(tail.strip_prefix("_in")?)?),
+    };
+    Some((hex, which))
+}
+
 /// The job's request as stored, and what the Responses door kept of it.
 pub(super) struct Stored {
     pub request: Value,
@@ -220,7 +256,7 @@ pub(super) fn response_with(job: &Job, stored: &Stored, shown: Shown) -> Value {
         "metadata": metadata,
         "model": shown.model,
         "output": shown.output,
-        "parallel_tool_calls": true,
+        "parallel_tool_calls": stored.request["params"]["parallel_tool_calls"] != false,
         "previous_response_id": stored.echoed("previous_response_id"),
         "reasoning": {"effort": null, "summary": null},
         "store": stored.echo.get("store").cloned().unwrap_or(json!(true)),
@@ -253,4 +289,42 @@ pub(super) fn failure(refused: &Refused) -> Value {
 /// (`param` the request's `input` or `text.format`).
 pub(super) fn refusal(refused: Refused) -> ResponsesError {
     crate::http::openai_error::refusal(refused, "input", "text.format")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn item_ids_name_their_response_and_item() {
+        let hex = "0123456789abcdef0123456789abcdef";
+        assert_eq!(
+            item_id_parts(&format!("msg_{hex}")),
+            Some((hex, ItemOf::Output))
+        );
+        assert_eq!(
+            item_id_parts(&format!("fc_{hex}_2")),
+            Some((hex, ItemOf::Output))
+        );
+        assert_eq!(
+            item_id_parts(&format!("msg_{hex}_in0")),
+            Some((hex, ItemOf::Input(0)))
+        );
+        assert_eq!(
+            item_id_parts(&format!("fco_{hex}_in12")),
+            Some((hex, ItemOf::Input(12)))
+        );
+        for other in [
+            "msg_x".to_string(),
+            format!("rs_{hex}"),
+            format!("fc_{hex}"),
+            format!("msg_{hex}_1"),
+            format!("fco_{hex}"),
+            format!("fc_{hex}_+1"),
+            format!("msg_{hex}_in"),
+            format!("msg_{}", &hex[..31]),
+        ] {
+            assert_eq!(item_id_parts(&other), None, "{other}");
+        }
+    }
 }

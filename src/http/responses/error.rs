@@ -19,6 +19,18 @@ impl ResponsesError {
             )
         }
     }
+
+    /// An `item_reference` to no item this caller may see.
+    pub(super) fn item_not_found(id: &str, param: &str) -> Self {
+        ResponsesError {
+            param: Some(param.to_string()),
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                "item_not_found",
+                format!("Item with id '{id}' not found."),
+            )
+        }
+    }
 }
 
 /// A refused submission: an unknown route is an unknown `model`, and a

@@ -62,7 +62,7 @@ pub(super) fn list(job: &Job, page: &Page) -> Result<Value, ResponsesError> {
 }
 
 /// One input item as given, in its full listed shape.
-fn full_item(hex: &str, index: usize, item: &Value) -> Value {
+pub(super) fn full_item(hex: &str, index: usize, item: &Value) -> Value {
     let mut full = item.clone();
     if !full.is_object() {
         return full;

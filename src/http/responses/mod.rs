@@ -54,7 +54,11 @@ pub async fn create(
     let caller = caller?;
     let LimitedBody(raw) = body?;
     let mut arrival = door::arrive(&state, caller, &headers)?;
-    let decoded = decode::decode(&raw)?;
+    let mut decoded = decode::decode(&raw)?;
+    if let Some(given) = decoded.references() {
+        let items = resolve_references(&state, &arrival.caller, given).await?;
+        decoded.resolved(items)?;
+    }
     let history = match &decoded.previous_response_id {
         Some(id) => previous_turns(&state, &arrival.caller, id).await?,
         None => Vec::new(),
@@ -302,21 +306,83 @@ async fn previous_turns(
     {
         turns.remove(0);
     }
-    let result: Value = job
-        .result
-        .as_deref()
-        .and_then(|r| serde_json::from_str(r).ok())
-        .unwrap_or(Value::Null);
-    turns.push(match result {
-        Value::String(text) => json!({"role": "assistant", "content": text}),
-        Value::Object(turn) if turn.contains_key("tool_calls") => json!({
-            "role": "assistant",
-            "content": turn.get("content").and_then(Value::as_str).unwrap_or_default(),
-            "tool_calls": turn["tool_calls"],
-        }),
-        other => json!({"role": "assistant", "content": other.to_string()}),
-    });
+    let (text, calls) = door::result_parts(&job);
+    let mut turn = json!({"role": "assistant", "content": text.unwrap_or_default()});
+    if !calls.is_empty() {
+        turn["tool_calls"] = Value::Array(calls);
+    }
+    turns.push(turn);
     Ok(turns)
+}
+
+/// Input items with each `item_reference` replaced by the item it names,
+/// as OpenAI resolves them: an output item of one of the caller's
+/// completed responses (`msg_…`, `fc_…_N`, the ids a Response shows; the
+/// AI SDK sends these when a response was stored), or one of a response's
+/// own input items (`…_inN`, as `input_items` lists them). A response's
+/// items never change once it completed, so the job's request is the same
+/// on every retry.
+async fn resolve_references(
+    state: &AppState,
+    caller: &Caller,
+    items: &[Value],
+) -> Result<Vec<Value>, ResponsesError> {
+    let mut resolved = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        if item["type"] != "item_reference" {
+            resolved.push(item.clone());
+            continue;
+        }
+        let field = format!("input[{i}]");
+        if let Some(key) = item
+            .as_object()
+            .and_then(|o| o.keys().find(|k| !matches!(k.as_str(), "type" | "id")))
+        {
+            return Err(ResponsesError::unsupported(
+                &format!("{field}.{key}"),
+                "not supported by onejob",
+            ));
+        }
+        let Some(id) = item["id"].as_str() else {
+            return Err(ResponsesError::invalid(
+                &format!("{field}.id"),
+                "a string is required",
+            ));
+        };
+        let param = format!("{field}.id");
+        let not_found = || ResponsesError::item_not_found(id, &param);
+        let Some((hex, which)) = encode::item_id_parts(id) else {
+            return Err(not_found());
+        };
+        let job = find(state, caller, &format!("resp_{hex}"), None)
+            .await
+            .map_err(|_| not_found())?;
+        let found = match which {
+            encode::ItemOf::Output => {
+                if job.state != JobState::Succeeded {
+                    return Err(not_found());
+                }
+                let (text, tool_calls) = door::result_parts(&job);
+                let answer = door::Answer {
+                    text,
+                    tool_calls,
+                    usage: Default::default(),
+                    model: String::new(),
+                };
+                encode::output_items(&job, &answer)
+                    .into_iter()
+                    .find(|item| item["id"] == id)
+            }
+            encode::ItemOf::Input(n) => Stored::of(&job)
+                .echo
+                .get("input")
+                .and_then(|given| given.get(n))
+                .map(|given| items::full_item(hex, n, given))
+                .filter(|item| item["id"] == id),
+        };
+        resolved.push(found.ok_or_else(not_found)?);
+    }
+    Ok(resolved)
 }
 
 /// A job with its attempts, as the door answers it.

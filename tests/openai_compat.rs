@@ -4,7 +4,7 @@
 mod common;
 mod upstream;
 
-use common::world::{route, start_world, ProviderSpec, World};
+use common::world::{distrust_keys, route, serve, start_world, ProviderSpec, World};
 use common::Backend;
 use serde_json::{json, Value};
 
@@ -13,6 +13,7 @@ on_both_backends!(
     the_answer_names_the_model_and_attempt_that_answered,
     provider_refusals_keep_their_code_in_openais_error_shape,
     a_job_in_review_tells_the_client_it_may_still_answer,
+    an_unknown_attempt_is_waited_out_where_the_client_can_only_take_an_answer,
     what_onejob_cannot_honour_is_refused_naming_the_field,
     tool_calls_make_a_round_trip,
     a_json_schema_answer_is_validated_and_a_broken_one_never_returned,
@@ -269,6 +270,92 @@ async fn provider_refusals_keep_their_code_in_openais_error_shape(backend: Backe
 /// then gets. So its 502 says `x-should-retry: true` (it said `false`, "a
 /// replay answers the same", and a client that believed it and asked
 /// again under a new key paid twice).
+/// An attempt whose answer was lost is unknown until the reconciler asks
+/// the provider. The jobs API answers at that point (its caller reads
+/// `blocked_on`); a chat client can only take an answer or an error, so
+/// its door holds on, and the answer the reconciler finds is what it
+/// gets. So does a client of a server that runs no engine: it waits for
+/// the job another server runs.
+async fn an_unknown_attempt_is_waited_out_where_the_client_can_only_take_an_answer(
+    backend: Backend,
+) {
+    let providers = [
+        ProviderSpec {
+            name: "primary",
+            model: "drop_response",
+        },
+        ProviderSpec {
+            name: "backup",
+            model: "healthy",
+        },
+    ];
+    let world = start_world(backend, &providers, route("primary", &[]), |c| {
+        // Blocked on the unknown attempt, not re-sent under its key.
+        distrust_keys(c, "primary");
+        // Asked about only once the first answer was due.
+        c.engine.reconcile_min_age_ms = 300;
+        c.routes.insert("ok".into(), route("backup", &[]));
+    })
+    .await;
+    let ask = |text: &str| json!({"messages": [{"role": "user", "content": text}]});
+    let (status, job) = world.submit("jobs-api", &ask("dropped"), Some(10)).await;
+    assert_eq!(
+        (status, job["state"].as_str(), job["blocked_on"].as_str()),
+        (201, Some("running"), Some("unknown_attempt")),
+        "{job}"
+    );
+
+    let body =
+        json!({"model": "default", "messages": [{"role": "user", "content": "dropped too"}]});
+    let (status, headers, answer) = complete(&world, Some("chat"), &body).await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer["choices"][0]["message"]["content"].is_string());
+    let id = headers["x-onejob-job-id"].to_str().unwrap();
+    let attempts = world.attempts(id).await;
+    assert_eq!(attempts.len(), 1, "{attempts:?}");
+    assert_eq!(attempts[0]["state"], "succeeded", "{attempts:?}");
+
+    // A server without an engine, on the same database.
+    let mut config = world.config().clone();
+    config.engine.enabled = false;
+    let (other, stop, task) = serve(config, world.db.store().await).await;
+    let answer = world
+        .client
+        .post(format!("{other}/v1/chat/completions"))
+        .bearer_auth(&world.key)
+        .header("Idempotency-Key", "elsewhere")
+        .json(&json!({"model": "ok", "messages": [{"role": "user", "content": "run elsewhere"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    let answer: Value = answer.json().await.unwrap();
+    assert!(
+        answer["choices"][0]["message"]["content"].is_string(),
+        "{answer}"
+    );
+    let job = world
+        .client
+        .post(format!("{other}/v1/jobs"))
+        .bearer_auth(&world.key)
+        .header("Idempotency-Key", "elsewhere-job")
+        .header("Prefer", "wait=10")
+        .json(
+            &json!({"route": "ok", "messages": [{"role": "user", "content": "run elsewhere too"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(job.status(), 201);
+    let job: Value = job.json().await.unwrap();
+    assert_eq!(job["state"], "succeeded", "{job}");
+    // Each job ran once upstream (the first still waits for its settling).
+    assert_eq!(world.sim.ledger().total_executions(), 4);
+    stop.send(()).unwrap();
+    task.await.unwrap();
+    world.stop().await;
+}
+
 async fn a_job_in_review_tells_the_client_it_may_still_answer(backend: Backend) {
     let providers = [ProviderSpec {
         name: "primary",

@@ -283,11 +283,10 @@ impl Engine {
         let _ = sharing.await;
     }
 
-    /// Wait until the job reaches a state a caller can act on (finished, in
-    /// review, or blocked on an unknown attempt), at most `limit`. Works for
+    /// Wait until the job reaches a state `until` names, at most `limit`. Works for
     /// jobs driven by other processes too (it re-reads the job periodically).
-    pub async fn wait_for(&self, job_id: &JobId, limit: Duration) -> Option<Job> {
-        self.wait_settled(job_id, limit, None)
+    pub async fn wait_for(&self, job_id: &JobId, limit: Duration, until: Until) -> Option<Job> {
+        self.wait_settled(job_id, limit, None, until)
             .await
             .map(|handed| handed.job)
     }
@@ -310,7 +309,9 @@ impl Engine {
         job_id: &JobId,
         limit: Duration,
         watch: Option<Watch>,
+        until: Until,
     ) -> Option<Handed> {
+        let settled = |job: &Job| until.reached(job);
         let deadline = tokio::time::Instant::now() + limit;
         let mut watched = watch.and_then(Watch::take);
         loop {
@@ -460,10 +461,24 @@ impl Engine {
     }
 }
 
-/// A state a waiting client can act on: final, waiting for a human, or
-/// blocked on an unknown attempt.
-fn settled(job: &Job) -> bool {
-    job.state.is_final() || job.state.awaits_decision() || job.is_blocked_on_unknown()
+/// What a waiting client holds out for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Until {
+    /// Final, waiting for a human, or blocked on an unknown attempt: the
+    /// jobs API's caller reads `blocked_on` and decides.
+    Actionable,
+    /// Final or waiting for a human: a client of a compatible door can
+    /// only take an answer or an error, so an unknown attempt, which the
+    /// reconciler may settle in a moment, is waited out with the rest.
+    Answer,
+}
+
+impl Until {
+    pub fn reached(self, job: &Job) -> bool {
+        job.state.is_final()
+            || job.state.awaits_decision()
+            || (self == Until::Actionable && job.is_blocked_on_unknown())
+    }
 }
 
 impl Inner {

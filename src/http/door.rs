@@ -18,7 +18,7 @@ use crate::domain::job::Unanswered;
 use crate::domain::request::IdempotencyKey;
 use crate::domain::{Attempt, AttemptId, ErrorKind, Job, JobState, OwnerId};
 use crate::engine::stream::{StreamEvent, StreamHub};
-use crate::engine::Handed;
+use crate::engine::{Handed, Until};
 pub use crate::jobs::JobBody;
 use crate::jobs::{self, Intake, Submission};
 use crate::keys::Caller;
@@ -282,13 +282,18 @@ pub async fn submit(
 /// settles here is remembered so its next replay is answered from memory.
 /// When the commit that settled it handed its winner over, that is
 /// `submission.winner` afterwards, and remembered with the job.
-pub async fn wait_final(state: &AppState, submission: &mut Submission, wait: Duration) -> Job {
+pub async fn wait_final(
+    state: &AppState,
+    submission: &mut Submission,
+    wait: Duration,
+    until: Until,
+) -> Job {
     let job = submission.job.clone();
     let watch = submission.watch.take();
-    let (Some(engine), false) = (&state.engine, job.state.is_final()) else {
+    if job.state.is_final() {
         return job;
-    };
-    match engine.wait_settled(&job.id, wait, watch).await {
+    }
+    match wait_until(state, &job.id, wait, watch, until).await {
         Some(Handed {
             job: settled,
             winner,
@@ -307,6 +312,35 @@ pub async fn wait_final(state: &AppState, submission: &mut Submission, wait: Dur
         None => job,
     }
 }
+
+/// Hold until the job reaches what `until` names, at most `limit`: told
+/// by this server's engine when it drives the job, else by reading the
+/// job every [`POLL`] (another server drives it, or this one runs no
+/// engine, `[engine] enabled = false`, and leaves its jobs to the others).
+/// `None` when the job cannot be read.
+async fn wait_until(
+    state: &AppState,
+    job_id: &crate::domain::JobId,
+    limit: Duration,
+    watch: Option<crate::engine::Watch>,
+    until: Until,
+) -> Option<Handed> {
+    if let Some(engine) = &state.engine {
+        return engine.wait_settled(job_id, limit, watch, until).await;
+    }
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let job = state.store.get_job(job_id).await.ok().flatten()?;
+        let now = tokio::time::Instant::now();
+        if until.reached(&job) || now >= deadline {
+            return Some(Handed { job, winner: None });
+        }
+        tokio::time::sleep(POLL.min(deadline - now)).await;
+    }
+}
+
+/// How often a wait without an engine reads its job.
+const POLL: Duration = Duration::from_millis(250);
 
 /// A job as a door answers it: its attempts and the one that won.
 pub struct Settled {
@@ -336,7 +370,13 @@ pub async fn run(
     let wait = preferred_wait(headers)
         .unwrap_or(DEFAULT_WAIT_SECS)
         .min(MAX_WAIT_SECS);
-    let job = wait_final(state, &mut submission, Duration::from_secs(wait)).await;
+    let job = wait_final(
+        state,
+        &mut submission,
+        Duration::from_secs(wait),
+        Until::Answer,
+    )
+    .await;
     let attempts = attempts_to_answer(state, &job, submission.winner.as_deref()).await?;
     Ok(Settled {
         job,
@@ -686,16 +726,16 @@ pub async fn open_stream(
         .unwrap_or(DEFAULT_WAIT_SECS)
         .min(MAX_WAIT_SECS);
     let watch = submission.watch.take();
-    let (job, winner) = match &state.engine {
-        Some(engine) => {
-            let waited = engine
-                .wait_settled(&submission.job.id, Duration::from_secs(wait), watch)
-                .await;
-            match waited {
-                Some(Handed { job, winner }) => (job, winner.or(submission.winner)),
-                None => (submission.job, submission.winner),
-            }
-        }
+    let waited = wait_until(
+        state,
+        &submission.job.id,
+        Duration::from_secs(wait),
+        watch,
+        Until::Answer,
+    )
+    .await;
+    let (job, winner) = match waited {
+        Some(Handed { job, winner }) => (job, winner.or(submission.winner)),
         None => (submission.job, submission.winner),
     };
     // The winner answers a succeeded job; a failed one (or one in review)
@@ -730,12 +770,18 @@ pub async fn open_existing(
     let wait = preferred_wait(headers)
         .unwrap_or(DEFAULT_WAIT_SECS)
         .min(MAX_WAIT_SECS);
-    let job = match (&state.engine, job.state.is_final()) {
-        (Some(engine), false) => engine
-            .wait_for(&job.id, Duration::from_secs(wait))
-            .await
-            .unwrap_or(job),
-        _ => job,
+    let job = if job.state.is_final() {
+        job
+    } else {
+        wait_until(
+            state,
+            &job.id,
+            Duration::from_secs(wait),
+            None,
+            Until::Answer,
+        )
+        .await
+        .map_or(job, |handed| handed.job)
     };
     // The winner answers a succeeded job; a failed one (or one in review)
     // is told by its last failed attempt's kind ([`Unanswered`]).

@@ -5,6 +5,7 @@ use super::error::ApiError;
 use super::views::{AttemptView, JobView};
 use super::AppState;
 use crate::domain::JobId;
+use crate::engine::Until;
 use crate::jobs;
 use crate::keys::Caller;
 use axum::extract::{Path, State};
@@ -35,7 +36,10 @@ pub async fn create(
     let wait = door::preferred_wait(&headers);
     // A finished job (most replays) is answered as read: nothing to wait for.
     let job = match wait {
-        Some(secs) => door::wait_final(&state, &mut submission, Duration::from_secs(secs)).await,
+        Some(secs) => {
+            let wait = Duration::from_secs(secs);
+            door::wait_final(&state, &mut submission, wait, Until::Actionable).await
+        }
         None => submission.job,
     };
     let mut response = (status, Json(JobView::new(job))).into_response();

@@ -13,7 +13,7 @@ use onejob::config::{Config, Overrides, RouteConfig};
 use onejob::domain::request::IdempotencyKey;
 use onejob::domain::{JobState, Millis};
 use onejob::engine::hedging::RouteHedging;
-use onejob::engine::{Engine, Gate};
+use onejob::engine::{Engine, Gate, Until};
 use onejob::jobs::{submit, Intake, JobBody};
 use onejob::keys::Caller;
 use onejob::metrics::Metrics;
@@ -222,7 +222,11 @@ async fn drive(run: HedgeRun, db: std::path::PathBuf) -> HedgeOutcome {
             .await
             .expect("the job is accepted");
             let job = engine
-                .wait_for(&accepted.job.id, Duration::from_secs(3_600))
+                .wait_for(
+                    &accepted.job.id,
+                    Duration::from_secs(3_600),
+                    Until::Actionable,
+                )
                 .await
                 .expect("the job");
             latencies.borrow_mut()[n] = submitted.elapsed().as_millis() as u64;

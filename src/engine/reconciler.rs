@@ -201,7 +201,7 @@ async fn reconcile(inner: &Arc<Inner>, attempt: &Attempt) -> Result<(), crate::s
                 }
             } else if now - attempt.started_at >= deadline {
                 let reason = format!(
-                    "attempt {} on {} has had an unknown outcome for over {deadline} ms and the provider cannot say: {why}",
+                    "attempt {} on {} started over {deadline} ms ago (unknown_deadline_ms) and its outcome is still unknown; the provider cannot say: {why}",
                     attempt.id, attempt.provider
                 );
                 if inner

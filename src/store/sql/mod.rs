@@ -139,7 +139,9 @@ macro_rules! cas_won {
     };
 }
 
-/// The winner's attempt row, likewise.
+/// The winner's attempt row, likewise. An attempt that was unknown
+/// before it won (its answer found by the reconciler) leaves its error
+/// behind: the `attempt_unknown` event keeps why it was.
 macro_rules! attempt_won {
     ($attempt:literal, $output:literal, $usage:literal, $request:literal, $at:literal) => {
         $crate::store::sql::attempt_won!(from ""; $attempt, $output, $usage, $request, $at)
@@ -152,7 +154,7 @@ macro_rules! attempt_won {
             $usage,
             ", provider_request_id = ",
             $request,
-            ", finished_at = ",
+            ", error_kind = NULL, error_message = NULL, finished_at = ",
             $at,
             " ",
             $from,

@@ -210,7 +210,7 @@ pub(crate) async fn finish_attempt<C: Db>(
             // kept so the cost of the race stays visible.
             conn.execute(
                 "UPDATE attempts SET state = 'discarded', usage = $2, provider_request_id = $3, \
-                 error_kind = NULL, error_message = NULL, finished_at = $4 WHERE id = $1",
+                 finished_at = $4 WHERE id = $1",
                 args![&finish.attempt_id, &usage, provider_request_id, at],
             )
             .await?;

@@ -230,15 +230,6 @@ pub async fn submit(
         }
     }
     let request = body.request()?;
-    let Some(route) = routes.get(&request.route) else {
-        let known: Vec<&str> = routes.keys().map(String::as_str).collect();
-        return Err(RequestError::Invalid(format!(
-            "route: unknown route {:?}; this server has: {}",
-            request.route,
-            known.join(", ")
-        ))
-        .into());
-    };
     let normalised = request.to_value();
     let stored_request = canonical_json(&normalised);
     let fingerprint = fingerprint_of_canonical(&stored_request);
@@ -261,6 +252,25 @@ pub async fn submit(
         // The same job under another body (reordered keys, another payload).
         return replay.answer(Job::clone(&hit.job)).await;
     }
+    let Some(route) = routes.get(&request.route) else {
+        // Refused as a new job: the key may still name a job made while
+        // the route was configured (before a restart that removed it, or
+        // on a server of a rolling deploy that has it), whose replay is
+        // answered like any other.
+        if let Some(job) = store
+            .find_job_by_key(&caller.owner_id, key.as_str())
+            .await?
+        {
+            return replay.answer(job).await;
+        }
+        let known: Vec<&str> = routes.keys().map(String::as_str).collect();
+        return Err(RequestError::Invalid(format!(
+            "route: unknown route {:?}; this server has: {}",
+            request.route,
+            known.join(", ")
+        ))
+        .into());
+    };
     if let Some(problem) = contract_problem(contracts, &request) {
         // Refused as a new job, as a limit refuses one: the key may still
         // name a job that exists (made where the contract was loaded).

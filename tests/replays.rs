@@ -5,13 +5,14 @@
 
 mod common;
 
-use common::world::{route, start_faulty_world, start_world, ProviderSpec, World};
+use common::world::{route, serve, start_faulty_world, start_world, ProviderSpec, World};
 use common::{chat_body, Backend};
 use onejob::domain::JobId;
 use serde_json::{json, Value};
 use std::time::Duration;
 
 on_both_backends!(
+    a_job_whose_route_was_removed_is_still_replayed,
     replays_of_a_finished_job_come_from_memory_and_are_audited,
     a_late_losers_error_leaves_a_succeeded_job_unchanged,
     a_chat_replay_names_its_winner_without_reading_the_attempts_again,
@@ -305,4 +306,78 @@ async fn a_flush_of_many_jobs_writes_each_ones_count(backend: Backend) {
         assert_eq!(detail["count"], i % 3 + 1, "job {i}");
         assert_eq!(detail["last_at"], 2_000 + i * 10 + i % 3, "job {i}");
     }
+}
+
+/// A route removed from the config (a restart, or another server of a
+/// rolling deploy): a job made on it is still answered as its replay at
+/// every door; only a new job on it is refused.
+async fn a_job_whose_route_was_removed_is_still_replayed(backend: Backend) {
+    let world = start_world(
+        backend,
+        &[ProviderSpec {
+            name: "primary",
+            model: "healthy",
+        }],
+        route("primary", &[]),
+        |c| {
+            c.routes.insert("vanishing".into(), route("primary", &[]));
+        },
+    )
+    .await;
+    let mut job_body = chat_body("made on a route that goes");
+    job_body["route"] = json!("vanishing");
+    let (status, job) = world.submit("job-key", &job_body, Some(10)).await;
+    assert_eq!(
+        (status, job["state"].as_str()),
+        (201, Some("succeeded")),
+        "{job}"
+    );
+    let chat = json!({"model": "vanishing", "messages": [{"role": "user", "content": "chat too"}]});
+    let made = world
+        .client
+        .post(format!("{}/v1/chat/completions", world.address))
+        .bearer_auth(&world.key)
+        .header("Idempotency-Key", "chat-key")
+        .json(&chat)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(made.status(), 200);
+    let chat_job = made.headers()["x-onejob-job-id"].clone();
+
+    let mut config = world.config().clone();
+    config.routes.remove("vanishing");
+    let (other, stop, task) = serve(config, world.db.store().await).await;
+    let post = |path: &str, key: &str, body: &Value| {
+        world
+            .client
+            .post(format!("{other}{path}"))
+            .bearer_auth(&world.key)
+            .header("Idempotency-Key", key)
+            .json(body)
+            .send()
+    };
+    let replayed = post("/v1/jobs", "job-key", &job_body).await.unwrap();
+    assert_eq!(replayed.status(), 200);
+    let replayed: Value = replayed.json().await.unwrap();
+    assert_eq!(replayed["id"], job["id"]);
+    assert_eq!(replayed["state"], "succeeded");
+    let replayed = post("/v1/chat/completions", "chat-key", &chat)
+        .await
+        .unwrap();
+    assert_eq!(replayed.status(), 200);
+    assert_eq!(replayed.headers()["x-onejob-job-id"], chat_job);
+    // A new job on the removed route is refused, and nothing is written.
+    let jobs = world.store.count_jobs().await.unwrap();
+    let refused = post("/v1/jobs", "new-key", &job_body).await.unwrap();
+    assert_eq!(refused.status(), 422);
+    let refused = post("/v1/chat/completions", "new-chat", &chat)
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 404);
+    assert_eq!(world.store.count_jobs().await.unwrap(), jobs);
+    assert_eq!(world.sim.ledger().total_executions(), 2);
+    stop.send(()).unwrap();
+    task.await.unwrap();
+    world.stop().await;
 }

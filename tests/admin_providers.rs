@@ -149,6 +149,14 @@ async fn disabling_with_a_reason_shows_who_and_why_and_is_audited(backend: Backe
     assert_eq!(response.status(), 200);
     let answered: Value = response.json().await.unwrap();
     assert_eq!(answered["enabled"], true);
+    // The answer says what the engine now decides: no longer disabled
+    // (never run, as no contract run was made here).
+    let eligibility = answered["eligibility"].as_array().unwrap();
+    assert!(!eligibility.is_empty());
+    assert!(
+        eligibility.iter().all(|e| e["status"] == "never_run"),
+        "{answered}"
+    );
     assert_eq!(find(&providers(&app, &admin).await, "sim")["enabled"], true);
 
     let response = app.get(&admin, "/v1/admin/providers/sim/audit").await;

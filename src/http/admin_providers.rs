@@ -257,6 +257,11 @@ pub async fn switch_as(
     .await?;
     tracing::info!(provider = %name, enabled, actor = %actor, reason = %OneLine(&switch.reason), "provider switched");
     state.switches.record(switch);
+    // The eligibility snapshot read the switch as it was: read again, so
+    // the answer (and the engine's next hedge) sees the provider as it is.
+    if let Err(e) = state.gate.refresh().await {
+        tracing::warn!(error = %e, "cannot refresh eligibility after a provider switch");
+    }
     Ok(())
 }
 

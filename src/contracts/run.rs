@@ -202,8 +202,9 @@ async fn run_case(
     }
 }
 
-/// Without an answer, the tokenizer check reports the prompt checks alone and
-/// the answer checks fail with the call's reason.
+/// Without an answer every later check fails with the call's reason: the
+/// tokenizer's too, as the provider's count (its usage) was never compared
+/// with ours; its message says what our own prompt checks found.
 fn record_without_answer(
     record: &mut impl FnMut(CheckKind, Result<String, String>),
     prompt_tokens: Result<PromptTokens, TokenizerViolation>,
@@ -211,14 +212,13 @@ fn record_without_answer(
 ) {
     record(
         CheckKind::Tokenizer,
-        prompt_tokens
-            .map(|t| {
-                format!(
-                    "{} prompt tokens; usage not checked: {reason}",
-                    t.prompt_tokens
-                )
-            })
-            .map_err(|e| e.to_string()),
+        Err(match prompt_tokens {
+            Ok(t) => format!(
+                "the provider's usage was not checked ({} prompt tokens by our count): {reason}",
+                t.prompt_tokens
+            ),
+            Err(e) => e.to_string(),
+        }),
     );
     record(CheckKind::Schema, Err(reason.to_string()));
     record(CheckKind::RoundTrip, Err(reason.to_string()));

@@ -7,6 +7,7 @@ use crate::clock::SystemClock;
 use crate::clock::{rfc3339, Clock};
 use crate::config::Config;
 use crate::domain::reason::check_reason;
+use crate::domain::text::OneLine;
 use crate::providers::config::{load_dir, ProviderConfig, ProviderKind};
 use crate::providers::switches::{switch_provider, SwitchError};
 use std::collections::BTreeMap;
@@ -123,15 +124,22 @@ fn eligibility_rows(
 }
 
 /// Left-aligned columns two spaces apart; the last column is not padded.
+/// A cell's text on one line (a line break or an escape written escaped,
+/// as [`OneLine`] writes it), so that a multi-line reason cannot show as
+/// rows of its own.
 pub(crate) fn table<const N: usize>(rows: &[[String; N]]) -> String {
+    let rows: Vec<[String; N]> = rows
+        .iter()
+        .map(|row| row.clone().map(|cell| OneLine(&cell).to_string()))
+        .collect();
     let mut widths = [0usize; N];
-    for row in rows {
+    for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
     }
     let mut out = String::new();
-    for row in rows {
+    for row in &rows {
         let mut line = String::new();
         for (i, cell) in row.iter().enumerate() {
             if i + 1 == N {
@@ -214,5 +222,11 @@ mod tests {
             table(&rows),
             "NAME        ENABLED  REASON\nsim-backup  no       flaky\n"
         );
+        // A reason of two lines is one row, its break written escaped.
+        let forged = [
+            ["NAME".to_string(), "REASON".into()],
+            ["sim".to_string(), "one\nsim-fake  yes".into()],
+        ];
+        assert_eq!(table(&forged), "NAME  REASON\nsim   one\\nsim-fake  yes\n");
     }
 }

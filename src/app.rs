@@ -36,6 +36,8 @@ pub enum StartError {
     },
     #[error(transparent)]
     Webhooks(crate::webhooks::delivery::ClientError),
+    #[error("{0}")]
+    Routes(String),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -83,6 +85,13 @@ impl Application {
             &config.providers_dir,
             config.sim_base_url.as_deref(),
         )?);
+        // A server that runs jobs refuses a route naming a provider it does
+        // not have (every job of it would be taken and then fail); one
+        // without an engine leaves its jobs to servers that have them.
+        let unconfigured = config.unconfigured_route_providers(|p| providers.get(p).is_some());
+        if config.engine.enabled && !unconfigured.is_empty() {
+            return Err(StartError::Routes(unconfigured.join("; ")));
+        }
         let contracts = Arc::new(if config.contracts_dir.exists() {
             crate::contracts::load_all(&config.contracts_dir)?
         } else {

@@ -414,6 +414,26 @@ pub struct Config {
 }
 
 impl Config {
+    /// Each provider a route names that `configured` does not know, as
+    /// `routes.NAME.FIELD: …`: the server refuses to start with one (every
+    /// job of the route would be accepted and then fail), and `--validate`
+    /// lists them.
+    pub fn unconfigured_route_providers(&self, configured: impl Fn(&str) -> bool) -> Vec<String> {
+        let mut problems = Vec::new();
+        for (route_name, route) in &self.routes {
+            let fallbacks = route.fallbacks.iter().map(|f| ("fallbacks", f));
+            for (field, provider) in std::iter::once(("primary", &route.primary)).chain(fallbacks) {
+                if !configured(provider) {
+                    problems.push(format!(
+                        "routes.{route_name}.{field}: provider {provider:?} is not configured in {}",
+                        self.providers_dir.display()
+                    ));
+                }
+            }
+        }
+        problems
+    }
+
     /// Load `path`. A missing file is an error only when it was asked for by
     /// name; otherwise the built-in defaults apply.
     pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Self, ConfigError> {

@@ -282,6 +282,59 @@ fn serve_validate_names_an_unset_api_key_variable_and_unknown_route_providers() 
     assert!(stderr.contains("\"missing\""), "{stderr}");
 }
 
+/// A server that runs jobs refuses to start with a route naming a provider
+/// it does not have: every job of the route would be acknowledged and then
+/// fail. One without an engine (whose jobs other servers run) starts.
+#[test]
+fn serve_refuses_a_route_naming_a_provider_it_does_not_have() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config_with_bad_provider(dir.path());
+    std::fs::remove_file(dir.path().join("providers/broken.toml")).unwrap();
+    let text_of = |routes: &str| {
+        format!(
+            "[server]\nproviders_dir = \"providers\"\ndatabase_url = \"onejob.db\"\n\
+             listen = \"127.0.0.1:0\"\n{routes}"
+        )
+    };
+    std::fs::write(
+        &config,
+        text_of("[routes.default]\nprimary = \"good\"\nfallbacks = [\"missing\"]\n"),
+    )
+    .unwrap();
+    // Bounded by `timeout`: a server that starts would run for ever.
+    let serve = |extra: &[&str]| {
+        Command::new("timeout")
+            .args([
+                "20",
+                env!("CARGO_BIN_EXE_onejob"),
+                "serve",
+                "--config",
+                &config,
+            ])
+            .args(extra)
+            .env_remove("ONEJOB_CONFIG")
+            .env_remove("ONEJOB_DATABASE_URL")
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap()
+    };
+    let output = serve(&[]);
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("routes.default.fallbacks: provider \"missing\" is not configured"),
+        "{stderr}"
+    );
+    let output = onejob(&["serve", "--validate", "--config", &config]);
+    assert!(!output.status.success(), "{}", text(&output));
+    // Without an engine the same routes are other servers' to run.
+    let mut without = text_of("[routes.default]\nprimary = \"good\"\nfallbacks = [\"missing\"]\n");
+    without.push_str("[engine]\nenabled = false\n");
+    std::fs::write(&config, without).unwrap();
+    let output = onejob(&["serve", "--validate", "--config", &config]);
+    assert!(output.status.success(), "{}", text(&output));
+}
+
 #[test]
 fn serve_validate_accepts_the_shipped_configuration() {
     let output = onejob(&["serve", "--validate", "--config", "onejob.toml"]);

@@ -23,16 +23,9 @@ pub async fn validate(config: &Config, check_reachable: bool) -> anyhow::Result<
             problems.push(e.to_string());
         }
     }
-    for (route_name, route) in &config.routes {
-        let fallbacks = route.fallbacks.iter().map(|f| ("fallbacks", f));
-        for (field, provider) in std::iter::once(("primary", &route.primary)).chain(fallbacks) {
-            if !providers.contains_key(provider) {
-                problems.push(format!(
-                    "routes.{route_name}.{field}: provider {provider:?} is not configured in {}",
-                    config.providers_dir.display()
-                ));
-            }
-        }
+    // As the server refuses them at start: with an engine, which runs jobs.
+    if config.engine.enabled {
+        problems.extend(config.unconfigured_route_providers(|p| providers.contains_key(p)));
     }
     let contracts = if config.contracts_dir.exists() {
         crate::contracts::load_all(&config.contracts_dir)?

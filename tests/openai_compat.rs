@@ -4,7 +4,7 @@
 mod common;
 mod upstream;
 
-use common::world::{distrust_keys, route, serve, start_world, ProviderSpec, World};
+use common::world::{distrust_keys, route, serve, set_window, start_world, ProviderSpec, World};
 use common::Backend;
 use serde_json::{json, Value};
 
@@ -14,6 +14,7 @@ on_both_backends!(
     provider_refusals_keep_their_code_in_openais_error_shape,
     a_job_in_review_tells_the_client_it_may_still_answer,
     an_unknown_attempt_is_waited_out_where_the_client_can_only_take_an_answer,
+    tool_definitions_count_toward_a_context_window,
     what_onejob_cannot_honour_is_refused_naming_the_field,
     tool_calls_make_a_round_trip,
     a_json_schema_answer_is_validated_and_a_broken_one_never_returned,
@@ -355,6 +356,48 @@ async fn an_unknown_attempt_is_waited_out_where_the_client_can_only_take_an_answ
     assert_eq!(world.sim.ledger().total_executions(), 4);
     stop.send(()).unwrap();
     task.await.unwrap();
+    world.stop().await;
+}
+
+/// A provider reads the tool definitions with the prompt: a window that
+/// the messages fit but the tools do not is too small, and the job goes
+/// to a provider with a larger one without calling the small one.
+async fn tool_definitions_count_toward_a_context_window(backend: Backend) {
+    let providers = [
+        ProviderSpec {
+            name: "small",
+            model: "healthy",
+        },
+        ProviderSpec {
+            name: "large",
+            model: "healthy",
+        },
+    ];
+    let world = start_world(backend, &providers, route("small", &["large"]), |c| {
+        set_window(c, "small", 1_000);
+    })
+    .await;
+    let long = "Looks the weather up in one city, by its name. ".repeat(120);
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": long, "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+    let body = json!({"model": "default", "max_tokens": 100, "tools": tools,
+        "messages": [{"role": "user", "content": "Weather in Paris?"}]});
+    let (status, headers, answer) = complete(&world, Some("many-tools"), &body).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(headers["x-onejob-provider"], "large");
+    let id = headers["x-onejob-job-id"].to_str().unwrap();
+    assert_eq!(
+        world.deliveries(id, "small"),
+        0,
+        "the small window was not tried"
+    );
+    // Without the tools the same messages fit the small window.
+    let plain = json!({"model": "default", "max_tokens": 100,
+        "messages": [{"role": "user", "content": "Weather in Paris?"}]});
+    let (status, headers, answer) = complete(&world, Some("no-tools"), &plain).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(headers["x-onejob-provider"], "small");
     world.stop().await;
 }
 

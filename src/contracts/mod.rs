@@ -39,6 +39,6 @@ pub use report::{render_table, reports_to_junit_xml, CheckKind, CheckResult, Con
 pub use run::{contract_run_key, run_contract, ProviderProfile};
 pub use runner::{profile_of, run_contracts, RunError};
 pub use tokenizer::{
-    check_prompt, check_usage_agreement, count_prompt_tokens, prompt_tokens_at_most, PromptTokens,
-    TokenizerError, TokenizerViolation,
+    check_prompt, check_usage_agreement, count_prompt_tokens, counted_with_tools,
+    prompt_tokens_at_most, PromptTokens, TokenizerError, TokenizerViolation,
 };

@@ -238,6 +238,28 @@ pub fn count_prompt_tokens(
     }
 }
 
+/// The prompt as its tokens are counted against a context window: tool
+/// definitions, which a provider reads as part of its prompt, counted as
+/// their JSON after the system text. The window check before an attempt
+/// and `/v1/messages/count_tokens` count the same.
+pub fn counted_with_tools<'a>(
+    prompt: &'a RenderedPrompt,
+    tools: Option<&[serde_json::Value]>,
+) -> std::borrow::Cow<'a, RenderedPrompt> {
+    let Some(tools) = tools.filter(|t| !t.is_empty()) else {
+        return std::borrow::Cow::Borrowed(prompt);
+    };
+    let tools = serde_json::to_string(tools).unwrap_or_default();
+    let system = match &prompt.system {
+        Some(system) => format!("{system}\n\n{tools}"),
+        None => tools,
+    };
+    std::borrow::Cow::Owned(RenderedPrompt {
+        system: Some(system),
+        messages: prompt.messages.clone(),
+    })
+}
+
 /// The largest prompt (in bytes, as [`prompt_tokens_at_most`] bounds it)
 /// counted on the async worker itself.
 pub const COUNT_IN_PLACE_BYTES: u64 = 64 * 1024;

@@ -3,7 +3,8 @@
 //! provider's answer becomes the job's result.
 
 use crate::contracts::{
-    count_prompt_tokens, prompt_tokens_at_most, Contract, RenderedPrompt, WireFormat,
+    count_prompt_tokens, counted_with_tools, prompt_tokens_at_most, Contract, RenderedPrompt,
+    WireFormat,
 };
 use crate::domain::request::{Message, Role, OPENAI_ANSWER_CHANGING};
 use crate::domain::{ErrorKind, JobId, JobRequest};
@@ -194,6 +195,7 @@ impl JobPlan {
         delivered: &str,
     ) -> Option<crate::providers::Usage> {
         let prompt = self.prompt(Self::wire(provider)).ok()?;
+        let prompt = counted_with_tools(&prompt, self.request.params.tools.as_deref());
         let name = provider.config.tokenizer.name();
         let prompt_tokens = count_prompt_tokens(name, &prompt).ok()?;
         let completion = crate::contracts::tokenizer::tokenizer(name)
@@ -213,9 +215,11 @@ impl JobPlan {
         let window = u64::from(provider.config.context_window);
         // The exact count only when the byte bound does not already fit:
         // encoding every text of every job is the plan's largest cost.
-        if prompt_tokens_at_most(&prompt) + u64::from(max_tokens) > window {
+        // Tool definitions count: the provider reads them with the prompt.
+        let counted = counted_with_tools(&prompt, self.request.params.tools.as_deref());
+        if prompt_tokens_at_most(&counted) + u64::from(max_tokens) > window {
             let tokenizer = provider.config.tokenizer.name();
-            let prompt_tokens = count_prompt_tokens(tokenizer, &prompt)
+            let prompt_tokens = count_prompt_tokens(tokenizer, &counted)
                 .map_err(|e| PlanError::new(e.to_string()))?;
             if u64::from(prompt_tokens) + u64::from(max_tokens) > window {
                 return Err(PlanError::window(format!(

@@ -26,7 +26,7 @@ use super::door::{self, LimitedBody};
 use super::error::ApiError;
 use super::AppState;
 use crate::contracts::render::RenderedPrompt;
-use crate::contracts::tokenizer::count_prompt_tokens;
+use crate::contracts::tokenizer::{count_prompt_tokens, counted_with_tools};
 use crate::domain::request::{Message, Role};
 use crate::keys::Caller;
 use axum::extract::State;
@@ -97,19 +97,11 @@ pub async fn count_tokens(
     })?;
     let tokenizer = provider.config.tokenizer.name();
     let messages = request.messages.unwrap_or_default();
-    let mut system: Vec<&str> = messages
+    let system: Vec<&str> = messages
         .iter()
         .filter(|m| m.role == Role::System)
         .map(|m| m.content.as_str())
         .collect();
-    let tools = request
-        .params
-        .tools
-        .as_ref()
-        .map(|t| serde_json::Value::Array(t.clone()).to_string());
-    if let Some(tools) = &tools {
-        system.push(tools);
-    }
     let prompt = RenderedPrompt {
         system: (!system.is_empty()).then(|| system.join("\n\n")),
         messages: messages
@@ -118,6 +110,7 @@ pub async fn count_tokens(
             .cloned()
             .collect::<Vec<Message>>(),
     };
+    let prompt = counted_with_tools(&prompt, request.params.tools.as_deref());
     let tokens = count_prompt_tokens(tokenizer, &prompt).map_err(|e| {
         AnthropicError::new(
             StatusCode::BAD_REQUEST,

@@ -405,22 +405,51 @@ fn compile_template(
     environment.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
     // Prompts are plain text: never HTML-escape user input.
     environment.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
+    let refused = |e: minijinja::Error| {
+        // Point at the line in contract.toml, not inside the template.
+        let offset = template_line_offset(toml_text);
+        let line = e.line().map(|l| l + offset).unwrap_or(offset);
+        invalid(
+            path,
+            "template",
+            format!(
+                "line {line}: {}",
+                e.detail().unwrap_or(&e.kind().to_string())
+            ),
+        )
+    };
     environment
         .add_template_owned(TEMPLATE_NAME, template.to_string())
-        .map_err(|e| {
-            // Point at the line in contract.toml, not inside the template.
-            let offset = template_line_offset(toml_text);
-            let line = e.line().map(|l| l + offset).unwrap_or(offset);
-            invalid(
-                path,
-                "template",
-                format!(
-                    "line {line}: {}",
-                    e.detail().unwrap_or(&e.kind().to_string())
-                ),
-            )
-        })?;
+        .map_err(refused)?;
+    if let Some(e) = unknown_name(template) {
+        return Err(refused(e));
+    }
     Ok(environment)
+}
+
+/// A filter, test, function or method the template names that does not
+/// exist: minijinja finds it only when it renders, so a job (whose client
+/// would be blamed for its input) or a contract run would meet it first. A
+/// trial render with every variable undefined (and allowed to be) meets it
+/// on the paths that need no variable to be set.
+fn unknown_name(template: &str) -> Option<minijinja::Error> {
+    use minijinja::ErrorKind;
+    let mut trial = minijinja::Environment::new();
+    trial.set_undefined_behavior(minijinja::UndefinedBehavior::Chainable);
+    match trial.render_str(template, ()) {
+        Err(e)
+            if matches!(
+                e.kind(),
+                ErrorKind::UnknownFilter
+                    | ErrorKind::UnknownTest
+                    | ErrorKind::UnknownFunction
+                    | ErrorKind::UnknownMethod
+            ) =>
+        {
+            Some(e)
+        }
+        _ => None,
+    }
 }
 
 /// The line of contract.toml just before the template's first line (0 when
@@ -623,6 +652,20 @@ mod tests {
         std::fs::write(&path, text.replace("{{ body }}", "{{ body }")).unwrap();
         let err = Contract::load(&dir).unwrap_err().to_string();
         assert!(err.contains("contract.toml: template: line"), "{err}");
+    }
+
+    #[test]
+    fn an_unknown_filter_is_refused_at_load_naming_the_line() {
+        let (_tmp, dir) = copy_contract("ticket-triage");
+        let path = dir.join("contract.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, text.replace("{{ body }}", "{{ body | shout }}")).unwrap();
+        let err = Contract::load(&dir).unwrap_err().to_string();
+        assert!(err.contains("contract.toml: template: line"), "{err}");
+        assert!(err.contains("shout"), "{err}");
+        // A known filter on the same variable loads.
+        std::fs::write(&path, text.replace("{{ body }}", "{{ body | trim }}")).unwrap();
+        Contract::load(&dir).unwrap();
     }
 
     #[test]

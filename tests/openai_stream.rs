@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use std::time::Duration;
 
 on_both_backends!(
+    a_resumed_stream_that_ends_in_an_error_keeps_the_clients_place,
     a_streamed_completion_arrives_in_pieces_and_replays_the_same_text,
     a_stream_cut_mid_answer_is_finished_by_a_fallback_that_continues_it,
     a_stream_cut_with_no_continuation_ends_with_an_error_naming_the_cut,
@@ -810,6 +811,29 @@ async fn a_client_that_drops_mid_stream_resumes_with_the_same_key(backend: Backe
     assert_eq!(world.executions(&id, "primary"), 1, "one execution");
     assert_eq!(world.executions(&id, "backup"), 1);
     assert_eq!(world.store.count_jobs().await.unwrap(), 1);
+    world.stop().await;
+}
+
+/// A client resuming with `Last-Event-ID` whose job has no answer to send
+/// (here: in review) gets the error with an id past its own, never one
+/// that would move its place back to the start: an EventSource resuming
+/// from that id again would be sent what it has shown already.
+async fn a_resumed_stream_that_ends_in_an_error_keeps_the_clients_place(backend: Backend) {
+    let mut r = route("primary", &[]);
+    r.max_attempts = 1;
+    let world = start_world(backend, &[spec("primary", "fail:500")], r, |_| {}).await;
+    let b = body("Explain tides");
+    let (_, _, first) = stream(&world, "placed", &b).await;
+    assert!(error_event(&first).is_some(), "{first:?}");
+    let response = request(&world, "placed", &b)
+        .header("Last-Event-ID", "48")
+        .send()
+        .await
+        .unwrap();
+    let resumed = parse(&response.text().await.unwrap());
+    assert_eq!(resumed.len(), 1, "{resumed:?}");
+    assert!(error_event(&resumed).is_some(), "{resumed:?}");
+    assert_eq!(resumed[0].id.as_deref(), Some("48.1"), "{resumed:?}");
     world.stop().await;
 }
 

@@ -128,8 +128,14 @@ impl Renderer {
     /// The stream's last frame (`[DONE]`, or an error): sent even to a
     /// client whose `Last-Event-ID` is at or past it, so a resume never
     /// gets an empty stream an SDK takes for a silent end.
+    /// Its id is past the client's `Last-Event-ID` too: an error sent before
+    /// the answer reached where the client was (the job not final yet on a
+    /// server that took it over) must not move the client's id back, or its
+    /// next resume would get from the start what it has shown already.
     fn last_frame(&mut self, data: &str, out: &mut String) {
-        self.resume_after = None;
+        if let Some(r) = self.resume_after.take() {
+            self.at = self.at.max(r);
+        }
         self.frame(0, data, out);
     }
 

@@ -515,6 +515,30 @@ fn admits_null(property_schema: &Value) -> bool {
     by_type || by_enum || by_alternative || property_schema.get("const").is_some_and(Value::is_null)
 }
 
+/// Whether `value` is valid for one property's schema, as schema.json's
+/// validator would take it there (the root's `$defs` and `definitions`
+/// carried along, for a `$ref` into them); `None` when it cannot be told.
+fn property_admits(root: &Value, property: &Value, value: &Value) -> Option<bool> {
+    let mut alone = property.clone();
+    if let Some(fields) = alone.as_object_mut() {
+        for defs in ["$defs", "definitions"] {
+            if let Some(found) = root.get(defs) {
+                fields
+                    .entry(defs.to_string())
+                    .or_insert_with(|| found.clone());
+            }
+        }
+        if let Some(dialect) = root.get("$schema") {
+            fields
+                .entry("$schema".to_string())
+                .or_insert_with(|| dialect.clone());
+        }
+    }
+    jsonschema::validator_for(&alone)
+        .ok()
+        .map(|v| v.is_valid(value))
+}
+
 fn check_case(path: &Path, case: &Case, schema: &Value) -> Result<(), ContractError> {
     if !is_plain_name(&case.name) {
         return Err(invalid(path, "name", "must match [a-z0-9_-]+"));
@@ -537,10 +561,9 @@ fn check_case(path: &Path, case: &Case, schema: &Value) -> Result<(), ContractEr
                 format!("{field:?} is not a required property of schema.json, so a valid answer may omit it"),
             ));
         }
-        if properties
-            .and_then(|p| p.get(field))
-            .is_some_and(admits_null)
-        {
+        if properties.and_then(|p| p.get(field)).is_some_and(|p| {
+            admits_null(p) || property_admits(schema, p, &Value::Null) == Some(true)
+        }) {
             return Err(invalid(
                 path,
                 &at,
@@ -550,12 +573,22 @@ fn check_case(path: &Path, case: &Case, schema: &Value) -> Result<(), ContractEr
             ));
         }
     }
-    for key in case.expect.values.keys() {
+    for (key, value) in &case.expect.values {
         if !case.expect.fields.contains(key) {
             return Err(invalid(
                 path,
                 &format!("expect.values.{key}"),
                 "a checked value must also be listed in expect.fields",
+            ));
+        }
+        let property = properties.and_then(|p| p.get(key));
+        if property.is_some_and(|p| property_admits(schema, p, value) == Some(false)) {
+            return Err(invalid(
+                path,
+                &format!("expect.values.{key}"),
+                format!(
+                    "{value} is not a valid {key:?} by schema.json, so no valid answer can hold it"
+                ),
             ));
         }
     }
@@ -666,6 +699,32 @@ mod tests {
         // A known filter on the same variable loads.
         std::fs::write(&path, text.replace("{{ body }}", "{{ body | trim }}")).unwrap();
         Contract::load(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_case_no_valid_answer_can_meet_is_refused() {
+        let (_tmp, dir) = copy_contract("ticket-triage");
+        let schema: Value =
+            serde_json::from_slice(&std::fs::read(dir.join("schema.json")).unwrap()).unwrap();
+        let case_path = case_files(&dir).unwrap().remove(0);
+        let original: Value = serde_json::from_slice(&std::fs::read(&case_path).unwrap()).unwrap();
+        // A value the field's enum does not hold.
+        let mut case = original.clone();
+        let field = case["expect"]["fields"][0].as_str().unwrap().to_string();
+        assert!(schema["properties"][&field]["enum"].is_array(), "{schema}");
+        case["expect"]["values"] = serde_json::json!({ field.clone(): "zzz" });
+        std::fs::write(&case_path, serde_json::to_vec(&case).unwrap()).unwrap();
+        let err = Contract::load(&dir).unwrap_err().to_string();
+        assert!(err.contains(&format!("expect.values.{field}")), "{err}");
+        assert!(err.contains("\"zzz\""), "{err}");
+        // A required field whose schema says nothing of its type: null is
+        // valid there, so a valid answer may leave it empty.
+        std::fs::write(&case_path, serde_json::to_vec(&original).unwrap()).unwrap();
+        let mut untyped = schema.clone();
+        untyped["properties"][&field] = serde_json::json!({"description": "anything"});
+        std::fs::write(dir.join("schema.json"), untyped.to_string()).unwrap();
+        let err = Contract::load(&dir).unwrap_err().to_string();
+        assert!(err.contains("may be null"), "{err}");
     }
 
     #[test]

@@ -259,6 +259,10 @@ fn serve_validate_names_an_unset_api_key_variable_and_unknown_route_providers() 
          context_window = 128000\n",
     )
     .unwrap();
+    // And a contract that does not load: listed with the rest.
+    let contract = dir.path().join("contracts/broken-contract");
+    std::fs::create_dir_all(&contract).unwrap();
+    std::fs::write(contract.join("contract.toml"), "template = \"{{ x }\"\n").unwrap();
     let config = dir.path().join("onejob.toml");
     std::fs::write(
         &config,
@@ -280,6 +284,8 @@ fn serve_validate_names_an_unset_api_key_variable_and_unknown_route_providers() 
     );
     assert!(stderr.contains("routes.default.fallbacks"), "{stderr}");
     assert!(stderr.contains("\"missing\""), "{stderr}");
+    assert!(stderr.contains("broken-contract"), "{stderr}");
+    assert!(stderr.contains("3 problem(s)"), "{stderr}");
 }
 
 /// A server that runs jobs refuses to start with a route naming a provider

@@ -27,8 +27,16 @@ pub async fn validate(config: &Config, check_reachable: bool) -> anyhow::Result<
     if config.engine.enabled {
         problems.extend(config.unconfigured_route_providers(|p| providers.contains_key(p)));
     }
+    // A contract that does not load is one more problem: the others found
+    // so far are listed with it.
     let contracts = if config.contracts_dir.exists() {
-        crate::contracts::load_all(&config.contracts_dir)?
+        match crate::contracts::load_all(&config.contracts_dir) {
+            Ok(contracts) => contracts,
+            Err(e) => {
+                problems.push(e.to_string());
+                BTreeMap::new()
+            }
+        }
     } else {
         BTreeMap::new()
     };

@@ -23,6 +23,7 @@ on_both_backends!(
     a_content_filter_is_an_invalid_request_error_after_one_attempt,
     a_cut_restarted_on_a_fallback_without_prefill_is_one_message_or_an_error_event,
     blocks_reach_an_anthropic_provider_natively_with_cache_control_untouched,
+    a_failed_tool_result_reaches_each_wire_as_it_can_say_it,
 );
 
 fn spec(name: &'static str, model: &'static str) -> ProviderSpec {
@@ -337,6 +338,33 @@ async fn refused_requests_are_invalid_request_errors_and_write_nothing(backend: 
     let mut warm = message_body("x");
     warm["temperature"] = json!(1.5);
     cases.push((warm, 400, "invalid_request_error", "between 0 and 1"));
+    // A tool's failure is taken, but only as text, as documented.
+    let mut image_result = message_body("x");
+    image_result["messages"] = json!([
+        {"role": "user", "content": "Draw it"},
+        {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "toolu_1", "name": "draw", "input": {}}
+        ]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "is_error": true,
+            "content": [{"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]}]},
+    ]);
+    cases.push((
+        image_result,
+        400,
+        "invalid_request_error",
+        "messages[2].content[0].content[0].type",
+    ));
+    let mut odd_flag = message_body("x");
+    odd_flag["messages"] = json!([
+        {"role": "user", "content": "Go"},
+        {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "toolu_1", "name": "go", "input": {}}
+        ]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": "yes", "content": "no"}
+        ]},
+    ]);
+    cases.push((odd_flag, 400, "invalid_request_error", "is_error"));
     let mut stops = message_body("x");
     stops["stop_sequences"] = json!(["a", "b", "c", "d", "e"]);
     cases.push((stops, 400, "invalid_request_error", "stop_sequences"));
@@ -707,5 +735,141 @@ async fn blocks_reach_an_anthropic_provider_natively_with_cache_control_untouche
         json!({"type": "tool_result", "tool_use_id": "toolu_1", "content": "18 C"})
     );
     assert_eq!(sent["messages"].as_array().unwrap().len(), 3, "{sent}");
+    world.stop().await;
+}
+
+const OPENAI_ANSWER: &str = r#"{"id":"chatcmpl-9","object":"chat.completion","created":1,"model":"gpt-test",
+ "choices":[{"index":0,"message":{"role":"assistant","content":"Noted."},"finish_reason":"stop"}],
+ "usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}"#;
+
+/// A world whose route `default` is the simulator (provider `primary`),
+/// `native` a fake Anthropic upstream (`kind = "anthropic"`) and `openai` a
+/// fake OpenAI one (`kind = "openai"`), with what each upstream receives.
+async fn wired_world(backend: Backend) -> (World, upstream::Upstream, upstream::Upstream) {
+    let anthropic = upstream::upstream(upstream::json(200, NATIVE_ANSWER)).await;
+    let openai = upstream::upstream(upstream::json(200, OPENAI_ANSWER)).await;
+    let (anthropic_url, openai_url) = (anthropic.base_url.clone(), openai.base_url.clone());
+    let world = start_world(
+        backend,
+        &[spec("primary", "healthy")],
+        route("primary", &[]),
+        |c| {
+            std::env::set_var(upstream::KEY_ENV, upstream::KEY_VALUE);
+            for (name, kind, url, model, lookup) in [
+                ("native", "anthropic", &anthropic_url, "claude-test", ""),
+                ("openai", "openai", &openai_url, "gpt-test", "lookup = \"none\"\n"),
+            ] {
+                let text = format!(
+                    "kind = \"{kind}\"\nbase_url = \"{url}\"\nmodel = \"{model}\"\n\
+                     api_key_env = \"{}\"\ntokenizer = \"o200k_base\"\ncontext_window = 16384\n{lookup}",
+                    upstream::KEY_ENV
+                );
+                std::fs::write(c.providers_dir.join(format!("{name}.toml")), text).unwrap();
+                c.routes.insert(name.into(), route(name, &[]));
+            }
+        },
+    )
+    .await;
+    (world, anthropic, openai)
+}
+
+/// A tool call, and its result: the tool raised (`is_error`), as
+/// pydantic-ai sends a `ModelRetry` and the AI SDK a throwing `execute`.
+fn failed_tool_body(model: &str, is_error: bool) -> Value {
+    let mut result = json!({
+        "type": "tool_result", "tool_use_id": "toolu_1",
+        "content": [{"type": "text", "text": "ValueError: no city called Atlantis"}],
+    });
+    if is_error {
+        result["is_error"] = json!(true);
+    }
+    json!({
+        "model": model,
+        "max_tokens": 100,
+        "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
+        "messages": [
+            {"role": "user", "content": "The weather in Atlantis?"},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Atlantis"}}
+            ]},
+            {"role": "user", "content": [result]},
+        ],
+    })
+}
+
+/// A `tool_result` with `is_error: true` was refused, failing the whole
+/// run of a pydantic-ai agent or an AI SDK tool loop whose tool raised.
+/// It is taken: an Anthropic provider is told the tool failed, an OpenAI
+/// one (no such field) gets the text alone, and the flag is part of the
+/// job's request, so the same key without it is another request.
+async fn a_failed_tool_result_reaches_each_wire_as_it_can_say_it(backend: Backend) {
+    let (world, anthropic, openai) = wired_world(backend).await;
+    let error_text = "ValueError: no city called Atlantis";
+
+    let (status, headers, message) = send(post(
+        &world,
+        "/v1/messages",
+        Some("failed-tool-native"),
+        &failed_tool_body("native", true),
+    ))
+    .await;
+    assert_eq!(status, 200, "{message}");
+    assert_eq!(header(&headers, "x-onejob-provider"), "native");
+    let seen = anthropic.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].body["messages"][2]["content"],
+        json!([{"type": "tool_result", "tool_use_id": "toolu_1", "content": error_text, "is_error": true}]),
+        "{}",
+        seen[0].body
+    );
+
+    let (status, headers, message) = send(post(
+        &world,
+        "/v1/messages",
+        Some("failed-tool-openai"),
+        &failed_tool_body("openai", true),
+    ))
+    .await;
+    assert_eq!(status, 200, "{message}");
+    assert_eq!(header(&headers, "x-onejob-provider"), "openai");
+    let seen = openai.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].body["messages"][2],
+        json!({"role": "tool", "content": error_text, "tool_call_id": "toolu_1"}),
+        "{}",
+        seen[0].body
+    );
+
+    let (status, headers, message) = send(post(
+        &world,
+        "/v1/messages",
+        Some("failed-tool-sim"),
+        &failed_tool_body("default", true),
+    ))
+    .await;
+    assert_eq!(status, 200, "{message}");
+    let job_id = header(&headers, "x-onejob-job-id").to_string();
+    assert_eq!(world.executions(&job_id, "primary"), 1);
+    let stored = world.stored_job(&job_id).await;
+    let request: Value = serde_json::from_str(&stored.request).unwrap();
+    assert_eq!(
+        request["messages"][2],
+        json!({"role": "tool", "content": error_text, "tool_call_id": "toolu_1", "is_error": true})
+    );
+    // The flag is part of the request: the same key without it conflicts.
+    let (status, headers, body) = send(post(
+        &world,
+        "/v1/messages",
+        Some("failed-tool-sim"),
+        &failed_tool_body("default", false),
+    ))
+    .await;
+    let (status, kind, _) = anthropic_error(status, &body);
+    assert_eq!((status, kind.as_str()), (409, "invalid_request_error"));
+    assert_eq!(header(&headers, "x-should-retry"), "false");
+    assert_eq!(world.executions(&job_id, "primary"), 1, "never run again");
+    assert_eq!(world.store.count_jobs().await.unwrap(), 3);
     world.stop().await;
 }

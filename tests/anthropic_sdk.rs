@@ -160,6 +160,14 @@ async fn the_official_anthropic_sdk_works_unchanged(backend: Backend) {
     assert_eq!(turns[1]["tool_calls"][0]["function"]["name"], "get_weather");
     assert_eq!(turns[2]["role"], "tool");
     assert_eq!(turns[2]["tool_call_id"], turns[1]["tool_calls"][0]["id"]);
+    assert!(turns[2].get("is_error").is_none(), "{}", turns[2]);
+    // The tool's failure, as the SDK sent it, is the job's request.
+    let failed = request_of(&world, tools["job_ids"][2].as_str().unwrap()).await;
+    assert_eq!(
+        failed["messages"][2],
+        json!({"role": "tool", "tool_call_id": turns[2]["tool_call_id"],
+               "content": "ValueError: the weather service is down", "is_error": true})
+    );
 
     assert_eq!(counted["tokenizer"], "o200k_base");
     assert!(counted["input_tokens"].as_u64().unwrap() > 0);
@@ -172,9 +180,9 @@ async fn the_official_anthropic_sdk_works_unchanged(backend: Backend) {
             "no-credentials": [401, "AuthenticationError", "authentication_error"],
         })
     );
-    // plain, system, twice, stream, events, two tool turns, the filtered and
-    // the too-long prompts; counting and the refused key made none.
-    assert_eq!(world.store.count_jobs().await.unwrap(), 9);
+    // plain, system, twice, stream, events, three tool turns, the filtered
+    // and the too-long prompts; counting and the refused key made none.
+    assert_eq!(world.store.count_jobs().await.unwrap(), 10);
     world.stop().await;
 }
 

@@ -54,6 +54,13 @@ pub struct Message {
     /// OpenAI-wire providers; the other wire formats have no such field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// A `tool` turn that reports the tool's failure (Anthropic's
+    /// `tool_result` `is_error`), passed to Anthropic-wire providers; the
+    /// other wire formats have no such field and get the text alone.
+    /// `Some(true)` or absent, so a result that is no error fingerprints as
+    /// it always has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub is_error: Option<bool>,
 }
 
 impl Message {
@@ -66,6 +73,7 @@ impl Message {
             tool_call_id: None,
             parts: None,
             name: None,
+            is_error: None,
         }
     }
 
@@ -238,6 +246,14 @@ impl JobRequest {
                 }
                 if !messages.iter().any(|m| m.role == Role::User) {
                     return invalid("messages: at least one message must have role user");
+                }
+                if let Some(i) = messages
+                    .iter()
+                    .position(|m| m.is_error.is_some() && m.role != Role::Tool)
+                {
+                    return Err(RequestError::Invalid(format!(
+                        "messages[{i}].is_error: only a tool turn reports a tool's failure"
+                    )));
                 }
             }
         }

@@ -111,14 +111,18 @@ fn part_kind_block(part: &Value) -> Result<Value, String> {
 fn turn_of(m: &Message) -> Result<(&'static str, Content), String> {
     match m.role {
         Role::System => Err("system turns are placed top-level".into()),
-        Role::Tool => Ok((
-            "user",
-            Content::Blocks(vec![json!({
+        Role::Tool => {
+            let mut result = json!({
                 "type": "tool_result",
                 "tool_use_id": m.tool_call_id.as_deref().unwrap_or_default(),
                 "content": m.content,
-            })]),
-        )),
+            });
+            // A tool's failure, as the Messages door was told it.
+            if m.is_error == Some(true) {
+                result["is_error"] = json!(true);
+            }
+            Ok(("user", Content::Blocks(vec![result])))
+        }
         Role::User | Role::Assistant => {
             let role = if m.role == Role::User {
                 "user"

@@ -195,8 +195,25 @@ def tool_round_trip():
     )
     assert answered.stop_reason == "end_turn", answered
     assert text_of(answered)
+    # The tool raised instead (what pydantic-ai sends for a ModelRetry): the
+    # same turn as an error result is taken, as another request.
+    messages[-1] = {
+        "role": "user",
+        "content": [
+            {
+                "type": "tool_result",
+                "tool_use_id": use.id,
+                "content": "ValueError: the weather service is down",
+                "is_error": True,
+            }
+        ],
+    }
+    failed, h3 = create(
+        "a-tool-3", model="default", max_tokens=256, messages=messages, tools=WEATHER
+    )
+    assert text_of(failed) or failed.stop_reason == "tool_use", failed
     return {
-        "job_ids": [h1["x-onejob-job-id"], h2["x-onejob-job-id"]],
+        "job_ids": [h1["x-onejob-job-id"], h2["x-onejob-job-id"], h3["x-onejob-job-id"]],
         "tool": use.name,
         "input": use.input,
     }

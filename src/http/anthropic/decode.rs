@@ -4,9 +4,10 @@
 //! turn's text and parts (`image` as an `image_url` part, a text block's
 //! `cache_control` kept on its part, so the Anthropic adapter sends it
 //! untouched), `tool_use` blocks the assistant's tool calls, each
-//! `tool_result` a tool turn. Tools become function tools with their
-//! `input_schema` as parameters. What onejob cannot honour is refused with
-//! 400 `invalid_request_error` naming the field, never dropped.
+//! `tool_result` a tool turn (its `is_error` kept). Tools become function
+//! tools with their `input_schema` as parameters. What onejob cannot honour
+//! is refused with 400 `invalid_request_error` naming the field, never
+//! dropped.
 
 use super::error::AnthropicError;
 use crate::domain::JobRequest;
@@ -323,7 +324,8 @@ fn decode_turn(i: usize, turn: &Value, last: bool, out: &mut Vec<Value>) -> Resu
     Ok(())
 }
 
-/// A `tool_result` block as a tool turn: its text, answering its call.
+/// A `tool_result` block as a tool turn: its text, answering its call,
+/// and `is_error` when the tool failed.
 fn tool_result(block: &Value, field: &str) -> Result<Value, Invalid> {
     let Some(id) = block["tool_use_id"].as_str() else {
         return Err(invalid(
@@ -331,12 +333,19 @@ fn tool_result(block: &Value, field: &str) -> Result<Value, Invalid> {
             "a string is required",
         ));
     };
-    if block["is_error"] == true {
-        return Err(invalid(
-            &format!("{field}.is_error"),
-            "error tool results are not supported by onejob; put the error in the content",
-        ));
-    }
+    // A tool that failed (pydantic-ai's ModelRetry, the AI SDK's throwing
+    // `execute`): kept on the tool turn, so an Anthropic-wire provider is
+    // told it as the client said it (and the fingerprint holds it).
+    let is_error = match &block["is_error"] {
+        Value::Null | Value::Bool(false) => false,
+        Value::Bool(true) => true,
+        _ => {
+            return Err(invalid(
+                &format!("{field}.is_error"),
+                "a boolean is required",
+            ))
+        }
+    };
     let content = match &block["content"] {
         Value::Null => String::new(),
         Value::String(s) => s.clone(),
@@ -358,7 +367,11 @@ fn tool_result(block: &Value, field: &str) -> Result<Value, Invalid> {
             ))
         }
     };
-    Ok(json!({"role": "tool", "tool_call_id": id, "content": content}))
+    let mut turn = json!({"role": "tool", "tool_call_id": id, "content": content});
+    if is_error {
+        turn["is_error"] = json!(true);
+    }
+    Ok(turn)
 }
 
 /// Anthropic tools as function tools, `input_schema` as their parameters.

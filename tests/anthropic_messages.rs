@@ -24,6 +24,7 @@ on_both_backends!(
     a_cut_restarted_on_a_fallback_without_prefill_is_one_message_or_an_error_event,
     blocks_reach_an_anthropic_provider_natively_with_cache_control_untouched,
     a_failed_tool_result_reaches_each_wire_as_it_can_say_it,
+    disable_parallel_tool_use_is_one_tool_call_per_turn_on_every_wire,
 );
 
 fn spec(name: &'static str, model: &'static str) -> ProviderSpec {
@@ -365,6 +366,15 @@ async fn refused_requests_are_invalid_request_errors_and_write_nothing(backend: 
         ]},
     ]);
     cases.push((odd_flag, 400, "invalid_request_error", "is_error"));
+    let mut odd_parallel = message_body("x");
+    odd_parallel["tools"] = json!([{"name": "go", "input_schema": {"type": "object"}}]);
+    odd_parallel["tool_choice"] = json!({"type": "auto", "disable_parallel_tool_use": "yes"});
+    cases.push((
+        odd_parallel,
+        400,
+        "invalid_request_error",
+        "disable_parallel_tool_use",
+    ));
     let mut stops = message_body("x");
     stops["stop_sequences"] = json!(["a", "b", "c", "d", "e"]);
     cases.push((stops, 400, "invalid_request_error", "stop_sequences"));
@@ -871,5 +881,72 @@ async fn a_failed_tool_result_reaches_each_wire_as_it_can_say_it(backend: Backen
     assert_eq!(header(&headers, "x-should-retry"), "false");
     assert_eq!(world.executions(&job_id, "primary"), 1, "never run again");
     assert_eq!(world.store.count_jobs().await.unwrap(), 3);
+    world.stop().await;
+}
+
+/// `tool_choice.disable_parallel_tool_use: true` (the AI SDK's
+/// generateObject and streamObject send it) was refused. It is Chat
+/// Completions' `parallel_tool_calls: false`: an Anthropic provider gets it
+/// back on its tool choice, an OpenAI one as `parallel_tool_calls`.
+async fn disable_parallel_tool_use_is_one_tool_call_per_turn_on_every_wire(backend: Backend) {
+    let (world, anthropic, openai) = wired_world(backend).await;
+    let body = |model: &str| {
+        json!({
+            "model": model,
+            "max_tokens": 100,
+            "tools": [{"name": "json", "description": "Respond with a JSON object.",
+                       "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
+            "messages": [{"role": "user", "content": "Name a city."}],
+        })
+    };
+    let (status, _, message) = send(post(
+        &world,
+        "/v1/messages",
+        Some("one-call-native"),
+        &body("native"),
+    ))
+    .await;
+    assert_eq!(status, 200, "{message}");
+    let seen = anthropic.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].body["tool_choice"],
+        json!({"type": "any", "disable_parallel_tool_use": true}),
+        "{}",
+        seen[0].body
+    );
+
+    let (status, _, message) = send(post(
+        &world,
+        "/v1/messages",
+        Some("one-call-openai"),
+        &body("openai"),
+    ))
+    .await;
+    assert_eq!(status, 200, "{message}");
+    let seen = openai.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].body["parallel_tool_calls"],
+        json!(false),
+        "{}",
+        seen[0].body
+    );
+    assert_eq!(seen[0].body["tool_choice"], json!("required"));
+
+    let (status, headers, message) = send(post(
+        &world,
+        "/v1/messages",
+        Some("one-call-sim"),
+        &body("default"),
+    ))
+    .await;
+    assert_eq!(status, 200, "{message}");
+    let job_id = header(&headers, "x-onejob-job-id").to_string();
+    assert_eq!(world.executions(&job_id, "primary"), 1);
+    let stored = world.stored_job(&job_id).await;
+    let request: Value = serde_json::from_str(&stored.request).unwrap();
+    assert_eq!(request["params"]["parallel_tool_calls"], json!(false));
     world.stop().await;
 }

@@ -136,6 +136,21 @@ pub(super) fn decode(raw: &[u8], endpoint: Endpoint) -> Result<Decoded, Invalid>
     }
     if let Some(choice) = request.get("tool_choice").filter(|v| !v.is_null()) {
         params.insert("tool_choice".into(), decode_tool_choice(choice)?);
+        // At most one tool call per turn (the AI SDK's generateObject sends
+        // it): Chat Completions' `parallel_tool_calls: false`, which every
+        // provider is given in its own spelling.
+        match &choice["disable_parallel_tool_use"] {
+            Value::Null | Value::Bool(false) => {}
+            Value::Bool(true) => {
+                params.insert("parallel_tool_calls".into(), json!(false));
+            }
+            _ => {
+                return Err(invalid(
+                    "tool_choice.disable_parallel_tool_use",
+                    "a boolean is required",
+                ))
+            }
+        }
     }
     let stream = match request.get("stream") {
         None | Some(Value::Null) | Some(Value::Bool(false)) => false,
@@ -410,12 +425,6 @@ fn decode_tools(tools: &Value) -> Result<Vec<Value>, Invalid> {
 
 /// Anthropic's `tool_choice` in the canonical (OpenAI) terms.
 fn decode_tool_choice(choice: &Value) -> Result<Value, Invalid> {
-    if choice["disable_parallel_tool_use"] == true {
-        return Err(invalid(
-            "tool_choice.disable_parallel_tool_use",
-            "cannot be turned on through onejob",
-        ));
-    }
     match choice["type"].as_str() {
         Some("auto") => Ok(json!("auto")),
         Some("any") => Ok(json!("required")),

@@ -25,6 +25,7 @@ on_both_backends!(
     blocks_reach_an_anthropic_provider_natively_with_cache_control_untouched,
     a_failed_tool_result_reaches_each_wire_as_it_can_say_it,
     disable_parallel_tool_use_is_one_tool_call_per_turn_on_every_wire,
+    a_job_the_providers_overload_ended_is_an_overloaded_error,
 );
 
 fn spec(name: &'static str, model: &'static str) -> ProviderSpec {
@@ -948,5 +949,57 @@ async fn disable_parallel_tool_use_is_one_tool_call_per_turn_on_every_wire(backe
     let stored = world.stored_job(&job_id).await;
     let request: Value = serde_json::from_str(&stored.request).unwrap();
     assert_eq!(request["params"]["parallel_tool_calls"], json!(false));
+    world.stop().await;
+}
+
+/// A job its provider's overload ended (its retries ran out, so it went to
+/// review) answered `500 api_error`; the error table says `529
+/// overloaded_error`, Anthropic's own for it.
+async fn a_job_the_providers_overload_ended_is_an_overloaded_error(backend: Backend) {
+    let world = start_world(
+        backend,
+        &[spec("primary", "overloaded")],
+        route("primary", &[]),
+        |_| {},
+    )
+    .await;
+    let (status, headers, body) = send(post(
+        &world,
+        "/v1/messages",
+        Some("busy-1"),
+        &message_body("Hello"),
+    ))
+    .await;
+    let job_id = header(&headers, "x-onejob-job-id").to_string();
+    let attempts = world.attempts(&job_id).await;
+    let (status, kind, message) = anthropic_error(status, &body);
+    assert_eq!(
+        (status, kind.as_str()),
+        (529, "overloaded_error"),
+        "{message} {attempts:?}"
+    );
+    // Its retries ran out: the job waits in review, where it may still be
+    // settled, so the SDK may ask again (and gets the same job).
+    assert_eq!(world.job(&job_id).await["state"], "needs_review");
+    assert_eq!(header(&headers, "x-should-retry"), "true");
+    assert!(
+        attempts.len() > 1 && attempts.iter().all(|a| a["error_kind"] == "overloaded"),
+        "{attempts:?}"
+    );
+    assert_eq!(
+        world.executions(&job_id, "primary"),
+        0,
+        "never run upstream"
+    );
+    let (status, headers, body) = send(post(
+        &world,
+        "/v1/messages",
+        Some("busy-1"),
+        &message_body("Hello"),
+    ))
+    .await;
+    assert_eq!(anthropic_error(status, &body).1, "overloaded_error");
+    assert_eq!(header(&headers, "idempotent-replayed"), "true");
+    assert_eq!(world.attempts(&job_id).await.len(), attempts.len());
     world.stop().await;
 }

@@ -2,7 +2,7 @@
 //! events, and a job without an answer as Anthropic's error.
 
 use super::error::{refusal_type, stream_error_type, AnthropicError};
-use crate::domain::Job;
+use crate::domain::{Attempt, AttemptState, Job};
 use crate::engine::stream::StreamEvent;
 use crate::http::door::{Answer, Refusal, Refused, StreamEncoder};
 use crate::providers::Usage;
@@ -63,10 +63,17 @@ pub(super) fn message(job: &Job, answer: Answer) -> Value {
 /// A job without an answer, as the error Anthropic's clients act on: a
 /// refusal by the provider is the request's fault (`invalid_request_error`),
 /// a finished job answers every replay the same (no retry), a pending one
-/// or one in review may be asked again with the same key.
-pub(super) fn refusal(refused: Refused) -> AnthropicError {
+/// or one in review may be asked again with the same key. `attempts` are
+/// the job's (none for a stream's error), read for what the refusal does
+/// not keep ([`refusal_type`]).
+pub(super) fn refusal(refused: Refused, attempts: &[Attempt]) -> AnthropicError {
     let Refused { why, message } = refused;
-    let (status, kind) = refusal_type(&why);
+    let last_failure = attempts
+        .iter()
+        .rev()
+        .filter(|a| a.state == AttemptState::Failed)
+        .find_map(|a| a.error_kind.as_ref());
+    let (status, kind) = refusal_type(&why, last_failure);
     let message = match why {
         Refusal::ContextLengthExceeded => format!("prompt is too long: {message}"),
         _ => message,

@@ -59,9 +59,18 @@ impl AnthropicError {
 /// The status and Anthropic error `type` a job without an answer is told
 /// with, answered or in a stream: a refusal by the provider is the
 /// request's fault (`invalid_request_error`), an overloaded provider is
-/// Anthropic's 529.
-pub(super) fn refusal_type(why: &Refusal) -> (StatusCode, &'static str) {
+/// Anthropic's 529. `last_failure` is the kind of the job's last failed
+/// attempt, when known: a job in review keeps no kind in its refusal but
+/// the request's faults, and one whose retries ran out on an overloaded
+/// provider is that provider's overload too (told `x-should-retry: true`
+/// as every job in review: it may still be settled).
+pub(super) fn refusal_type(
+    why: &Refusal,
+    last_failure: Option<&ErrorKind>,
+) -> (StatusCode, &'static str) {
+    let overloaded = last_failure == Some(&ErrorKind::Overloaded);
     let (status, kind) = match why {
+        Refusal::NeedsReview { .. } if overloaded => (529, "overloaded_error"),
         Refusal::Pending { .. } => (504, "timeout_error"),
         Refusal::Cancelled => (409, "invalid_request_error"),
         Refusal::ContextLengthExceeded | Refusal::ContentPolicy | Refusal::BadRequest(_) => {
@@ -81,7 +90,7 @@ pub(super) fn refusal_type(why: &Refusal) -> (StatusCode, &'static str) {
 
 /// Anthropic's error `type` for an in-band stream error code.
 pub(super) fn stream_error_type(code: &str) -> &'static str {
-    refusal_type(&Refusal::of_stream_code(code)).1
+    refusal_type(&Refusal::of_stream_code(code), None).1
 }
 
 /// Our field names in a validation message, as Anthropic's request names them.

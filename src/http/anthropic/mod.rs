@@ -63,7 +63,7 @@ pub async fn create(
         &settled,
         &arrival.key,
         |job, answer| Json(encode::message(job, answer)).into_response(),
-        |refused| encode::refusal(refused).into_response(),
+        |refused| encode::refusal(refused, &settled.attempts).into_response(),
     )?;
     Ok(response)
 }

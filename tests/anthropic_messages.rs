@@ -26,6 +26,7 @@ on_both_backends!(
     a_failed_tool_result_reaches_each_wire_as_it_can_say_it,
     disable_parallel_tool_use_is_one_tool_call_per_turn_on_every_wire,
     a_job_the_providers_overload_ended_is_an_overloaded_error,
+    a_streamed_context_length_exceeded_says_what_the_answer_says,
 );
 
 fn spec(name: &'static str, model: &'static str) -> ProviderSpec {
@@ -1001,5 +1002,60 @@ async fn a_job_the_providers_overload_ended_is_an_overloaded_error(backend: Back
     assert_eq!(anthropic_error(status, &body).1, "overloaded_error");
     assert_eq!(header(&headers, "idempotent-replayed"), "true");
     assert_eq!(world.attempts(&job_id).await.len(), attempts.len());
+    world.stop().await;
+}
+
+/// The `error` event that ends a stream, as Anthropic's error: its type
+/// and message.
+async fn stream_error(world: &World, key: &str, body: &Value) -> (String, String) {
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let response = post(world, "/v1/messages", Some(key), &streamed)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let text = response.text().await.unwrap();
+    let events = events(&text);
+    let (name, error) = events.last().unwrap();
+    assert_eq!(name, "error", "{text}");
+    assert!(events.iter().all(|(n, _)| n != "message_stop"), "{text}");
+    (
+        error["error"]["type"].as_str().unwrap().to_string(),
+        error["error"]["message"].as_str().unwrap().to_string(),
+    )
+}
+
+/// A streamed request whose job failed with `context_length_exceeded`
+/// ended with `context_length_exceeded: job … is failed: …`, where the
+/// answer says `prompt is too long: …`, the text clients (pydantic-ai)
+/// classify it by. The stream now says what the answer says.
+async fn a_streamed_context_length_exceeded_says_what_the_answer_says(backend: Backend) {
+    let world = start_world(
+        backend,
+        &[spec("primary", "context_length")],
+        route("primary", &[]),
+        |_| {},
+    )
+    .await;
+    let body = message_body("A long story");
+    let (kind, streamed) = stream_error(&world, "long-s", &body).await;
+    assert_eq!(kind, "invalid_request_error", "{streamed}");
+    assert!(streamed.starts_with("prompt is too long: "), "{streamed}");
+    let (status, headers, answer) = send(post(&world, "/v1/messages", Some("long-s"), &body)).await;
+    let (status, answered_kind, answered) = anthropic_error(status, &answer);
+    assert_eq!(
+        (status, answered_kind.as_str()),
+        (400, "invalid_request_error")
+    );
+    assert_eq!(streamed, answered, "the stream says what the answer says");
+    // A streamed replay (the stored answer) too.
+    assert_eq!(
+        stream_error(&world, "long-s", &body).await,
+        (answered_kind, answered)
+    );
+    let job_id = header(&headers, "x-onejob-job-id").to_string();
+    assert_eq!(world.attempts(&job_id).await.len(), 1);
+    assert_eq!(world.store.count_jobs().await.unwrap(), 1);
     world.stop().await;
 }

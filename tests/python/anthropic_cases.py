@@ -299,11 +299,29 @@ def refused(route, key, api_key=None):
     raise AssertionError(f"{route} was answered")
 
 
+def refused_streamed(route, key):
+    """The error a stream ends with, as the SDK raises it: its type and
+    message (what clients such as pydantic-ai classify by)."""
+    try:
+        with client().messages.stream(
+            extra_headers={"Idempotency-Key": key},
+            model=route,
+            max_tokens=64,
+            messages=[{"role": "user", "content": "Hello, streamed"}],
+        ) as stream:
+            for _ in stream:
+                pass
+    except anthropic.APIStatusError as e:
+        return [e.body["error"]["type"], e.body["error"]["message"]]
+    raise AssertionError(f"{route} was streamed")
+
+
 @case
 def refusals():
     return {
         "filter": refused("filter", "a-filter"),
         "too-long": refused("too-long", "a-long"),
+        "too-long-streamed": refused_streamed("too-long", "a-long-streamed"),
         "no-credentials": refused("default", "a-auth", api_key="oj_not-a-key"),
     }
 

@@ -1,7 +1,7 @@
 //! The engine's answer as an Anthropic Message, its stream as Anthropic's
 //! events, and a job without an answer as Anthropic's error.
 
-use super::error::{refusal_type, stream_error_type, AnthropicError};
+use super::error::{refusal_type, AnthropicError};
 use crate::domain::{Attempt, AttemptState, Job};
 use crate::engine::stream::StreamEvent;
 use crate::http::door::{Answer, Refusal, Refused, StreamEncoder};
@@ -82,6 +82,20 @@ pub(super) fn refusal(refused: Refused, attempts: &[Attempt]) -> AnthropicError 
         retry: why.client_may_retry(),
         ..AnthropicError::new(status, kind, message)
     }
+}
+
+/// The error a stream ends with. One the answer would give as a 4xx (the
+/// request's own: its prompt too long, refused) has the type and message
+/// that answer has, which clients classify by (`prompt is too long: …`);
+/// any other has its code first (`stream_cut: …`).
+fn stream_error(code: &str, message: &str) -> AnthropicError {
+    let why = Refusal::of_stream_code(code);
+    let (status, kind) = refusal_type(&why, None);
+    if status.is_client_error() {
+        let message = message.to_string();
+        return refusal(Refused { why, message }, &[]);
+    }
+    AnthropicError::new(status, kind, format!("{code}: {message}"))
 }
 
 /// Anthropic's `stop_reason` for the engine's finish reason.
@@ -248,12 +262,11 @@ impl StreamEncoder for Encoder {
                 Self::event(&mut out, "message_stop", &json!({"type": "message_stop"}));
             }
             StreamEvent::Error { code, message } => {
+                let error = stream_error(code, message);
                 Self::event(
                     &mut out,
                     "error",
-                    &json!({"type": "error", "error": {
-                        "type": stream_error_type(code), "message": format!("{code}: {message}"),
-                    }}),
+                    &json!({"type": "error", "error": {"type": error.kind, "message": error.message}}),
                 );
             }
         }

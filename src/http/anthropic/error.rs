@@ -88,11 +88,6 @@ pub(super) fn refusal_type(
     )
 }
 
-/// Anthropic's error `type` for an in-band stream error code.
-pub(super) fn stream_error_type(code: &str) -> &'static str {
-    refusal_type(&Refusal::of_stream_code(code), None).1
-}
-
 /// Our field names in a validation message, as Anthropic's request names them.
 fn anthropic_fields(message: String) -> String {
     let Some((field, why)) = message.split_once(": ") else {

@@ -27,6 +27,7 @@ on_both_backends!(
     disable_parallel_tool_use_is_one_tool_call_per_turn_on_every_wire,
     a_job_the_providers_overload_ended_is_an_overloaded_error,
     a_streamed_context_length_exceeded_says_what_the_answer_says,
+    a_cancelled_job_streamed_says_what_the_answer_says,
 );
 
 fn spec(name: &'static str, model: &'static str) -> ProviderSpec {
@@ -1056,6 +1057,45 @@ async fn a_streamed_context_length_exceeded_says_what_the_answer_says(backend: B
     );
     let job_id = header(&headers, "x-onejob-job-id").to_string();
     assert_eq!(world.attempts(&job_id).await.len(), 1);
+    assert_eq!(world.store.count_jobs().await.unwrap(), 1);
+    world.stop().await;
+}
+
+/// A cancelled job, replayed: answered `409 invalid_request_error` "… is
+/// cancelled: no result", it streamed an `api_error` "job_cancelled: … no
+/// result yet" (a cancelled job never gets a result). The stream now says
+/// what the answer says.
+async fn a_cancelled_job_streamed_says_what_the_answer_says(backend: Backend) {
+    let world = start_world(
+        backend,
+        &[spec("primary", "slow_first_byte:ms=5000")],
+        route("primary", &[]),
+        |_| {},
+    )
+    .await;
+    let body = message_body("Hello");
+    let (status, headers, _) =
+        send(post(&world, "/v1/messages", Some("cancelled-1"), &body).header("Prefer", "wait=0"))
+            .await;
+    assert_eq!(status, 504);
+    let job_id = header(&headers, "x-onejob-job-id").to_string();
+    let (status, _) = world
+        .post(&world.key, &format!("/v1/jobs/{job_id}/cancel"), &json!({}))
+        .await;
+    assert_eq!(status, 200);
+
+    let (status, headers, answer) =
+        send(post(&world, "/v1/messages", Some("cancelled-1"), &body)).await;
+    let (status, kind, answered) = anthropic_error(status, &answer);
+    assert_eq!((status, kind.as_str()), (409, "invalid_request_error"));
+    assert_eq!(answered, format!("job {job_id} is cancelled: no result"));
+    assert_eq!(header(&headers, "x-should-retry"), "false");
+    assert_eq!(
+        stream_error(&world, "cancelled-1", &body).await,
+        (kind, answered),
+        "the stream says what the answer says"
+    );
+    assert_eq!(world.job(&job_id).await["state"], "cancelled");
     assert_eq!(world.store.count_jobs().await.unwrap(), 1);
     world.stop().await;
 }

@@ -810,12 +810,14 @@ fn stored_events(state: &AppState, settled: &Settled) -> Vec<StreamEvent> {
     if let Some(unanswered) =
         Unanswered::of(job.state, &settled.attempts, job.last_error.as_deref())
     {
-        let message = format!(
-            "job {} is {}: {}",
-            job.id,
-            job.state.as_str(),
-            job.last_error.as_deref().unwrap_or("no result yet")
-        );
+        // A finished job (failed, cancelled) never gets a result: said as
+        // its answer says it.
+        let detail = match job.last_error.as_deref() {
+            Some(error) => error,
+            None if job.state.is_final() => "no result",
+            None => "no result yet",
+        };
+        let message = format!("job {} is {}: {detail}", job.id, job.state.as_str());
         return vec![StreamEvent::Error {
             code: unanswered.code().to_string(),
             message,

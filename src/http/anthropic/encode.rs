@@ -1,7 +1,7 @@
 //! The engine's answer as an Anthropic Message, its stream as Anthropic's
 //! events, and a job without an answer as Anthropic's error.
 
-use super::error::{refusal_type, AnthropicError};
+use super::error::{refusal_type, stream_refusal, AnthropicError};
 use crate::domain::{Attempt, AttemptState, Job};
 use crate::engine::stream::StreamEvent;
 use crate::http::door::{Answer, Refusal, Refused, StreamEncoder};
@@ -85,11 +85,11 @@ pub(super) fn refusal(refused: Refused, attempts: &[Attempt]) -> AnthropicError 
 }
 
 /// The error a stream ends with. One the answer would give as a 4xx (the
-/// request's own: its prompt too long, refused) has the type and message
-/// that answer has, which clients classify by (`prompt is too long: …`);
-/// any other has its code first (`stream_cut: …`).
+/// request's own: its prompt too long, refused, a cancelled job) has the
+/// type and message that answer has, which clients classify by (`prompt is
+/// too long: …`); any other has its code first (`stream_cut: …`).
 fn stream_error(code: &str, message: &str) -> AnthropicError {
-    let why = Refusal::of_stream_code(code);
+    let why = stream_refusal(code);
     let (status, kind) = refusal_type(&why, None);
     if status.is_client_error() {
         let message = message.to_string();

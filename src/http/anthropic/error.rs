@@ -88,6 +88,16 @@ pub(super) fn refusal_type(
     )
 }
 
+/// The refusal an in-band stream error `code` tells: a cancelled job's
+/// code as the answer tells it (Anthropic's 409), a provider's kind by
+/// [`Refusal::of_stream_code`].
+pub(super) fn stream_refusal(code: &str) -> Refusal {
+    match code {
+        "job_cancelled" => Refusal::Cancelled,
+        _ => Refusal::of_stream_code(code),
+    }
+}
+
 /// Our field names in a validation message, as Anthropic's request names them.
 fn anthropic_fields(message: String) -> String {
     let Some((field, why)) = message.split_once(": ") else {

@@ -139,9 +139,9 @@ macro_rules! cas_won {
     };
 }
 
-/// The winner's attempt row, likewise. An attempt that was unknown
-/// before it won (its answer found by the reconciler) leaves its error
-/// behind: the `attempt_unknown` event keeps why it was.
+/// The winner's attempt row, likewise. An attempt that was unknown before
+/// it won (its answer found by the reconciler) keeps the error that made it
+/// unknown: its row tells why it was asked about.
 macro_rules! attempt_won {
     ($attempt:literal, $output:literal, $usage:literal, $request:literal, $at:literal) => {
         $crate::store::sql::attempt_won!(from ""; $attempt, $output, $usage, $request, $at)
@@ -154,7 +154,7 @@ macro_rules! attempt_won {
             $usage,
             ", provider_request_id = ",
             $request,
-            ", error_kind = NULL, error_message = NULL, finished_at = ",
+            ", finished_at = ",
             $at,
             " ",
             $from,

@@ -202,7 +202,7 @@ pub async fn switch(db: &DbArgs, name: &str, enabled: bool, reason: &str) -> any
             "disabled"
         },
         switch.changed_by,
-        switch.reason
+        OneLine(&switch.reason)
     );
     println!("running servers pick this up within a second");
     Ok(())

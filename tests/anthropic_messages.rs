@@ -818,73 +818,90 @@ fn failed_tool_body(model: &str, is_error: bool) -> Value {
 async fn a_failed_tool_result_reaches_each_wire_as_it_can_say_it(backend: Backend) {
     let (world, anthropic, openai) = wired_world(backend).await;
     let error_text = "ValueError: no city called Atlantis";
-
-    let (status, headers, message) = send(post(
-        &world,
-        "/v1/messages",
-        Some("failed-tool-native"),
-        &failed_tool_body("native", true),
-    ))
+    let sent = on_each_wire(&world, &anthropic, &openai, "failed-tool", |model| {
+        failed_tool_body(model, true)
+    })
     .await;
-    assert_eq!(status, 200, "{message}");
-    assert_eq!(header(&headers, "x-onejob-provider"), "native");
-    let seen = anthropic.seen();
-    assert_eq!(seen.len(), 1);
     assert_eq!(
-        seen[0].body["messages"][2]["content"],
+        sent.anthropic["messages"][2]["content"],
         json!([{"type": "tool_result", "tool_use_id": "toolu_1", "content": error_text, "is_error": true}]),
         "{}",
-        seen[0].body
+        sent.anthropic
     );
-
-    let (status, headers, message) = send(post(
-        &world,
-        "/v1/messages",
-        Some("failed-tool-openai"),
-        &failed_tool_body("openai", true),
-    ))
-    .await;
-    assert_eq!(status, 200, "{message}");
-    assert_eq!(header(&headers, "x-onejob-provider"), "openai");
-    let seen = openai.seen();
-    assert_eq!(seen.len(), 1);
     assert_eq!(
-        seen[0].body["messages"][2],
+        sent.openai["messages"][2],
         json!({"role": "tool", "content": error_text, "tool_call_id": "toolu_1"}),
         "{}",
-        seen[0].body
+        sent.openai
     );
-
-    let (status, headers, message) = send(post(
-        &world,
-        "/v1/messages",
-        Some("failed-tool-sim"),
-        &failed_tool_body("default", true),
-    ))
-    .await;
-    assert_eq!(status, 200, "{message}");
-    let job_id = header(&headers, "x-onejob-job-id").to_string();
-    assert_eq!(world.executions(&job_id, "primary"), 1);
-    let stored = world.stored_job(&job_id).await;
-    let request: Value = serde_json::from_str(&stored.request).unwrap();
     assert_eq!(
-        request["messages"][2],
+        sent.stored["messages"][2],
         json!({"role": "tool", "content": error_text, "tool_call_id": "toolu_1", "is_error": true})
     );
     // The flag is part of the request: the same key without it conflicts.
     let (status, headers, body) = send(post(
         &world,
         "/v1/messages",
-        Some("failed-tool-sim"),
+        Some("failed-tool-default"),
         &failed_tool_body("default", false),
     ))
     .await;
     let (status, kind, _) = anthropic_error(status, &body);
     assert_eq!((status, kind.as_str()), (409, "invalid_request_error"));
     assert_eq!(header(&headers, "x-should-retry"), "false");
-    assert_eq!(world.executions(&job_id, "primary"), 1, "never run again");
+    assert_eq!(
+        world.executions(&sent.job_id, "primary"),
+        1,
+        "never run again"
+    );
     assert_eq!(world.store.count_jobs().await.unwrap(), 3);
     world.stop().await;
+}
+
+/// What one request made of `body_for(route)` became on each wire: the
+/// bodies the Anthropic and OpenAI fakes received (routes `native` and
+/// `openai`), and the job request stored for the simulator's (`default`),
+/// which ran it once. Each answered 200 by the provider its route names.
+struct OnEachWire {
+    anthropic: Value,
+    openai: Value,
+    stored: Value,
+    job_id: String,
+}
+
+async fn on_each_wire(
+    world: &World,
+    anthropic: &upstream::Upstream,
+    openai: &upstream::Upstream,
+    key: &str,
+    body_for: impl Fn(&str) -> Value,
+) -> OnEachWire {
+    let mut job_id = String::new();
+    for route in ["native", "openai", "default"] {
+        let idempotency_key = format!("{key}-{route}");
+        let (status, headers, message) = send(post(
+            world,
+            "/v1/messages",
+            Some(&idempotency_key),
+            &body_for(route),
+        ))
+        .await;
+        assert_eq!(status, 200, "{route}: {message}");
+        if route != "default" {
+            assert_eq!(header(&headers, "x-onejob-provider"), route);
+        }
+        job_id = header(&headers, "x-onejob-job-id").to_string();
+    }
+    assert_eq!(world.executions(&job_id, "primary"), 1);
+    let stored = world.stored_job(&job_id).await;
+    let (anthropic, openai) = (anthropic.seen(), openai.seen());
+    assert_eq!((anthropic.len(), openai.len()), (1, 1));
+    OnEachWire {
+        anthropic: anthropic[0].body.clone(),
+        openai: openai[0].body.clone(),
+        stored: serde_json::from_str(&stored.request).unwrap(),
+        job_id,
+    }
 }
 
 /// `tool_choice.disable_parallel_tool_use: true` (the AI SDK's
@@ -893,7 +910,7 @@ async fn a_failed_tool_result_reaches_each_wire_as_it_can_say_it(backend: Backen
 /// back on its tool choice, an OpenAI one as `parallel_tool_calls`.
 async fn disable_parallel_tool_use_is_one_tool_call_per_turn_on_every_wire(backend: Backend) {
     let (world, anthropic, openai) = wired_world(backend).await;
-    let body = |model: &str| {
+    let sent = on_each_wire(&world, &anthropic, &openai, "one-call", |model| {
         json!({
             "model": model,
             "max_tokens": 100,
@@ -902,55 +919,22 @@ async fn disable_parallel_tool_use_is_one_tool_call_per_turn_on_every_wire(backe
             "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
             "messages": [{"role": "user", "content": "Name a city."}],
         })
-    };
-    let (status, _, message) = send(post(
-        &world,
-        "/v1/messages",
-        Some("one-call-native"),
-        &body("native"),
-    ))
+    })
     .await;
-    assert_eq!(status, 200, "{message}");
-    let seen = anthropic.seen();
-    assert_eq!(seen.len(), 1);
     assert_eq!(
-        seen[0].body["tool_choice"],
+        sent.anthropic["tool_choice"],
         json!({"type": "any", "disable_parallel_tool_use": true}),
         "{}",
-        seen[0].body
+        sent.anthropic
     );
-
-    let (status, _, message) = send(post(
-        &world,
-        "/v1/messages",
-        Some("one-call-openai"),
-        &body("openai"),
-    ))
-    .await;
-    assert_eq!(status, 200, "{message}");
-    let seen = openai.seen();
-    assert_eq!(seen.len(), 1);
     assert_eq!(
-        seen[0].body["parallel_tool_calls"],
+        sent.openai["parallel_tool_calls"],
         json!(false),
         "{}",
-        seen[0].body
+        sent.openai
     );
-    assert_eq!(seen[0].body["tool_choice"], json!("required"));
-
-    let (status, headers, message) = send(post(
-        &world,
-        "/v1/messages",
-        Some("one-call-sim"),
-        &body("default"),
-    ))
-    .await;
-    assert_eq!(status, 200, "{message}");
-    let job_id = header(&headers, "x-onejob-job-id").to_string();
-    assert_eq!(world.executions(&job_id, "primary"), 1);
-    let stored = world.stored_job(&job_id).await;
-    let request: Value = serde_json::from_str(&stored.request).unwrap();
-    assert_eq!(request["params"]["parallel_tool_calls"], json!(false));
+    assert_eq!(sent.openai["tool_choice"], json!("required"));
+    assert_eq!(sent.stored["params"]["parallel_tool_calls"], json!(false));
     world.stop().await;
 }
 

@@ -277,6 +277,25 @@ async fn unknown_names_are_errors_that_name_them_and_store_nothing() {
     assert!(store.latest_contract_runs().await.unwrap().is_empty());
 }
 
+/// Every contract of `contracts` run against provider `good` of `catalog`.
+async fn run_good(
+    catalog: &Catalog,
+    contracts: &BTreeMap<String, Contract>,
+    store: &dyn Store,
+) -> Vec<ContractReport> {
+    run_contracts(
+        catalog,
+        contracts,
+        store,
+        &SystemClock,
+        Some("good"),
+        None,
+        "tester",
+    )
+    .await
+    .unwrap()
+}
+
 async fn runs_are_stored_and_decide_eligibility(backend: Backend) {
     let sim = SimServer::start("127.0.0.1:0").await.unwrap();
     let (_dir, catalog) = catalog(&sim, &[("good", "healthy"), ("bad", "hallucinate_key")]);
@@ -366,17 +385,7 @@ async fn runs_are_stored_and_decide_eligibility(backend: Backend) {
     );
 
     // A new passing run under the new digest makes it eligible again.
-    run_contracts(
-        &catalog,
-        &edited,
-        store.as_ref(),
-        &SystemClock,
-        Some("good"),
-        None,
-        "tester",
-    )
-    .await
-    .unwrap();
+    run_good(&catalog, &edited, store.as_ref()).await;
     assert!(
         cache
             .eligibility("good", "ticket-triage")
@@ -406,17 +415,7 @@ async fn runs_are_stored_and_decide_eligibility(backend: Backend) {
     // The changed config is run (a staging run before its rollout): its
     // calls carry new keys, so the simulator, which honours keys, runs
     // them rather than refuse a key it saw with another model's body.
-    let reports = run_contracts(
-        &changed,
-        &edited,
-        store.as_ref(),
-        &SystemClock,
-        Some("good"),
-        None,
-        "tester",
-    )
-    .await
-    .unwrap();
+    let reports = run_good(&changed, &edited, store.as_ref()).await;
     assert!(reports[0].passed, "{}", reports[0].to_table());
     for case in &edited["ticket-triage"].cases {
         let key = onejob::contracts::contract_run_key(
@@ -437,17 +436,7 @@ async fn runs_are_stored_and_decide_eligibility(backend: Backend) {
     // though the pair's newest run was made with another config; so does
     // a failed run of a third config.
     let (_dir3, broken) = self::catalog(&sim, &[("good", "hallucinate_key")]);
-    let reports = run_contracts(
-        &broken,
-        &edited,
-        store.as_ref(),
-        &SystemClock,
-        Some("good"),
-        None,
-        "tester",
-    )
-    .await
-    .unwrap();
+    let reports = run_good(&broken, &edited, store.as_ref()).await;
     assert!(!reports[0].passed);
     let kept = cache.eligibility("good", "ticket-triage").await.unwrap();
     assert!(kept.eligible, "{}", kept.reason);

@@ -156,6 +156,10 @@ impl Hedging {
         now: Millis,
     ) -> Option<(u64, bool)> {
         self.with_route(route, |r, others| {
+            // A fixed silence reads nothing: no reading is made for it.
+            if !r.policy.auto {
+                return r.policy.threshold_ms(None);
+            }
             let reading = Self::reading(r, others, provider, measure, now);
             r.policy.threshold_ms(Some(&reading))
         })

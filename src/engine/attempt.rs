@@ -20,6 +20,7 @@ use crate::providers::catalog::ProviderEntry;
 use crate::providers::stream::{Chunk, Delta};
 use crate::providers::{AttemptOutcome, ChatRequest, Failure, Provider, Streamed, Success};
 use crate::store::{FinishAttempt, FinishOutcome};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -136,7 +137,7 @@ pub(super) async fn open(
     first: &ProviderEntry,
     kind: AttemptKind,
     started: Option<NewAttempt>,
-) -> Result<(Attempt, ChatRequest), RoundEnd> {
+) -> Result<(Attempt, Arc<ChatRequest>), RoundEnd> {
     let request = plan.request_for(first).map_err(|e| {
         RoundEnd::ended(
             None,
@@ -436,7 +437,7 @@ pub(super) fn launch(
     inner: &Inner,
     entry: &ProviderEntry,
     attempt: &Attempt,
-    request: ChatRequest,
+    request: Arc<ChatRequest>,
     limits: Limits,
     index: usize,
     events: mpsc::UnboundedSender<(usize, Event)>,

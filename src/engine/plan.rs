@@ -26,8 +26,9 @@ pub struct JobPlan {
     contracts: Arc<BTreeMap<String, Contract>>,
     /// [`JobPlan::request_for`] per provider name: the prompt is rendered and
     /// counted once per (job, provider), however often routing and the
-    /// driver ask. Shared by the plan's clones.
-    requests: Arc<Mutex<HashMap<String, Result<ChatRequest, PlanError>>>>,
+    /// driver ask, and shared, not copied, by whoever sends it. Shared by
+    /// the plan's clones.
+    requests: Arc<Mutex<HashMap<String, Result<Arc<ChatRequest>, PlanError>>>>,
 }
 
 /// A prompt that cannot be sent anywhere: the job fails, it is not retried.
@@ -168,7 +169,7 @@ impl JobPlan {
     /// The request for `provider`, or why it cannot take this job: the prompt
     /// does not render, or prompt + max_tokens exceed its context window
     /// (never send what must fail with `context_length_exceeded`).
-    pub fn request_for(&self, provider: &ProviderEntry) -> Result<ChatRequest, PlanError> {
+    pub fn request_for(&self, provider: &ProviderEntry) -> Result<Arc<ChatRequest>, PlanError> {
         let known = self
             .requests
             .lock()
@@ -178,7 +179,7 @@ impl JobPlan {
         if let Some(known) = known {
             return known;
         }
-        let made = self.make_request_for(provider);
+        let made = self.make_request_for(provider).map(Arc::new);
         self.requests
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -108,7 +108,7 @@ fn add_usage(a: Option<Usage>, b: Option<Usage>) -> Option<Usage> {
 /// and whether it restarts the answer (no prefill) or continues it.
 pub(super) struct Continuation<'a> {
     pub entry: &'a ProviderEntry,
-    pub request: ChatRequest,
+    pub request: Arc<ChatRequest>,
     pub restart: bool,
 }
 
@@ -362,7 +362,7 @@ impl Relay {
         }
         if let Some(entry) = choose_continuation(inner, route, plan, tried, true) {
             let mut request = plan.request_for(entry).ok()?;
-            request
+            Arc::make_mut(&mut request)
                 .messages
                 .push(Message::new(Role::Assistant, self.client_has(index)));
             return Some(Continuation {

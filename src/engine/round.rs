@@ -247,7 +247,12 @@ impl<'a> Round<'a> {
     }
 
     /// Launch a started attempt; its index in the round.
-    fn fly(&mut self, entry: &'a ProviderEntry, attempt: Attempt, request: ChatRequest) -> usize {
+    fn fly(
+        &mut self,
+        entry: &'a ProviderEntry,
+        attempt: Attempt,
+        request: Arc<ChatRequest>,
+    ) -> usize {
         let index = self.live.len();
         let task = launch(
             self.inner,
@@ -275,7 +280,7 @@ impl<'a> Round<'a> {
     async fn hedge(
         &mut self,
         entry: &'a ProviderEntry,
-        request: ChatRequest,
+        request: Arc<ChatRequest>,
         budgeted: bool,
         why: &str,
     ) -> Option<usize> {

@@ -144,6 +144,12 @@ pub struct ContractRunOutputs {
 /// providers, store every run, print the provider × check table, write the
 /// JUnit XML / JSON files asked for. Any failed run is an error, so the
 /// process exits non-zero (after the table and files are written).
+///
+/// Everything that can refuse the command is checked before anything is
+/// written: the names asked for, the credentials of the providers that will
+/// be called (only those: qualifying one provider needs none of the
+/// others' secrets), the report paths; only then is the database opened
+/// (and, when new, created).
 pub async fn run_contracts(
     db: &DbArgs,
     provider: Option<&str>,
@@ -151,21 +157,46 @@ pub async fn run_contracts(
     outputs: &ContractRunOutputs,
 ) -> anyhow::Result<()> {
     let config = db.load(None)?;
-    let catalog = crate::providers::catalog::Catalog::load(
-        &config.providers_dir,
-        config.sim_base_url.as_deref(),
-    )?;
+    let mut configs = if config.providers_dir.exists() {
+        crate::providers::config::load_dir(&config.providers_dir)?
+    } else {
+        Default::default()
+    };
     let contracts = crate::contracts::load_all(&config.contracts_dir)?;
+    crate::contracts::check_selection(
+        configs.keys().map(String::as_str),
+        contracts.keys().map(String::as_str),
+        provider,
+        contract,
+    )?;
+    if let Some(name) = provider {
+        configs.retain(|n, _| n == name);
+    }
+    if configs.is_empty() || contracts.is_empty() {
+        anyhow::bail!(
+            "nothing to run: no providers in {} or no contracts in {}",
+            config.providers_dir.display(),
+            config.contracts_dir.display()
+        );
+    }
+    // Only the providers this run calls are built, so only their
+    // credentials must be set.
+    let catalog =
+        crate::providers::catalog::Catalog::from_configs(configs, config.sim_base_url.as_deref())?;
     // The report files are opened before any provider is called: a path
     // that cannot be written stops the command before a run is stored.
     // Opened, not truncated: a report from an earlier run stays whole
     // until this run's replaces it (the other path may be the bad one).
+    // A file this command made is removed again when the other path
+    // refuses it.
     let create = |path: &PathBuf, what: &str| {
+        let existed = path.exists();
         std::fs::OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(false)
             .open(path)
+            .map(|file| (file, existed))
             .with_context(|| format!("cannot write {what} to {}; nothing was run", path.display()))
     };
     let junit_file = outputs
@@ -173,12 +204,37 @@ pub async fn run_contracts(
         .as_ref()
         .map(|p| create(p, "JUnit XML"))
         .transpose()?;
-    let json_file = outputs
-        .json
-        .as_ref()
-        .map(|p| create(p, "JSON"))
-        .transpose()?;
-    let store = open_store(&config).await?;
+    let json_file = outputs.json.as_ref().map(|p| create(p, "JSON")).transpose();
+    // A refusal from here on removes the report files this command made.
+    let made = |file: &Option<(std::fs::File, bool)>, path: &Option<PathBuf>| {
+        file.as_ref()
+            .zip(path.as_ref())
+            .filter(|((_, existed), _)| !existed)
+            .map(|(_, path)| path.clone())
+    };
+    let discard = |paths: &[Option<PathBuf>]| {
+        for path in paths.iter().flatten() {
+            let _ = std::fs::remove_file(path);
+        }
+    };
+    let json_file = match json_file {
+        Ok(file) => file,
+        Err(e) => {
+            discard(&[made(&junit_file, &outputs.junit)]);
+            return Err(e);
+        }
+    };
+    let store = match open_store(&config).await {
+        Ok(store) => store,
+        Err(e) => {
+            discard(&[
+                made(&junit_file, &outputs.junit),
+                made(&json_file, &outputs.json),
+            ]);
+            return Err(e);
+        }
+    };
+    let (junit_file, json_file) = (junit_file.map(|f| f.0), json_file.map(|f| f.0));
     let reports = crate::contracts::run_contracts(
         &catalog,
         &contracts,
@@ -191,13 +247,6 @@ pub async fn run_contracts(
     .await;
     store.close().await;
     let reports = reports?;
-    if reports.is_empty() {
-        anyhow::bail!(
-            "nothing to run: no providers in {} or no contracts in {}",
-            config.providers_dir.display(),
-            config.contracts_dir.display()
-        );
-    }
     print!("{}", crate::contracts::render_table(&reports));
     let passed = reports.iter().all(|r| r.passed);
     use std::io::Write as _;

@@ -612,6 +612,107 @@ async fn cli_run_exits_non_zero_on_a_failing_provider_and_writes_junit_and_json(
     store.close().await;
 }
 
+/// An operator qualifying one provider sets that provider's credentials
+/// only: the run with `--provider` builds and calls that one, so another
+/// provider's unset API key variable does not stop it. A run that would
+/// call the other provider, and the server, which builds every provider,
+/// still refuse without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cli_run_of_one_provider_needs_only_its_credentials() {
+    const UNSET: &str = "ONEJOB_TEST_CONTRACTS_KEY_THAT_IS_NOT_SET";
+    let sim = SimServer::start("127.0.0.1:0").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let providers = dir.path().join("providers");
+    write_providers(&providers, &sim, &[("healthy", "healthy")]);
+    std::fs::write(
+        providers.join("openai.toml"),
+        format!(
+            "kind = \"openai\"\nbase_url = \"https://api.openai.com\"\nmodel = \"gpt-4o-mini\"\n\
+             api_key_env = \"{UNSET}\"\ntokenizer = \"o200k_base\"\ncontext_window = 128000\n"
+        ),
+    )
+    .unwrap();
+    let db = dir.path().join("one.db");
+    let config = dir.path().join("onejob.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\ndatabase_url = \"{}\"\ncontracts_dir = \"{}\"\nlisten = \"127.0.0.1:0\"\n\
+             [routes.default]\nprimary = \"healthy\"\n",
+            db.display(),
+            shipped_dir().display()
+        ),
+    )
+    .unwrap();
+    let onejob = |args: &[&str]| {
+        let config = config.clone();
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        async move {
+            tokio::process::Command::new("timeout")
+                .arg("60")
+                .arg(env!("CARGO_BIN_EXE_onejob"))
+                .args(&args)
+                .arg("--config")
+                .arg(&config)
+                .env_remove("ONEJOB_DATABASE_URL")
+                .env_remove("ONEJOB_CONFIG")
+                .env_remove(UNSET)
+                .env("RUST_LOG", "warn")
+                .output()
+                .await
+                .unwrap()
+        }
+    };
+
+    let output = onejob(&[
+        "contracts",
+        "run",
+        "--provider",
+        "healthy",
+        "--contract",
+        "ticket-triage",
+    ])
+    .await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(!stderr.contains(UNSET), "{stderr}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.trim_start().starts_with("healthy") && l.ends_with("PASS")),
+        "{stdout}"
+    );
+    let store = onejob::store::connect(&onejob::config::DatabaseUrl::Sqlite(db.clone()))
+        .await
+        .unwrap();
+    let latest = store.latest_contract_runs().await.unwrap();
+    assert_eq!(
+        latest
+            .iter()
+            .map(|r| (r.provider.as_str(), r.contract.as_str(), r.passed))
+            .collect::<Vec<_>>(),
+        [("healthy", "ticket-triage", true)]
+    );
+    store.close().await;
+
+    // Every provider, the keyless one included, is refused, naming the variable.
+    for args in [
+        &["contracts", "run"][..],
+        &["contracts", "run", "--provider", "openai"],
+    ] {
+        let output = onejob(args).await;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{args:?}: {stderr}");
+        assert!(stderr.contains(UNSET), "{args:?}: {stderr}");
+    }
+    // The server builds every provider: it does not start without the key.
+    let output = onejob(&["serve"]).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(UNSET), "{stderr}");
+}
+
 #[tokio::test]
 async fn running_contracts_needs_an_admin_key() {
     let app = spawn_app(Backend::Sqlite).await;

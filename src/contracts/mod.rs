@@ -37,7 +37,7 @@ pub use output::{Problem, RoundTripMismatch, Violation};
 pub use render::{RenderError, RenderedPrompt, WireFormat};
 pub use report::{render_table, reports_to_junit_xml, CheckKind, CheckResult, ContractReport};
 pub use run::{contract_run_key, run_contract, ProviderProfile};
-pub use runner::{profile_of, run_contracts, RunError};
+pub use runner::{check_selection, profile_of, run_contracts, RunError};
 pub use tokenizer::{
     check_prompt, check_usage_agreement, count_prompt_tokens, counted_with_tools,
     prompt_tokens_at_most, PromptTokens, TokenizerError, TokenizerViolation,

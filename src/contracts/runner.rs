@@ -80,20 +80,18 @@ pub async fn run_contracts(
     filter_contract: Option<&str>,
     actor: &str,
 ) -> Result<Vec<ContractReport>, RunError> {
+    check_selection(
+        catalog.names(),
+        contracts.keys().map(String::as_str),
+        filter_provider,
+        filter_contract,
+    )?;
     let providers: Vec<&ProviderEntry> = match filter_provider {
-        Some(name) => vec![catalog.get(name).ok_or_else(|| RunError::UnknownProvider {
-            name: name.to_string(),
-            known: known(catalog.names()),
-        })?],
+        Some(name) => catalog.get(name).into_iter().collect(),
         None => catalog.entries().collect(),
     };
     let selected: Vec<&Contract> = match filter_contract {
-        Some(name) => vec![contracts
-            .get(name)
-            .ok_or_else(|| RunError::UnknownContract {
-                name: name.to_string(),
-                known: known(contracts.keys().map(String::as_str)),
-            })?],
+        Some(name) => contracts.get(name).into_iter().collect(),
         None => contracts.values().collect(),
     };
     // The futures are made up front (not polled until buffered): a closure
@@ -137,6 +135,37 @@ async fn run_pair(
     };
     store.insert_contract_run(run).await?;
     Ok(report)
+}
+
+/// Whether the filters name a provider and a contract that exist: an
+/// unknown name is an error that lists the known ones. The CLI asks this
+/// before it builds a provider (a provider it will not call needs no
+/// credentials) or opens the database.
+pub fn check_selection<'a>(
+    providers: impl Iterator<Item = &'a str>,
+    contracts: impl Iterator<Item = &'a str>,
+    filter_provider: Option<&str>,
+    filter_contract: Option<&str>,
+) -> Result<(), RunError> {
+    if let Some(name) = filter_provider {
+        let providers: Vec<&str> = providers.collect();
+        if !providers.contains(&name) {
+            return Err(RunError::UnknownProvider {
+                name: name.to_string(),
+                known: known(providers.into_iter()),
+            });
+        }
+    }
+    if let Some(name) = filter_contract {
+        let contracts: Vec<&str> = contracts.collect();
+        if !contracts.contains(&name) {
+            return Err(RunError::UnknownContract {
+                name: name.to_string(),
+                known: known(contracts.into_iter()),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn known<'a>(names: impl Iterator<Item = &'a str>) -> String {

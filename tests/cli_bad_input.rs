@@ -34,6 +34,8 @@ fn onejob(args: &[&str], env: &[(&str, &str)]) -> Output {
         .args(args)
         .env_remove("ONEJOB_CONFIG")
         .env_remove("ONEJOB_DATABASE_URL")
+        .env_remove("ONEJOB_WEBHOOK_KEY")
+        .env_remove(UNSET)
         .env("RUST_LOG", "warn")
         .env("USER", "tester");
     for (name, value) in env {
@@ -257,6 +259,156 @@ fn an_unwritable_report_path_stops_contracts_run_before_any_run() {
         .query_row("SELECT COUNT(*) FROM contract_runs", [], |r| r.get(0))
         .unwrap();
     assert_eq!(runs, 0, "no run was stored");
+}
+
+/// A config beside a SQLite file that does not exist yet, with the shipped
+/// contracts and a providers folder of the shipped `sim` and an OpenAI
+/// provider whose key variable `UNSET` is not set; the database's path.
+fn fresh(dir: &Path) -> (String, std::path::PathBuf) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let providers = dir.join("providers");
+    std::fs::create_dir(&providers).unwrap();
+    std::fs::copy(root.join("providers/sim.toml"), providers.join("sim.toml")).unwrap();
+    std::fs::write(
+        providers.join("openai.toml"),
+        format!(
+            "kind = \"openai\"\nbase_url = \"https://api.openai.com\"\nmodel = \"gpt-4o-mini\"\n\
+             api_key_env = \"{UNSET}\"\ntokenizer = \"o200k_base\"\ncontext_window = 128000\n"
+        ),
+    )
+    .unwrap();
+    std::fs::create_dir(dir.join("empty")).unwrap();
+    let config = dir.join("onejob.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\ndatabase_url = \"onejob.db\"\nproviders_dir = \"providers\"\ncontracts_dir = {:?}\n",
+            root.join("contracts"),
+        ),
+    )
+    .unwrap();
+    (config.to_str().unwrap().to_string(), dir.join("onejob.db"))
+}
+
+const UNSET: &str = "ONEJOB_TEST_BAD_INPUT_KEY_THAT_IS_NOT_SET";
+
+/// A refused command leaves no database behind: every name, value and
+/// credential it can check without one is checked before the database is
+/// opened, which creates a new SQLite file (and migrates a new schema).
+#[test]
+fn a_refused_command_creates_no_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, db) = fresh(dir.path());
+    let c = config.as_str();
+    let junit = dir.path().join("contracts.xml");
+    let junit = junit.to_str().unwrap();
+    let nowhere = dir.path().join("no-such-dir/contracts.json");
+    let nowhere = nowhere.to_str().unwrap();
+    let empty = dir.path().join("empty");
+    let empty_config = dir.path().join("empty.toml");
+    std::fs::write(
+        &empty_config,
+        format!(
+            "[server]\ndatabase_url = \"onejob.db\"\nproviders_dir = {:?}\ncontracts_dir = {:?}\n",
+            empty,
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("contracts"),
+        ),
+    )
+    .unwrap();
+    let empty_config = empty_config.to_str().unwrap();
+    let secret = format!("oj_{}", "b2".repeat(32));
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["contracts", "run", "--provider", "nope"],
+            "unknown provider \"nope\" (known: openai, sim)",
+        ),
+        (
+            vec!["contracts", "run", "--contract", "nope"],
+            "unknown contract \"nope\"",
+        ),
+        // The run would call the provider whose key is not set.
+        (vec!["contracts", "run"], UNSET),
+        (vec!["contracts", "run", "--provider", "openai"], UNSET),
+        // The good report path is not left behind empty either.
+        (
+            vec![
+                "contracts",
+                "run",
+                "--provider",
+                "sim",
+                "--junit",
+                junit,
+                "--json",
+                nowhere,
+            ],
+            "cannot write JSON",
+        ),
+        (vec!["contracts", "run", "--bogus"], "--bogus"),
+        (
+            vec!["keys", "create", "--owner", "al ice"],
+            "1-128 characters",
+        ),
+        (
+            vec!["keys", "create", "--owner", "alice", "--expires-in", "0s"],
+            "expires_in",
+        ),
+        (
+            vec!["keys", "limits", "key_1", "--rps", "5", "--reason", ""],
+            "--reason",
+        ),
+        (vec!["keys", "revoke", &secret], "not its id"),
+        (vec!["keys", "rotate", &secret], "not its id"),
+        (
+            vec![
+                "webhooks",
+                "create",
+                "--owner",
+                "alice",
+                "--url",
+                "https://example.com/h",
+            ],
+            "ONEJOB_WEBHOOK_KEY",
+        ),
+        (vec!["webhooks", "rotate", "wh_1"], "ONEJOB_WEBHOOK_KEY"),
+        (vec!["usage", "--days", "0"], "--days"),
+    ];
+    for (args, names) in &cases {
+        let mut all = args.clone();
+        all.extend(["--config", c]);
+        let stderr = refused(&all, &[], names);
+        assert!(!stderr.contains(&secret[3..]), "{stderr}");
+        assert!(!db.exists(), "{args:?} created the database: {stderr}");
+    }
+    assert!(!Path::new(junit).exists(), "an empty report is left behind");
+    // Nothing to run (no providers) is said before the database is made.
+    refused(
+        &["contracts", "run", "--config", empty_config],
+        &[],
+        "nothing to run",
+    );
+    assert!(!empty.join("onejob.db").exists() && !dir.path().join("onejob.db").exists());
+    // A webhook the server could never call, or for events that do not
+    // exist, with the key set.
+    let keygen = onejob(&["webhooks", "keygen"], &[]);
+    assert!(keygen.status.success(), "{}", text(&keygen));
+    let key = String::from_utf8_lossy(&keygen.stdout).trim().to_string();
+    for (args, names) in [
+        (vec!["--url", "http://127.0.0.1/h"], "https"),
+        (
+            vec!["--url", "https://example.com/h", "--event", "job.nope"],
+            "unknown event type",
+        ),
+    ] {
+        let mut all = vec!["webhooks", "create", "--owner", "alice", "--config", c];
+        all.extend(args);
+        refused(&all, &[("ONEJOB_WEBHOOK_KEY", &key)], names);
+        assert!(!db.exists(), "{all:?} created the database");
+    }
+
+    // The same commands with good values make it.
+    let created = onejob(&["keys", "create", "--owner", "alice", "--config", c], &[]);
+    assert!(created.status.success(), "{}", text(&created));
+    assert!(db.exists());
 }
 
 /// A PostgreSQL server that is not there is said at once and why: the pool

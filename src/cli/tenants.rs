@@ -20,6 +20,19 @@ fn actor() -> String {
     }
 }
 
+/// A key's secret (`oj_` and 64 hex digits) given where its id belongs is
+/// refused before the database is opened: no key has such an id, and the
+/// refusal never prints the secret ([`keys::KeyError::NotFound`] says why).
+fn refuse_secret_for_id(id: &str) -> anyhow::Result<()> {
+    let secret = id
+        .strip_prefix(keys::KEY_PREFIX)
+        .is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()));
+    if secret {
+        return Err(keys::KeyError::NotFound(id.to_string()).into());
+    }
+    Ok(())
+}
+
 /// A key's limits as `keys list` and the messages show them.
 fn limits_text(limits: Option<&str>) -> String {
     limits.map_or_else(|| "-".to_string(), str::to_string)
@@ -40,6 +53,16 @@ pub async fn create(
     limits
         .check()
         .map_err(|e| anyhow::anyhow!("--{}", e.replace('_', "-")))?;
+    // Refused as `keys::create` refuses them, before the database is
+    // opened (or, new, created).
+    if !OwnerId::is_valid_name(owner) {
+        return Err(keys::KeyError::InvalidOwner.into());
+    }
+    if expires_in.is_some_and(|d| d.is_zero()) {
+        return Err(
+            keys::KeyError::InvalidDuration("expires_in: must be more than 0".into()).into(),
+        );
+    }
     let config = db.load(None)?;
     let store = open_store(&config).await?;
     let created = keys::create(
@@ -114,6 +137,7 @@ pub async fn list(db: &DbArgs, owner: Option<&OwnerId>) -> anyhow::Result<()> {
 
 /// `onejob keys revoke ID`.
 pub async fn revoke(db: &DbArgs, id: &str) -> anyhow::Result<()> {
+    refuse_secret_for_id(id)?;
     let config = db.load(None)?;
     let store = open_store(&config).await?;
     let result = keys::revoke(store.as_ref(), &SystemClock, id, &actor()).await;
@@ -129,6 +153,7 @@ pub async fn revoke(db: &DbArgs, id: &str) -> anyhow::Result<()> {
 /// `onejob keys rotate ID [--grace 24h]`; the new key alone on the last line.
 pub async fn rotate(db: &DbArgs, id: &str, grace: &str) -> anyhow::Result<()> {
     let grace = keys::parse_duration("--grace", grace)?;
+    refuse_secret_for_id(id)?;
     let config = db.load(None)?;
     let store = open_store(&config).await?;
     let result = keys::rotate(store.as_ref(), &SystemClock, id, grace, &actor()).await;
@@ -158,6 +183,8 @@ pub async fn set_key_limits(
     limits
         .check()
         .map_err(|e| anyhow::anyhow!("--{}", e.replace('_', "-")))?;
+    check_reason(reason).map_err(|e| anyhow::anyhow!("--reason: {e}"))?;
+    refuse_secret_for_id(id)?;
     let config = db.load(None)?;
     let store = open_store(&config).await?;
     let result = keys::set_limits(store.as_ref(), &SystemClock, id, limits, &actor(), reason).await;

@@ -7,7 +7,7 @@ use super::providers::table;
 use super::{open_store, DbArgs};
 use crate::clock::{rfc3339, Clock, SystemClock};
 use crate::domain::OwnerId;
-use crate::webhooks::endpoints::{Actor, NewEndpoint, Webhooks};
+use crate::webhooks::endpoints::{Actor, NewEndpoint, WebhookError, Webhooks};
 use crate::webhooks::secrets::SecretKey;
 use std::sync::LazyLock;
 
@@ -28,7 +28,10 @@ struct Opened {
 
 impl Opened {
     async fn new(db: &DbArgs) -> anyhow::Result<Self> {
-        let config = db.load(None)?;
+        Self::of(db.load(None)?).await
+    }
+
+    async fn of(config: crate::config::Config) -> anyhow::Result<Self> {
         let store = open_store(&config).await?;
         Ok(Opened { config, store })
     }
@@ -64,13 +67,15 @@ pub async fn create(
     events: Vec<String>,
     description: Option<String>,
 ) -> anyhow::Result<()> {
+    let config = db.load(None)?;
+    refuse_before_opening(&config, url, &events)?;
     let new = NewEndpoint {
         url: url.to_string(),
         events: (!events.is_empty()).then_some(events),
         description,
         owner: Some(owner.clone()),
     };
-    let opened = Opened::new(db).await?;
+    let opened = Opened::of(config).await?;
     let created = opened.hooks().create(admin(), new).await;
     let (endpoint, secret) = opened.close(created).await?;
     println!(
@@ -80,6 +85,45 @@ pub async fn create(
         endpoint.event_types().join(", ")
     );
     println!("{secret}");
+    Ok(())
+}
+
+/// A new secret is stored encrypted: without the key, `create` and
+/// `rotate` refuse, whatever the database holds.
+fn refuse_without_key(config: &crate::config::Config) -> Result<(), WebhookError> {
+    match config.webhook_key {
+        Some(_) => Ok(()),
+        None => Err(WebhookError::NoKey(config.webhooks.secret_key_env.clone())),
+    }
+}
+
+/// What `create` would refuse whatever the database holds (no key to
+/// encrypt the secret with, a URL that may not be called, an unknown event
+/// type), refused as it refuses it, before the database is opened (or,
+/// new, created). `create` checks them all again, with the rest.
+fn refuse_before_opening(
+    config: &crate::config::Config,
+    url: &str,
+    events: &[String],
+) -> Result<(), WebhookError> {
+    refuse_without_key(config)?;
+    if let Some(c) = url.chars().find(|c| c.is_control()) {
+        return Err(WebhookError::Invalid(format!(
+            "url {}",
+            crate::domain::text::control_refusal(c)
+        )));
+    }
+    crate::webhooks::ssrf::check_url(url, config.webhooks.allow_private_networks)
+        .map_err(|e| WebhookError::Invalid(e.to_string()))?;
+    if let Some(e) = events
+        .iter()
+        .find(|e| !crate::webhooks::EVENT_TYPES.contains(&e.as_str()))
+    {
+        return Err(WebhookError::Invalid(format!(
+            "events: unknown event type {e:?}; known: {}",
+            crate::webhooks::EVENT_TYPES.join(", ")
+        )));
+    }
     Ok(())
 }
 
@@ -118,7 +162,9 @@ pub async fn delete(db: &DbArgs, id: &str) -> anyhow::Result<()> {
 
 /// `onejob webhooks rotate ID`; the new secret alone on the last line.
 pub async fn rotate(db: &DbArgs, id: &str) -> anyhow::Result<()> {
-    let opened = Opened::new(db).await?;
+    let config = db.load(None)?;
+    refuse_without_key(&config)?;
+    let opened = Opened::of(config).await?;
     let rotated = opened.hooks().rotate(admin(), id).await;
     let (endpoint, secret) = opened.close(rotated).await?;
     println!(

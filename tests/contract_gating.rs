@@ -16,6 +16,7 @@ on_both_backends!(
     an_ineligible_fallback_is_never_hedged_or_failed_over_to,
     a_passing_run_makes_the_fallback_eligible_until_the_contract_changes,
     output_that_breaks_the_schema_is_never_a_result,
+    why_every_provider_was_passed_over_is_in_the_event_log,
 );
 
 const WAIT: Duration = Duration::from_secs(15);
@@ -210,5 +211,129 @@ async fn output_that_breaks_the_schema_is_never_a_result(backend: Backend) {
             "{a}"
         );
     }
+    world.stop().await;
+}
+
+/// A console session for `key`: the login form's CSRF cookie and field,
+/// then the session cookie the login sets.
+async fn console_session(world: &World, key: &str) -> String {
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let form = http
+        .get(format!("{}/ui/login", world.address))
+        .send()
+        .await
+        .unwrap();
+    let cookie = |r: &reqwest::Response, name: &str| {
+        r.headers()
+            .get_all("set-cookie")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .find(|v| v.starts_with(&format!("{name}=")))
+            .map(|v| v.split(';').next().unwrap().to_string())
+            .unwrap()
+    };
+    let login_cookie = cookie(&form, "onejob_login_csrf");
+    let html = form.text().await.unwrap();
+    let at = html.find("name=\"csrf\" value=\"").unwrap() + 19;
+    let csrf = html[at..].split('"').next().unwrap().to_string();
+    let answer = http
+        .post(format!("{}/ui/login", world.address))
+        .header("cookie", login_cookie)
+        .form(&[("key", key), ("csrf", csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 303);
+    cookie(&answer, "onejob_session")
+}
+
+/// When no provider may take a job, its event log says why each was passed
+/// over (switched off, not eligible for the job's contract), as the
+/// console's job page shows it, and so does the job's last error.
+async fn why_every_provider_was_passed_over_is_in_the_event_log(backend: Backend) {
+    let providers = [
+        ProviderSpec {
+            name: "primary",
+            model: "healthy",
+        },
+        ProviderSpec {
+            name: "fallback",
+            model: "healthy",
+        },
+    ];
+    let mut r = route("primary", &["fallback"]);
+    r.max_attempts = 2;
+    let world = start_world(backend, &providers, r, |_| {}).await;
+    let (status, body) = world
+        .post(
+            &world.admin_key,
+            "/v1/admin/providers/primary/disable",
+            &json!({ "reason": "maintenance window" }),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+
+    let (_, job) = world.submit("passed-over", &ticket(1), None).await;
+    let id = job["id"].as_str().unwrap().to_string();
+    let (job, attempts) = world
+        .until(&id, WAIT, |j, _| j["state"] == "needs_review")
+        .await;
+    assert!(attempts.is_empty(), "{attempts:?}");
+    assert_eq!(world.executions(&id, "primary"), 0);
+    assert_eq!(world.executions(&id, "fallback"), 0);
+    let disabled = "primary: disabled (maintenance window)";
+    let ineligible = "fallback: not eligible as fallback for ticket-triage: no contract run yet";
+    let last_error = job["last_error"].as_str().unwrap();
+    assert!(
+        last_error.contains(disabled) && last_error.contains(ineligible),
+        "{job}"
+    );
+
+    // The event log as stored: one retry and then review, each with why.
+    let events = world
+        .store
+        .list_events(&onejob::domain::JobId::from(id.as_str()))
+        .await
+        .unwrap();
+    let reasons: Vec<(&str, String)> = events
+        .iter()
+        .filter(|e| ["retry_scheduled", "needs_review"].contains(&e.kind.as_str()))
+        .map(|e| {
+            let detail: Value = serde_json::from_str(e.detail.as_deref().unwrap()).unwrap();
+            (
+                e.kind.as_str(),
+                detail["reason"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        reasons.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
+        ["retry_scheduled", "needs_review"],
+        "{events:?}"
+    );
+    for (kind, reason) in &reasons {
+        assert!(
+            reason.contains(disabled) && reason.contains(ineligible),
+            "{kind}: {reason}"
+        );
+    }
+
+    // And as the console's job page shows it.
+    let session = console_session(&world, &world.admin_key).await;
+    let page = world
+        .client
+        .get(format!("{}/ui/jobs/{id}", world.address))
+        .header("cookie", session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    let html = page.text().await.unwrap();
+    assert!(html.contains("retry_scheduled"), "{html}");
+    assert!(html.contains(disabled), "{html}");
+    assert!(html.contains(ineligible), "{html}");
     world.stop().await;
 }

@@ -1,5 +1,5 @@
-//! Start-up as an object: `Application::build(config)` opens and migrates the
-//! store and binds the listener; `run_until_stopped` serves until the
+//! Start-up as an object: `Application::build(config)` binds the listener,
+//! loads the providers and contracts, then opens and migrates the store; `run_until_stopped` serves until the
 //! shutdown signal, lets in-flight requests finish, then flushes the store.
 //! Tests build the same object on port 0.
 
@@ -50,30 +50,17 @@ pub struct Application {
     state: AppState,
 }
 
-impl Application {
-    pub async fn build(config: Config) -> Result<Self, StartError> {
-        let store =
-            store::connect(&config.database)
-                .await
-                .map_err(|source| StartError::Database {
-                    url: config.database.to_string(),
-                    source,
-                })?;
-        store
-            .migrate()
-            .await
-            .map_err(|source| StartError::Database {
-                url: config.database.to_string(),
-                source,
-            })?;
-        Self::with_store(config, store, Arc::new(SystemClock)).await
-    }
+/// What a start needs besides the database, each of which can refuse it:
+/// the listening socket, the provider files (with their API keys) checked
+/// against the routes, and the contracts.
+struct Parts {
+    listener: TcpListener,
+    providers: Arc<Catalog>,
+    contracts: Arc<std::collections::BTreeMap<String, crate::contracts::Contract>>,
+}
 
-    pub async fn with_store(
-        config: Config,
-        store: Arc<dyn Store>,
-        clock: Arc<dyn Clock>,
-    ) -> Result<Self, StartError> {
+impl Parts {
+    async fn load(config: &Config) -> Result<Self, StartError> {
         let listener =
             TcpListener::bind(config.listen)
                 .await
@@ -97,6 +84,57 @@ impl Application {
         } else {
             Default::default()
         });
+        Ok(Parts {
+            listener,
+            providers,
+            contracts,
+        })
+    }
+}
+
+impl Application {
+    pub async fn build(config: Config) -> Result<Self, StartError> {
+        // Everything that can refuse the configuration or the address is
+        // checked before the database is opened: a refused start leaves no
+        // new database behind.
+        let parts = Parts::load(&config).await?;
+        let store =
+            store::connect(&config.database)
+                .await
+                .map_err(|source| StartError::Database {
+                    url: config.database.to_string(),
+                    source,
+                })?;
+        store
+            .migrate()
+            .await
+            .map_err(|source| StartError::Database {
+                url: config.database.to_string(),
+                source,
+            })?;
+        Self::assemble(config, store, Arc::new(SystemClock), parts).await
+    }
+
+    pub async fn with_store(
+        config: Config,
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, StartError> {
+        let parts = Parts::load(&config).await?;
+        Self::assemble(config, store, clock, parts).await
+    }
+
+    async fn assemble(
+        config: Config,
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        parts: Parts,
+    ) -> Result<Self, StartError> {
+        let Parts {
+            listener,
+            providers,
+            contracts,
+        } = parts;
         // Loaded before the first request: a provider switched off stays off
         // from the first attempt on.
         let switches = Arc::new(ProviderSwitches::default());

@@ -317,7 +317,14 @@ fn a_refused_command_creates_no_database() {
     .unwrap();
     let empty_config = empty_config.to_str().unwrap();
     let secret = format!("oj_{}", "b2".repeat(32));
+    // An address already taken, for a server that cannot listen.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = taken.local_addr().unwrap().to_string();
     let cases: Vec<(Vec<&str>, &str)> = vec![
+        // A server refused at start: a provider's key is not set, or its
+        // address is taken (checked first).
+        (vec!["serve", "--listen", "127.0.0.1:0"], UNSET),
+        (vec!["serve", "--listen", &taken], "cannot listen"),
         (
             vec!["contracts", "run", "--provider", "nope"],
             "unknown provider \"nope\" (known: openai, sim)",

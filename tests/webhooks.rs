@@ -797,6 +797,41 @@ async fn a_410_disables_the_endpoint_and_a_redelivery_keeps_its_id(backend: Back
     assert_eq!(status, 404);
 }
 
+/// A server without the webhook key (one of several on the database, its
+/// environment incomplete) claims nothing: its sender stops by itself, and
+/// the delivery is still pending, untried, for a server that can sign.
+async fn a_server_without_the_key_leaves_deliveries_to_one_with_it(backend: Backend) {
+    let h = hooks(backend, |_| {}).await;
+    let receiver = Receiver::start(Behaviour::default()).await;
+    let (endpoint, _) = h.endpoint(&h.alice, &receiver.url, None).await;
+    let job = h.job(&h.alice, "wh-keyless").await;
+    h.cancel(&h.alice, &job).await;
+    let mut config = common::test_config(&h.db);
+    config.webhooks.enabled = true;
+    let keyless = Deliverer::new(
+        config.webhooks.clone(),
+        None,
+        h.store.clone(),
+        h.clock.clone(),
+        Arc::new(Metrics::default()),
+    )
+    .unwrap();
+    let (_never, stopped) = tokio::sync::watch::channel(false);
+    tokio::time::timeout(Duration::from_secs(10), keyless.run(stopped))
+        .await
+        .expect("a sender without a key returns at once, unstopped");
+    let d = h.deliveries(&endpoint).await[0].clone();
+    assert_eq!(
+        (d["state"].as_str(), d["tries"].as_i64()),
+        (Some("pending"), Some(0)),
+        "{d}"
+    );
+    // The server with the key sends it.
+    assert_eq!(h.deliverer.deliver_due().await.unwrap(), 1);
+    let d = h.deliveries(&endpoint).await[0].clone();
+    assert_eq!(d["state"], "delivered", "{d}");
+}
+
 async fn during_a_rotation_both_secrets_sign(backend: Backend) {
     let Some(python) = common::python::python() else {
         return;
@@ -995,6 +1030,7 @@ on_both_backends!(
     a_slow_endpoint_does_not_delay_another_owners_delivery,
     a_410_disables_the_endpoint_and_a_redelivery_keeps_its_id,
     during_a_rotation_both_secrets_sign,
+    a_server_without_the_key_leaves_deliveries_to_one_with_it,
     a_rotation_after_the_key_changed_signs_with_the_new_secret_alone,
     bad_input_gets_a_stable_code_and_writes_nothing,
 );

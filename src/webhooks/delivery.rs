@@ -112,7 +112,19 @@ impl Deliverer {
 
     /// Claim and send until `stopped`; tries in flight then finish (each is
     /// bounded by `timeout_ms`) or are left to their lease.
+    ///
+    /// Without a key a server claims nothing: it could not sign, and every
+    /// try it claimed would be spent and failed for good, where a server
+    /// sharing the database with the key would have sent it. It says so
+    /// once and returns.
     pub async fn run(self: Arc<Self>, mut stopped: watch::Receiver<bool>) {
+        if self.key.is_none() {
+            tracing::warn!(
+                variable = %self.config.secret_key_env,
+                "webhooks are enabled but no webhook key is set: this server sends no deliveries (they wait for a server with the key)"
+            );
+            return;
+        }
         let poll = Duration::from_millis(self.config.poll_interval_ms);
         loop {
             if *stopped.borrow() {

@@ -832,6 +832,43 @@ async fn a_server_without_the_key_leaves_deliveries_to_one_with_it(backend: Back
     assert_eq!(d["state"], "delivered", "{d}");
 }
 
+/// One URL is one endpoint per owner: a second registration would deliver
+/// every event twice under two ids. Another owner may use the same URL.
+async fn a_url_is_registered_once_per_owner(backend: Backend) {
+    let h = hooks(backend, |_| {}).await;
+    let url = "http://127.0.0.1:9/hook";
+    let (first, _) = h.endpoint(&h.alice, url, None).await;
+    for (key, body) in [
+        (&h.alice, json!({ "url": url })),
+        (
+            &h.admin,
+            json!({ "url": url, "owner": "alice", "events": ["job.failed"] }),
+        ),
+    ] {
+        let (status, answer) = h.call("POST", key, "/v1/webhooks", Some(body)).await;
+        assert_eq!(
+            (status, answer["error"]["code"].as_str()),
+            (409, Some("endpoint_exists")),
+            "{answer}"
+        );
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains(&first),
+            "{answer}"
+        );
+    }
+    let alices = h
+        .store
+        .list_webhook_endpoints(Some(&"alice".into()))
+        .await
+        .unwrap();
+    assert_eq!(alices.len(), 1);
+    h.endpoint(&h.bob, url, None).await;
+    assert_eq!(h.store.list_webhook_endpoints(None).await.unwrap().len(), 2);
+}
+
 async fn during_a_rotation_both_secrets_sign(backend: Backend) {
     let Some(python) = common::python::python() else {
         return;
@@ -1031,6 +1068,7 @@ on_both_backends!(
     a_410_disables_the_endpoint_and_a_redelivery_keeps_its_id,
     during_a_rotation_both_secrets_sign,
     a_server_without_the_key_leaves_deliveries_to_one_with_it,
+    a_url_is_registered_once_per_owner,
     a_rotation_after_the_key_changed_signs_with_the_new_secret_alone,
     bad_input_gets_a_stable_code_and_writes_nothing,
 );

@@ -41,6 +41,9 @@ pub enum ApiError {
     /// A redelivery of a webhook delivery that is still being retried.
     #[error("{0}")]
     DeliveryPending(String),
+    /// A webhook endpoint for a URL its owner has registered already.
+    #[error("{0}")]
+    EndpointExists(String),
     /// Webhooks need a key to store their secrets encrypted; none is set.
     #[error("{0}")]
     WebhooksNotConfigured(String),
@@ -78,7 +81,8 @@ impl ApiError {
             | ApiError::JobFinished(_)
             | ApiError::AttemptNotUnknown(_)
             | ApiError::KeyNotLive(_)
-            | ApiError::DeliveryPending(_) => StatusCode::CONFLICT,
+            | ApiError::DeliveryPending(_)
+            | ApiError::EndpointExists(_) => StatusCode::CONFLICT,
             ApiError::WebhooksNotConfigured(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Limited(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
@@ -106,6 +110,7 @@ impl ApiError {
             ApiError::AttemptNotUnknown(_) => "attempt_not_unknown",
             ApiError::KeyNotLive(_) => "key_not_live",
             ApiError::DeliveryPending(_) => "delivery_pending",
+            ApiError::EndpointExists(_) => "endpoint_exists",
             ApiError::WebhooksNotConfigured(_) => "webhooks_not_configured",
             ApiError::RequestTimeout(_) => "request_timeout",
             ApiError::Limited(e) => e.code(),

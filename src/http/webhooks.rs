@@ -39,6 +39,7 @@ impl From<WebhookError> for ApiError {
             WebhookError::Invalid(m) => ApiError::InvalidRequest(m),
             WebhookError::NotFound(what) => ApiError::NotFound(what),
             e @ WebhookError::DeliveryPending => ApiError::DeliveryPending(e.to_string()),
+            e @ WebhookError::UrlTaken(_) => ApiError::EndpointExists(e.to_string()),
             e @ WebhookError::NoKey(_) => ApiError::WebhooksNotConfigured(e.to_string()),
             WebhookError::Secret(e) => ApiError::Internal(e.into()),
             WebhookError::Store(e) => e.into(),

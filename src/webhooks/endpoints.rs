@@ -36,6 +36,12 @@ pub enum WebhookError {
     NotFound(&'static str),
     #[error("the delivery is still pending; it is sent again by itself")]
     DeliveryPending,
+    /// The owner has an endpoint with this URL already: a second would
+    /// deliver every event twice, under two ids its receiver cannot match.
+    #[error(
+        "the owner already has endpoint {0} for this url; delete it first to register the url again"
+    )]
+    UrlTaken(String),
     #[error(
         "webhooks are not configured on this server: set ${0} to a key (base64 of 32 bytes; \
          `onejob webhooks keygen` prints one) so secrets can be stored encrypted"
@@ -149,6 +155,15 @@ impl Webhooks<'_> {
             }
             _ => actor.owner_id.clone(),
         };
+        if let Some(taken) = self
+            .store
+            .list_webhook_endpoints(Some(&owner_id))
+            .await?
+            .into_iter()
+            .find(|e| e.url == new.url)
+        {
+            return Err(WebhookError::UrlTaken(taken.id));
+        }
         let id = format!("wh_{}", crate::domain::new_id());
         let secret = signing::new_secret().ok_or(WebhookError::Secret(SecretError::Random))?;
         let sealed = key.seal(&id, &secret).map_err(WebhookError::Secret)?;

@@ -135,6 +135,7 @@ impl From<ApiError> for AnthropicError {
             | E::AttemptNotUnknown(_)
             | E::KeyNotLive(_)
             | E::DeliveryPending(_)
+            | E::EndpointExists(_)
             | E::MethodNotAllowed
             | E::RequestTimeout(_) => (e.status_code(), "invalid_request_error"),
             // Anthropic answers every malformed or invalid request 400.

@@ -26,8 +26,12 @@ on_both_backends!(
     a_failed_tool_result_reaches_each_wire_as_it_can_say_it,
     disable_parallel_tool_use_is_one_tool_call_per_turn_on_every_wire,
     a_job_the_providers_overload_ended_is_an_overloaded_error,
+    a_job_rate_limited_into_review_may_be_asked_again,
     a_streamed_context_length_exceeded_says_what_the_answer_says,
     a_cancelled_job_streamed_says_what_the_answer_says,
+    a_job_overloaded_into_review_streamed_is_an_overloaded_error,
+    a_job_still_pending_streamed_says_what_the_answer_says,
+    the_models_api_answers_in_anthropics_shape_when_asked_with_anthropic_version,
 );
 
 fn spec(name: &'static str, model: &'static str) -> ProviderSpec {
@@ -416,12 +420,33 @@ async fn a_call_without_credentials_is_an_authentication_error(backend: Backend)
         |_| {},
     )
     .await;
-    for request in [
-        world.client.post(format!("{}/v1/messages", world.address)),
-        world
-            .client
-            .post(format!("{}/v1/messages", world.address))
-            .header("x-api-key", "oj_not-a-key"),
+    // The message names the header the key came in, as Anthropic's does
+    // (it said "send Authorization: Bearer <key>" to an SDK that sends
+    // x-api-key).
+    let messages = world.client.post(format!("{}/v1/messages", world.address));
+    let count = world
+        .client
+        .post(format!("{}/v1/messages/count_tokens", world.address));
+    for (request, said) in [
+        (
+            messages.try_clone().unwrap(),
+            "x-api-key header is required",
+        ),
+        (
+            messages
+                .try_clone()
+                .unwrap()
+                .header("x-api-key", "oj_not-a-key"),
+            "invalid x-api-key",
+        ),
+        (
+            messages.try_clone().unwrap().bearer_auth("oj_not-a-key"),
+            "invalid bearer token in the Authorization header",
+        ),
+        (
+            count.header("x-api-key", "oj_not-a-key"),
+            "invalid x-api-key",
+        ),
     ] {
         let (status, headers, body) = send(
             request
@@ -429,8 +454,9 @@ async fn a_call_without_credentials_is_an_authentication_error(backend: Backend)
                 .json(&message_body("Hello")),
         )
         .await;
-        let (status, kind, _) = anthropic_error(status, &body);
+        let (status, kind, message) = anthropic_error(status, &body);
         assert_eq!((status, kind.as_str()), (401, "authentication_error"));
+        assert_eq!(message, said);
         assert_eq!(header(&headers, "x-should-retry"), "false");
     }
     assert_eq!(world.store.count_jobs().await.unwrap(), 0);
@@ -990,6 +1016,55 @@ async fn a_job_the_providers_overload_ended_is_an_overloaded_error(backend: Back
     world.stop().await;
 }
 
+/// A job its provider rate-limited until its retries ran out waits in
+/// review, where an admin may still settle it, as one overloaded into it
+/// does. Its `429 rate_limit_error` said `x-should-retry: false`, so the
+/// SDK gave up on a job that may still answer; it now says `true`, as the
+/// overloaded one's 529 does, and the SDK's retry is the same job.
+async fn a_job_rate_limited_into_review_may_be_asked_again(backend: Backend) {
+    let world = start_world(
+        backend,
+        &[spec("primary", "rate_limit:retry_after=0")],
+        {
+            let mut limited = route("primary", &[]);
+            limited.max_attempts = 2;
+            limited
+        },
+        |_| {},
+    )
+    .await;
+    let body = message_body("Hello");
+    let (status, headers, answer) =
+        send(post(&world, "/v1/messages", Some("limited-1"), &body)).await;
+    let job_id = header(&headers, "x-onejob-job-id").to_string();
+    let (status, kind, message) = anthropic_error(status, &answer);
+    assert_eq!(
+        (status, kind.as_str()),
+        (429, "rate_limit_error"),
+        "{message}"
+    );
+    assert_eq!(world.job(&job_id).await["state"], "needs_review");
+    assert_eq!(header(&headers, "x-should-retry"), "true");
+    assert!(message.contains("it may still be settled"), "{message}");
+    let attempts = world.attempts(&job_id).await;
+    assert!(
+        attempts.len() == 2 && attempts.iter().all(|a| a["error_kind"] == "rate_limited"),
+        "{attempts:?}"
+    );
+    let (status, headers, again) =
+        send(post(&world, "/v1/messages", Some("limited-1"), &body)).await;
+    assert_eq!(anthropic_error(status, &again), (429, kind, message));
+    assert_eq!(header(&headers, "idempotent-replayed"), "true");
+    assert_eq!(header(&headers, "x-onejob-job-id"), job_id);
+    assert_eq!(
+        world.attempts(&job_id).await.len(),
+        2,
+        "the replay ran nothing"
+    );
+    assert_eq!(world.store.count_jobs().await.unwrap(), 1);
+    world.stop().await;
+}
+
 /// The `error` event that ends a stream, as Anthropic's error: its type
 /// and message.
 async fn stream_error(world: &World, key: &str, body: &Value) -> (String, String) {
@@ -1080,6 +1155,199 @@ async fn a_cancelled_job_streamed_says_what_the_answer_says(backend: Backend) {
         "the stream says what the answer says"
     );
     assert_eq!(world.job(&job_id).await["state"], "cancelled");
+    assert_eq!(world.store.count_jobs().await.unwrap(), 1);
+    world.stop().await;
+}
+
+/// `GET /v1/models` answered OpenAI's list (`object`, `created`,
+/// `owned_by`) to the Anthropic SDK, which reads Anthropic's Models API
+/// there (`type`, `display_name`, `created_at`, pages by `after_id`), and
+/// an unknown model as OpenAI's error. Asked with `anthropic-version` (as
+/// every Anthropic SDK asks) it now answers in Anthropic's shape; without
+/// it, in OpenAI's still.
+async fn the_models_api_answers_in_anthropics_shape_when_asked_with_anthropic_version(
+    backend: Backend,
+) {
+    let world = start_world(
+        backend,
+        &[spec("primary", "healthy")],
+        route("primary", &[]),
+        |c| {
+            c.routes.insert("fast".into(), route("primary", &[]));
+            c.routes.insert("slow".into(), route("primary", &[]));
+        },
+    )
+    .await;
+    let get = |path: &str| {
+        world
+            .client
+            .get(format!("{}{path}", world.address))
+            .header("anthropic-version", "2023-06-01")
+    };
+    let ids = |page: &Value| -> Vec<String> {
+        page["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+
+    let (status, _, page) = send(get("/v1/models").header("x-api-key", &world.key)).await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(ids(&page), ["default", "fast", "slow"]);
+    assert_eq!(
+        page["data"][1],
+        json!({"type": "model", "id": "fast", "display_name": "fast",
+               "created_at": "1970-01-01T00:00:00Z", "lifecycle": "active"})
+    );
+    assert_eq!(
+        (&page["has_more"], &page["first_id"], &page["last_id"]),
+        (&json!(false), &json!("default"), &json!("slow"))
+    );
+    assert!(page.get("object").is_none(), "{page}");
+
+    // Pages, as the SDK's auto-pagination walks them.
+    let (_, _, first) = send(get("/v1/models?limit=2").header("x-api-key", &world.key)).await;
+    assert_eq!(ids(&first), ["default", "fast"]);
+    assert_eq!(
+        (&first["has_more"], &first["last_id"]),
+        (&json!(true), &json!("fast"))
+    );
+    let (_, _, next) =
+        send(get("/v1/models?limit=2&after_id=fast").header("x-api-key", &world.key)).await;
+    assert_eq!(ids(&next), ["slow"]);
+    assert_eq!(next["has_more"], false);
+    let (_, _, before) =
+        send(get("/v1/models?limit=1&before_id=slow").header("x-api-key", &world.key)).await;
+    assert_eq!(ids(&before), ["fast"]);
+    assert_eq!(
+        (&before["has_more"], &before["first_id"]),
+        (&json!(true), &json!("fast"))
+    );
+    let (_, _, retired) =
+        send(get("/v1/models?lifecycle[]=retired").header("x-api-key", &world.key)).await;
+    assert_eq!(
+        retired,
+        json!({"data": [], "has_more": false, "first_id": null, "last_id": null})
+    );
+    let (status, headers, refused) =
+        send(get("/v1/models?limit=0").header("x-api-key", &world.key)).await;
+    let (status, kind, message) = anthropic_error(status, &refused);
+    assert_eq!((status, kind.as_str()), (400, "invalid_request_error"));
+    assert!(message.starts_with("limit: "), "{message}");
+    assert_eq!(header(&headers, "x-should-retry"), "false");
+
+    let (status, _, one) = send(get("/v1/models/slow").header("x-api-key", &world.key)).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        (&one["type"], &one["id"]),
+        (&json!("model"), &json!("slow"))
+    );
+    let (status, headers, missing) =
+        send(get("/v1/models/nope").header("x-api-key", &world.key)).await;
+    let (status, kind, message) = anthropic_error(status, &missing);
+    assert_eq!((status, kind.as_str()), (404, "not_found_error"));
+    assert!(message.contains("\"nope\""), "{message}");
+    assert_eq!(header(&headers, "x-should-retry"), "false");
+    let (status, _, unauthorized) = send(get("/v1/models")).await;
+    assert_eq!(
+        anthropic_error(status, &unauthorized),
+        (
+            401,
+            "authentication_error".into(),
+            "x-api-key header is required".into()
+        )
+    );
+
+    // Without the header: OpenAI's shape, as before.
+    let (status, openai) = world.get(&world.key, "/v1/models").await;
+    assert_eq!(status, 200);
+    assert_eq!(openai["object"], "list");
+    assert_eq!(openai["data"][0]["object"], "model");
+    let (status, missing) = world.get(&world.key, "/v1/models/nope").await;
+    assert_eq!(status, 404);
+    assert_eq!(missing["error"]["code"], "model_not_found");
+    assert_eq!(world.store.count_jobs().await.unwrap(), 0);
+    world.stop().await;
+}
+
+/// A job its provider's overload sent to review answers `529
+/// overloaded_error`, but streamed it ended with an `api_error`
+/// ("job_needs_review: …"), which the SDK raises as another error. A
+/// streamed replay's error is now `overloaded_error` too. (A live stream
+/// the job's retries ran out under still says `api_error`: its error comes
+/// from the engine after the drive, with no attempts for the door to read.)
+async fn a_job_overloaded_into_review_streamed_is_an_overloaded_error(backend: Backend) {
+    let world = start_world(
+        backend,
+        &[spec("primary", "overloaded")],
+        route("primary", &[]),
+        |_| {},
+    )
+    .await;
+    let body = message_body("Hello");
+    let (status, headers, answer) = send(post(&world, "/v1/messages", Some("busy-s"), &body)).await;
+    let (status, kind, _) = anthropic_error(status, &answer);
+    assert_eq!((status, kind.as_str()), (529, "overloaded_error"));
+    let job_id = header(&headers, "x-onejob-job-id").to_string();
+    assert_eq!(world.job(&job_id).await["state"], "needs_review");
+    let (replayed, message) = stream_error(&world, "busy-s", &body).await;
+    assert_eq!(replayed, "overloaded_error", "{message}");
+    assert!(
+        message.starts_with(&format!("job_needs_review: job {job_id} is needs_review: ")),
+        "{message}"
+    );
+    assert_eq!(world.store.count_jobs().await.unwrap(), 1);
+    world.stop().await;
+}
+
+/// A job still pending when the wait ends answers `504 timeout_error`
+/// ("job … is still pending; replay this request …"); streamed it ended
+/// with an `api_error` "job_pending: job … is pending: no result yet". The
+/// stream now says what the answer says. (No engine runs the job, so it
+/// stays pending.)
+async fn a_job_still_pending_streamed_says_what_the_answer_says(backend: Backend) {
+    let world = start_world(
+        backend,
+        &[spec("primary", "healthy")],
+        route("primary", &[]),
+        |c| c.engine.enabled = false,
+    )
+    .await;
+    let body = message_body("Hello");
+    let (status, headers, answer) =
+        send(post(&world, "/v1/messages", Some("pending-1"), &body).header("Prefer", "wait=0"))
+            .await;
+    let job_id = header(&headers, "x-onejob-job-id").to_string();
+    let (status, kind, answered) = anthropic_error(status, &answer);
+    assert_eq!((status, kind.as_str()), (504, "timeout_error"));
+    assert_eq!(header(&headers, "x-should-retry"), "true");
+    assert!(
+        answered.starts_with(&format!(
+            "job {job_id} is still pending; replay this request"
+        )),
+        "{answered}"
+    );
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let response = post(&world, "/v1/messages", Some("pending-1"), &streamed)
+        .header("Prefer", "wait=0")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let text = response.text().await.unwrap();
+    let events = events(&text);
+    assert_eq!(events.len(), 1, "{text}");
+    let (name, error) = &events[0];
+    assert_eq!(name, "error", "{text}");
+    assert_eq!(
+        (&error["error"]["type"], &error["error"]["message"]),
+        (&json!(kind), &json!(answered)),
+        "the stream says what the answer says"
+    );
+    assert_eq!(world.job(&job_id).await["state"], "pending");
     assert_eq!(world.store.count_jobs().await.unwrap(), 1);
     world.stop().await;
 }

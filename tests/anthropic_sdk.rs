@@ -59,7 +59,7 @@ async fn the_official_anthropic_sdk_works_unchanged(backend: Backend) {
         c.routes.insert("too-long".into(), route("long", &[]));
     })
     .await;
-    let [plain, system, twice, streamed, events, tools, counted, refusals] = cases_of(
+    let [plain, system, twice, streamed, events, tools, counted, refusals, models] = cases_of(
         "anthropic_cases.py",
         &python,
         &world.address,
@@ -73,6 +73,7 @@ async fn the_official_anthropic_sdk_works_unchanged(backend: Backend) {
             "tool_round_trip",
             "count_tokens",
             "refusals",
+            "models",
         ],
     )
     .await;
@@ -194,9 +195,28 @@ async fn the_official_anthropic_sdk_works_unchanged(backend: Backend) {
             "no-credentials": [401, "AuthenticationError", "authentication_error"],
         })
     );
+    // The routes, as the SDK's Models API reads them (`GET /v1/models`
+    // answered it OpenAI's list, and the SDK found no `display_name`).
+    let epoch = "1970-01-01T00:00:00+00:00";
+    assert_eq!(
+        models["listed"],
+        json!([
+            ["model", "default", "default", epoch, "active"],
+            ["model", "filter", "filter", epoch, "active"],
+            ["model", "too-long", "too-long", epoch, "active"],
+        ])
+    );
+    assert_eq!(
+        models["walked"],
+        json!(["default", "filter", "too-long"]),
+        "a page at a time"
+    );
+    assert_eq!(models["first_page"], json!([["default"], true, "default"]));
+    assert_eq!(models["one"], json!(["model", "filter", "filter"]));
+    assert_eq!(models["missing"], json!([404, "not_found_error"]));
     // plain, system, twice, stream, events, three tool turns, the filtered
-    // and the too-long prompts (the second streamed); counting and the
-    // refused key made none.
+    // and the too-long prompts (the second streamed); counting, the
+    // refused key and the models made none.
     assert_eq!(world.store.count_jobs().await.unwrap(), 11);
     world.stop().await;
 }

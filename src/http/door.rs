@@ -8,8 +8,10 @@
 //! back the engine's canonical answer ([`Outcome`]) or its stream events
 //! ([`Opened`]). The door encodes those, and its errors, in its own shape.
 //! Nothing here knows a dialect, and no door imports another (the two
-//! that answer in OpenAI's error shape share `http::openai_error`): adding one
-//! touches its own module and the router.
+//! that answer in OpenAI's error shape share `http::openai_error`; the
+//! OpenAI door hands `GET /v1/models` asked with `anthropic-version` to
+//! the Anthropic door's Models API, one path serving both SDKs): adding
+//! one touches its own module and the router.
 
 use super::error::ApiError;
 use super::AppState;
@@ -436,11 +438,8 @@ pub struct Answer {
 /// Why a job has no answer for the client, whatever door asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
-    /// Still running after the wait; the same request picks it up again
-    /// (`client_may_retry` unless the key was made here).
-    Pending {
-        client_may_retry: bool,
-    },
+    /// Still running after the wait; the same request picks it up again.
+    Pending,
     Cancelled,
     ContextLengthExceeded,
     ContentPolicy,
@@ -451,30 +450,15 @@ pub enum Refusal {
     BadRequest(ErrorKind),
     /// Waiting for a human, or for its provider's record of an attempt
     /// whose outcome is unknown: it may still end with an answer, which a
-    /// replay with the same key gets (`client_may_retry` unless the key
-    /// was made here).
-    NeedsReview {
-        client_may_retry: bool,
-    },
+    /// replay with the same key gets. (One a provider's refusal sent to
+    /// review, e.g. rate-limited until its retries ran out, is told as
+    /// that refusal.)
+    NeedsReview,
     /// Failed otherwise (the provider's kind, when one is known).
     Failed(Option<ErrorKind>),
 }
 
 impl Refusal {
-    /// Whether the client is told it may send the same request again
-    /// (`x-should-retry: true`): the job may still answer it. A finished
-    /// job answers every replay the same.
-    pub fn client_may_retry(&self) -> bool {
-        matches!(
-            self,
-            Refusal::Pending {
-                client_may_retry: true
-            } | Refusal::NeedsReview {
-                client_may_retry: true
-            }
-        )
-    }
-
     /// How the kind of an attempt's failure is told to a client, by every
     /// door and in every stream: the provider's refusals
     /// ([`ErrorKind::is_refusal`]) by class, any other kind kept as it is.
@@ -507,6 +491,13 @@ impl Refusal {
 pub struct Refused {
     pub why: Refusal,
     pub message: String,
+    /// Whether the client is told it may send the same request again
+    /// (`x-should-retry: true`): the job is pending or in review, so it may
+    /// still answer it, whatever its refusal says (a job rate-limited into
+    /// review as much as one overloaded into it), and the key is the
+    /// client's (one made here cannot be sent again). A finished job
+    /// answers every replay the same.
+    pub client_may_retry: bool,
 }
 
 /// A settled job as the engine's answer, or why there is none.
@@ -594,38 +585,40 @@ fn answer_of(state: &AppState, job: &Job, winner: Option<&Attempt>) -> Answer {
 fn refusal(job: &Job, unanswered: Unanswered, key_made_here: bool) -> Refused {
     let detail = job.last_error.as_deref().unwrap_or("no result");
     let message = format!("job {} is {}: {detail}", job.id, job.state.as_str());
+    let client_may_retry = !job.state.is_final() && !key_made_here;
+    let in_review = |why| Refused {
+        why,
+        message: format!(
+            "{message}; it may still be settled (its provider's record of an attempt, \
+             or an admin): replay this request with the same Idempotency-Key, or GET /v1/jobs/{}",
+            job.id
+        ),
+        client_may_retry,
+    };
     let why = match unanswered {
         Unanswered::Pending => {
             return Refused {
-                why: Refusal::Pending {
-                    client_may_retry: !key_made_here,
-                },
+                why: Refusal::Pending,
                 message: format!(
                     "job {} is still {}; replay this request with the same Idempotency-Key, or GET /v1/jobs/{}",
                     job.id,
                     job.state.as_str(),
                     job.id
                 ),
+                client_may_retry,
             }
         }
         Unanswered::Cancelled => Refusal::Cancelled,
-        Unanswered::NeedsReview(Some(kind)) => Refusal::of_kind(&kind),
-        Unanswered::NeedsReview(None) => {
-            return Refused {
-                why: Refusal::NeedsReview {
-                    client_may_retry: !key_made_here,
-                },
-                message: format!(
-                    "{message}; it may still be settled (its provider's record of an attempt, \
-                     or an admin): replay this request with the same Idempotency-Key, or GET /v1/jobs/{}",
-                    job.id
-                ),
-            }
-        }
+        Unanswered::NeedsReview(Some(kind)) => return in_review(Refusal::of_kind(&kind)),
+        Unanswered::NeedsReview(None) => return in_review(Refusal::NeedsReview),
         Unanswered::Failed(Some(kind)) => Refusal::of_kind(&kind),
         Unanswered::Failed(None) => Refusal::Failed(None),
     };
-    Refused { why, message }
+    Refused {
+        why,
+        message,
+        client_may_retry,
+    }
 }
 
 /// The headers every door sends with a job's answer: which job and which
@@ -669,6 +662,11 @@ pub struct Opened {
     /// The first event (an attempt's `Start` names the provider and
     /// attempt for the headers).
     pub first: Option<StreamEvent>,
+    /// The job's attempts when its stored answer is streamed and is a
+    /// refusal, read for what its error code does not say (a job in review
+    /// keeps no kind in it but a refusal's: a door may tell its last
+    /// failure, e.g. an overload); none for a live stream.
+    pub attempts: Vec<Attempt>,
 }
 
 impl Opened {
@@ -720,6 +718,7 @@ pub async fn open_stream(
             replayed: submission.replayed,
             events: Events::Live(hub),
             first,
+            attempts: Vec::new(),
         });
     }
     let wait = preferred_wait(headers)
@@ -756,6 +755,7 @@ pub async fn open_stream(
         job: settled.job,
         replayed: settled.replayed,
         events: Events::Stored(events),
+        attempts: settled.attempts,
     })
 }
 
@@ -801,6 +801,7 @@ pub async fn open_existing(
         job: settled.job,
         replayed: false,
         events: Events::Stored(events),
+        attempts: settled.attempts,
     })
 }
 
@@ -810,18 +811,12 @@ fn stored_events(state: &AppState, settled: &Settled) -> Vec<StreamEvent> {
     if let Some(unanswered) =
         Unanswered::of(job.state, &settled.attempts, job.last_error.as_deref())
     {
-        // A finished job (failed, cancelled) never gets a result: said as
-        // its answer says it.
-        let detail = match job.last_error.as_deref() {
-            Some(error) => error,
-            None if job.state.is_final() => "no result",
-            None => "no result yet",
-        };
-        let message = format!("job {} is {}: {detail}", job.id, job.state.as_str());
-        return vec![StreamEvent::Error {
-            code: unanswered.code().to_string(),
-            message,
-        }];
+        // Said as its answer says it: a finished job (failed, cancelled)
+        // never gets a result; one pending or in review may, and the
+        // message says how to ask again.
+        let code = unanswered.code().to_string();
+        let message = refusal(job, unanswered, false).message;
+        return vec![StreamEvent::Error { code, message }];
     }
     let winner = settled.winner();
     let answer = answer_of(state, job, winner);

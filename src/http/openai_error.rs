@@ -83,14 +83,14 @@ impl OpenAiError {
 /// refusals as OpenAI names them, any other provider kind kept.
 pub(crate) fn refusal_code(why: &Refusal) -> (StatusCode, &str) {
     let (status, code) = match why {
-        Refusal::Pending { .. } => (504, "job_pending"),
+        Refusal::Pending => (504, "job_pending"),
         Refusal::Cancelled => (409, "job_cancelled"),
         Refusal::ContextLengthExceeded => (400, "context_length_exceeded"),
         Refusal::ContentPolicy => (400, "content_policy_violation"),
         Refusal::RateLimited => (429, "rate_limit_exceeded"),
         Refusal::ContractViolation => (502, "contract_violation"),
         Refusal::BadRequest(kind) => (400, kind.as_str()),
-        Refusal::NeedsReview { .. } => (502, "job_needs_review"),
+        Refusal::NeedsReview => (502, "job_needs_review"),
         Refusal::Failed(None) => (502, "job_failed"),
         Refusal::Failed(Some(kind)) => (502, kind.as_str()),
     };
@@ -105,9 +105,13 @@ pub(crate) fn refusal_code(why: &Refusal) -> (StatusCode, &str) {
 /// request's prompt field (`prompt_param`) for a context length and its
 /// format field (`format_param`) for a broken contract. A finished job
 /// answers the same to every replay, so only a pending one or one in
-/// review says the SDK may retry (and not when the key was made here).
+/// review says the SDK may retry ([`Refused::client_may_retry`]).
 pub(crate) fn refusal(refused: Refused, prompt_param: &str, format_param: &str) -> OpenAiError {
-    let Refused { why, message } = refused;
+    let Refused {
+        why,
+        message,
+        client_may_retry,
+    } = refused;
     let (status, code) = refusal_code(&why);
     let param = match why {
         Refusal::ContextLengthExceeded => Some(prompt_param.to_string()),
@@ -120,7 +124,7 @@ pub(crate) fn refusal(refused: Refused, prompt_param: &str, format_param: &str) 
         code: code.to_string(),
         param,
         message,
-        retry: why.client_may_retry(),
+        retry: client_may_retry,
         retry_after_ms: None,
     }
 }

@@ -286,6 +286,32 @@ def cut_without_prefill_fallback():
     return seen
 
 
+@case
+def models():
+    """The Models API as the SDK reads it: the list (also walked one route
+    a page, by the SDK's own `after_id` paging), one model, an unknown one."""
+    c = client()
+    listed = [
+        [m.type, m.id, m.display_name, m.created_at.isoformat(), m.lifecycle]
+        for m in c.models.list()
+    ]
+    walked = [m.id for m in c.models.list(limit=1)]
+    first = c.models.list(limit=1)
+    one = c.models.retrieve("filter")
+    try:
+        c.models.retrieve("nope")
+        raise AssertionError("an unknown model was found")
+    except anthropic.NotFoundError as e:
+        missing = [e.status_code, e.body["error"]["type"]]
+    return {
+        "listed": listed,
+        "walked": walked,
+        "first_page": [[m.id for m in first.data], first.has_more, first.last_id],
+        "one": [one.type, one.id, one.display_name],
+        "missing": missing,
+    }
+
+
 def refused(route, key, api_key=None):
     try:
         client(api_key).messages.create(

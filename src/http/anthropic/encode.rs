@@ -2,7 +2,7 @@
 //! events, and a job without an answer as Anthropic's error.
 
 use super::error::{refusal_type, stream_refusal, AnthropicError};
-use crate::domain::{Attempt, AttemptState, Job};
+use crate::domain::{Attempt, AttemptState, ErrorKind, Job};
 use crate::engine::stream::StreamEvent;
 use crate::http::door::{Answer, Refusal, Refused, StreamEncoder};
 use crate::providers::Usage;
@@ -67,33 +67,49 @@ pub(super) fn message(job: &Job, answer: Answer) -> Value {
 /// the job's (none for a stream's error), read for what the refusal does
 /// not keep ([`refusal_type`]).
 pub(super) fn refusal(refused: Refused, attempts: &[Attempt]) -> AnthropicError {
-    let Refused { why, message } = refused;
-    let last_failure = attempts
-        .iter()
-        .rev()
-        .filter(|a| a.state == AttemptState::Failed)
-        .find_map(|a| a.error_kind.as_ref());
-    let (status, kind) = refusal_type(&why, last_failure);
+    let Refused {
+        why,
+        message,
+        client_may_retry,
+    } = refused;
+    let (status, kind) = refusal_type(&why, last_failure(attempts));
     let message = match why {
         Refusal::ContextLengthExceeded => format!("prompt is too long: {message}"),
         _ => message,
     };
     AnthropicError {
-        retry: why.client_may_retry(),
+        retry: client_may_retry,
         ..AnthropicError::new(status, kind, message)
     }
 }
 
-/// The error a stream ends with. One the answer would give as a 4xx (the
-/// request's own: its prompt too long, refused, a cancelled job) has the
-/// type and message that answer has, which clients classify by (`prompt is
+/// The kind of the last failed attempt among `attempts`.
+fn last_failure(attempts: &[Attempt]) -> Option<&ErrorKind> {
+    attempts
+        .iter()
+        .rev()
+        .filter(|a| a.state == AttemptState::Failed)
+        .find_map(|a| a.error_kind.as_ref())
+}
+
+/// The error a stream ends with, typed as the answer's (`last_failure`:
+/// the job's last failed attempt's kind, when known, so a job its
+/// provider's overload sent to review is `overloaded_error`). One the
+/// answer would give as a 4xx (the request's own: its prompt too long,
+/// refused, a cancelled job), and a job still pending (`timeout_error`),
+/// has the message that answer has, which clients classify by (`prompt is
 /// too long: …`); any other has its code first (`stream_cut: …`).
-fn stream_error(code: &str, message: &str) -> AnthropicError {
+fn stream_error(code: &str, message: &str, last_failure: Option<&ErrorKind>) -> AnthropicError {
     let why = stream_refusal(code);
-    let (status, kind) = refusal_type(&why, None);
-    if status.is_client_error() {
+    let (status, kind) = refusal_type(&why, last_failure);
+    if status.is_client_error() || why == Refusal::Pending {
         let message = message.to_string();
-        return refusal(Refused { why, message }, &[]);
+        let refused = Refused {
+            why,
+            message,
+            client_may_retry: false,
+        };
+        return refusal(refused, &[]);
     }
     AnthropicError::new(status, kind, format!("{code}: {message}"))
 }
@@ -124,6 +140,9 @@ enum Block {
 /// `event: error`, never with a stop on a truncated answer.
 pub(super) struct Encoder {
     id: String,
+    /// The job's last failed attempt's kind, when its stored answer is
+    /// streamed (its error is typed by it).
+    last_failure: Option<ErrorKind>,
     started: bool,
     open: Option<Block>,
     /// Index of the open block (the next block's when none is open).
@@ -133,9 +152,12 @@ pub(super) struct Encoder {
 }
 
 impl Encoder {
-    pub(super) fn new(job: &Job) -> Self {
+    /// The encoder of `job`'s stream; `attempts` are the job's, when its
+    /// stored answer is streamed (none for a live stream).
+    pub(super) fn new(job: &Job, attempts: &[Attempt]) -> Self {
         Encoder {
             id: message_id(job),
+            last_failure: last_failure(attempts).cloned(),
             started: false,
             open: None,
             index: 0,
@@ -262,7 +284,7 @@ impl StreamEncoder for Encoder {
                 Self::event(&mut out, "message_stop", &json!({"type": "message_stop"}));
             }
             StreamEvent::Error { code, message } => {
-                let error = stream_error(code, message);
+                let error = stream_error(code, message, self.last_failure.as_ref());
                 Self::event(
                     &mut out,
                     "error",

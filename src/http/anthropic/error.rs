@@ -6,7 +6,7 @@
 use crate::domain::ErrorKind;
 use crate::http::door::Refusal;
 use crate::http::error::{ApiError, STORE_RETRY_AFTER_SECS};
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
@@ -43,6 +43,29 @@ impl AnthropicError {
         }
     }
 
+    /// A missing or unknown key: `401 authentication_error` in Anthropic's
+    /// words for the header the key came in (the SDKs send `x-api-key`;
+    /// `Authorization: Bearer` is read first when both are sent).
+    pub(super) fn unauthorized(headers: &HeaderMap) -> Self {
+        let bearer = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split_once(' '))
+            .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"));
+        let message = if bearer {
+            "invalid bearer token in the Authorization header"
+        } else if headers.contains_key("x-api-key") {
+            "invalid x-api-key"
+        } else {
+            "x-api-key header is required"
+        };
+        AnthropicError::new(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            message.to_string(),
+        )
+    }
+
     /// A refused submission: an unknown route is an unknown `model`.
     pub(super) fn submit(e: ApiError) -> Self {
         match e {
@@ -70,15 +93,15 @@ pub(super) fn refusal_type(
 ) -> (StatusCode, &'static str) {
     let overloaded = last_failure == Some(&ErrorKind::Overloaded);
     let (status, kind) = match why {
-        Refusal::NeedsReview { .. } if overloaded => (529, "overloaded_error"),
-        Refusal::Pending { .. } => (504, "timeout_error"),
+        Refusal::NeedsReview if overloaded => (529, "overloaded_error"),
+        Refusal::Pending => (504, "timeout_error"),
         Refusal::Cancelled => (409, "invalid_request_error"),
         Refusal::ContextLengthExceeded | Refusal::ContentPolicy | Refusal::BadRequest(_) => {
             (400, "invalid_request_error")
         }
         Refusal::RateLimited => (429, "rate_limit_error"),
         Refusal::Failed(Some(ErrorKind::Overloaded)) => (529, "overloaded_error"),
-        Refusal::ContractViolation | Refusal::NeedsReview { .. } | Refusal::Failed(_) => {
+        Refusal::ContractViolation | Refusal::NeedsReview | Refusal::Failed(_) => {
             (500, "api_error")
         }
     };
@@ -88,12 +111,15 @@ pub(super) fn refusal_type(
     )
 }
 
-/// The refusal an in-band stream error `code` tells: a cancelled job's
-/// code as the answer tells it (Anthropic's 409), a provider's kind by
-/// [`Refusal::of_stream_code`].
+/// The refusal an in-band stream error `code` tells: a job's own codes as
+/// the answer tells them (a cancelled job is Anthropic's 409, one still
+/// pending its 504, one in review by its last failure), a provider's kind
+/// by [`Refusal::of_stream_code`].
 pub(super) fn stream_refusal(code: &str) -> Refusal {
     match code {
         "job_cancelled" => Refusal::Cancelled,
+        "job_pending" => Refusal::Pending,
+        "job_needs_review" => Refusal::NeedsReview,
         _ => Refusal::of_stream_code(code),
     }
 }

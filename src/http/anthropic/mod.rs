@@ -12,6 +12,9 @@
 //! on any provider of the route: translated for OpenAI-wire providers and
 //! the simulator, passed natively to `kind = "anthropic"`.
 //!
+//! `GET /v1/models` and `GET /v1/models/{model}` asked with
+//! `anthropic-version` answer Anthropic's Models API (`models`).
+//!
 //! The dialect decodes (`decode`), the shared pipeline (`http::door`)
 //! submits and settles, and the dialect encodes the answer and the stream
 //! (`encode`) and the errors (`error`).
@@ -19,6 +22,7 @@
 mod decode;
 mod encode;
 mod error;
+pub mod models;
 
 pub use error::AnthropicError;
 
@@ -36,6 +40,17 @@ use axum::Json;
 use decode::Endpoint;
 use serde_json::json;
 
+/// The caller, or Anthropic's 401 naming the header the key came in.
+fn authenticated(
+    caller: Result<Caller, ApiError>,
+    headers: &HeaderMap,
+) -> Result<Caller, AnthropicError> {
+    match caller {
+        Err(ApiError::Unauthorized) => Err(AnthropicError::unauthorized(headers)),
+        caller => Ok(caller?),
+    }
+}
+
 /// `POST /v1/messages`.
 pub async fn create(
     State(state): State<AppState>,
@@ -43,7 +58,7 @@ pub async fn create(
     headers: HeaderMap,
     body: Result<LimitedBody, ApiError>,
 ) -> Result<Response, AnthropicError> {
-    let caller = caller?;
+    let caller = authenticated(caller, &headers)?;
     let LimitedBody(raw) = body?;
     let mut arrival = door::arrive(&state, caller, &headers)?;
     let decoded = decode::decode(&raw, Endpoint::Messages)?;
@@ -52,7 +67,7 @@ pub async fn create(
         let opened = door::open_stream(&state, &mut arrival, &job_body, &headers)
             .await
             .map_err(AnthropicError::submit)?;
-        let encoder = encode::Encoder::new(&opened.job);
+        let encoder = encode::Encoder::new(&opened.job, &opened.attempts);
         return Ok(door::stream_response(opened, &arrival.key, encoder)?);
     }
     let settled = door::run(&state, &mut arrival, &job_body, &headers)
@@ -76,9 +91,10 @@ pub async fn create(
 pub async fn count_tokens(
     State(state): State<AppState>,
     caller: Result<Caller, ApiError>,
+    headers: HeaderMap,
     body: Result<LimitedBody, ApiError>,
 ) -> Result<Response, AnthropicError> {
-    caller?;
+    authenticated(caller, &headers)?;
     let LimitedBody(raw) = body?;
     let request = decode::decode(&raw, Endpoint::CountTokens)?.request;
     let Some(route) = state.config.routes.get(&request.route) else {

@@ -1,7 +1,10 @@
 //! OpenAI's Chat Completions door: `POST /v1/chat/completions` and
 //! `GET /v1/models`, so the official SDKs work unchanged.
 //!
-//! `model` names a route; `GET /v1/models` lists the routes. The
+//! `model` names a route; `GET /v1/models` lists the routes. The Anthropic
+//! SDKs ask the same paths for their Models API: a request that carries
+//! `anthropic-version` is answered by the Messages door's `models`, the
+//! one place a door hands a request to another. The
 //! `Idempotency-Key` header is required as on `POST /v1/jobs` (the SDKs pass
 //! it with `extra_headers`), unless `[server] idempotency = "optional"`: a
 //! keyless call then gets a fresh key, echoed in the `Idempotency-Key`
@@ -22,6 +25,7 @@ mod stream;
 
 pub use error::CompatError;
 
+use super::anthropic::models;
 use super::door::{self, LimitedBody};
 use super::error::ApiError;
 use super::AppState;
@@ -63,29 +67,41 @@ pub async fn create(
     Ok(response)
 }
 
-/// `GET /v1/models`: the routes, as OpenAI models.
+/// `GET /v1/models`: the routes, as OpenAI models, or in Anthropic's
+/// Models API when the request carries `anthropic-version` (the same path
+/// serves both SDKs).
 pub async fn list_models(
     State(state): State<AppState>,
     caller: Result<Caller, ApiError>,
-) -> Result<Json<Value>, CompatError> {
+    headers: HeaderMap,
+    query: models::Pairs,
+) -> Result<Response, CompatError> {
+    if models::asked_in_anthropics_shape(&headers) {
+        return Ok(models::list(&state, caller, &headers, query).await);
+    }
     caller?;
     let data: Vec<Value> = state.config.routes.keys().map(|name| model(name)).collect();
-    Ok(Json(json!({ "object": "list", "data": data })))
+    Ok(Json(json!({ "object": "list", "data": data })).into_response())
 }
 
-/// `GET /v1/models/{model}`: one route, as an OpenAI model.
+/// `GET /v1/models/{model}`: one route, as an OpenAI model (or as
+/// Anthropic's, asked with `anthropic-version`).
 pub async fn show_model(
     State(state): State<AppState>,
     caller: Result<Caller, ApiError>,
+    headers: HeaderMap,
     Path(name): Path<String>,
-) -> Result<Json<Value>, CompatError> {
+) -> Result<Response, CompatError> {
+    if models::asked_in_anthropics_shape(&headers) {
+        return Ok(models::show(&state, caller, &headers, &name).await);
+    }
     caller?;
     if !state.config.routes.contains_key(&name) {
         return Err(CompatError::model_not_found(format!(
             "no route named {name:?} on this server"
         )));
     }
-    Ok(Json(model(&name)))
+    Ok(Json(model(&name)).into_response())
 }
 
 fn model(route: &str) -> Value {

@@ -423,7 +423,7 @@ fn shown_response(
         |job, answer| Json(encode::response(job, Shown::answered(job, answer))).into_response(),
         |refused| {
             let error = match refused.why {
-                door::Refusal::Pending { .. } | door::Refusal::Cancelled => Value::Null,
+                door::Refusal::Pending | door::Refusal::Cancelled => Value::Null,
                 _ => encode::failure(&refused),
             };
             let model = model_now(state, settled);

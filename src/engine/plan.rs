@@ -28,8 +28,11 @@ pub struct JobPlan {
     /// counted once per (job, provider), however often routing and the
     /// driver ask, and shared, not copied, by whoever sends it. Shared by
     /// the plan's clones.
-    requests: Arc<Mutex<HashMap<String, Result<Arc<ChatRequest>, PlanError>>>>,
+    requests: Arc<Mutex<HashMap<String, Planned>>>,
 }
+
+/// A provider's request for a job, or why it cannot take the job.
+type Planned = Result<Arc<ChatRequest>, PlanError>;
 
 /// A prompt that cannot be sent anywhere: the job fails, it is not retried.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -34,6 +34,18 @@ on_both_backends!(
     the_models_api_answers_in_anthropics_shape_when_asked_with_anthropic_version,
 );
 
+/// A world whose one route has one provider, `primary`, on the simulator's
+/// `model` (a behaviour such as `"healthy"` or `"overloaded"`).
+async fn primary_world(backend: Backend, model: &'static str) -> World {
+    start_world(
+        backend,
+        &[spec("primary", model)],
+        route("primary", &[]),
+        |_| {},
+    )
+    .await
+}
+
 fn spec(name: &'static str, model: &'static str) -> ProviderSpec {
     ProviderSpec { name, model }
 }
@@ -105,13 +117,7 @@ fn events(text: &str) -> Vec<(String, Value)> {
 }
 
 async fn a_message_is_answered_in_anthropics_shape_by_the_model_that_answered(backend: Backend) {
-    let world = start_world(
-        backend,
-        &[spec("primary", "healthy")],
-        route("primary", &[]),
-        |_| {},
-    )
-    .await;
+    let world = primary_world(backend, "healthy").await;
     let (status, headers, message) = send(post(
         &world,
         "/v1/messages",
@@ -177,13 +183,7 @@ async fn a_message_is_answered_in_anthropics_shape_by_the_model_that_answered(ba
 }
 
 async fn the_same_key_with_another_body_is_a_conflict_in_anthropics_shape(backend: Backend) {
-    let world = start_world(
-        backend,
-        &[spec("primary", "healthy")],
-        route("primary", &[]),
-        |_| {},
-    )
-    .await;
+    let world = primary_world(backend, "healthy").await;
     let (status, _, _) = send(post(
         &world,
         "/v1/messages",
@@ -214,13 +214,7 @@ async fn the_same_key_with_another_body_is_a_conflict_in_anthropics_shape(backen
 async fn a_streamed_replay_of_a_message_is_the_same_job_and_its_events_are_anthropics(
     backend: Backend,
 ) {
-    let world = start_world(
-        backend,
-        &[spec("primary", "healthy")],
-        route("primary", &[]),
-        |_| {},
-    )
-    .await;
+    let world = primary_world(backend, "healthy").await;
     let body = message_body("Explain tides");
     let (_, headers, message) = send(post(&world, "/v1/messages", Some("m-3"), &body)).await;
     let job_id = header(&headers, "x-onejob-job-id").to_string();
@@ -285,13 +279,7 @@ async fn a_streamed_replay_of_a_message_is_the_same_job_and_its_events_are_anthr
 }
 
 async fn refused_requests_are_invalid_request_errors_and_write_nothing(backend: Backend) {
-    let world = start_world(
-        backend,
-        &[spec("primary", "healthy")],
-        route("primary", &[]),
-        |_| {},
-    )
-    .await;
+    let world = primary_world(backend, "healthy").await;
     let (status, headers, body) =
         send(post(&world, "/v1/messages", None, &message_body("No key."))).await;
     let (status, kind, message) = anthropic_error(status, &body);
@@ -413,13 +401,7 @@ async fn refused_requests_are_invalid_request_errors_and_write_nothing(backend: 
 }
 
 async fn a_call_without_credentials_is_an_authentication_error(backend: Backend) {
-    let world = start_world(
-        backend,
-        &[spec("primary", "healthy")],
-        route("primary", &[]),
-        |_| {},
-    )
-    .await;
+    let world = primary_world(backend, "healthy").await;
     // The message names the header the key came in, as Anthropic's does
     // (it said "send Authorization: Bearer <key>" to an SDK that sends
     // x-api-key).
@@ -464,13 +446,7 @@ async fn a_call_without_credentials_is_an_authentication_error(backend: Backend)
 }
 
 async fn count_tokens_needs_no_key_calls_no_provider_and_names_its_tokenizer(backend: Backend) {
-    let world = start_world(
-        backend,
-        &[spec("primary", "healthy")],
-        route("primary", &[]),
-        |_| {},
-    )
-    .await;
+    let world = primary_world(backend, "healthy").await;
     let short = json!({"model": "default", "messages": [{"role": "user", "content": "Hi"}]});
     let long = json!({
         "model": "default",
@@ -535,13 +511,7 @@ async fn context_length_exceeded_moves_to_a_larger_window_never_back(backend: Ba
 async fn context_length_exceeded_with_no_larger_window_is_an_invalid_request_error(
     backend: Backend,
 ) {
-    let world = start_world(
-        backend,
-        &[spec("primary", "context_length")],
-        route("primary", &[]),
-        |_| {},
-    )
-    .await;
+    let world = primary_world(backend, "context_length").await;
     let (status, headers, body) = send(post(
         &world,
         "/v1/messages",
@@ -968,13 +938,7 @@ async fn disable_parallel_tool_use_is_one_tool_call_per_turn_on_every_wire(backe
 /// review) answered `500 api_error`; the error table says `529
 /// overloaded_error`, Anthropic's own for it.
 async fn a_job_the_providers_overload_ended_is_an_overloaded_error(backend: Backend) {
-    let world = start_world(
-        backend,
-        &[spec("primary", "overloaded")],
-        route("primary", &[]),
-        |_| {},
-    )
-    .await;
+    let world = primary_world(backend, "overloaded").await;
     let (status, headers, body) = send(post(
         &world,
         "/v1/messages",
@@ -1091,13 +1055,7 @@ async fn stream_error(world: &World, key: &str, body: &Value) -> (String, String
 /// answer says `prompt is too long: …`, the text clients (pydantic-ai)
 /// classify it by. The stream now says what the answer says.
 async fn a_streamed_context_length_exceeded_says_what_the_answer_says(backend: Backend) {
-    let world = start_world(
-        backend,
-        &[spec("primary", "context_length")],
-        route("primary", &[]),
-        |_| {},
-    )
-    .await;
+    let world = primary_world(backend, "context_length").await;
     let body = message_body("A long story");
     let (kind, streamed) = stream_error(&world, "long-s", &body).await;
     assert_eq!(kind, "invalid_request_error", "{streamed}");
@@ -1125,13 +1083,7 @@ async fn a_streamed_context_length_exceeded_says_what_the_answer_says(backend: B
 /// result yet" (a cancelled job never gets a result). The stream now says
 /// what the answer says.
 async fn a_cancelled_job_streamed_says_what_the_answer_says(backend: Backend) {
-    let world = start_world(
-        backend,
-        &[spec("primary", "slow_first_byte:ms=5000")],
-        route("primary", &[]),
-        |_| {},
-    )
-    .await;
+    let world = primary_world(backend, "slow_first_byte:ms=5000").await;
     let body = message_body("Hello");
     let (status, headers, _) =
         send(post(&world, "/v1/messages", Some("cancelled-1"), &body).header("Prefer", "wait=0"))
@@ -1279,13 +1231,7 @@ async fn the_models_api_answers_in_anthropics_shape_when_asked_with_anthropic_ve
 /// the job's retries ran out under still says `api_error`: its error comes
 /// from the engine after the drive, with no attempts for the door to read.)
 async fn a_job_overloaded_into_review_streamed_is_an_overloaded_error(backend: Backend) {
-    let world = start_world(
-        backend,
-        &[spec("primary", "overloaded")],
-        route("primary", &[]),
-        |_| {},
-    )
-    .await;
+    let world = primary_world(backend, "overloaded").await;
     let body = message_body("Hello");
     let (status, headers, answer) = send(post(&world, "/v1/messages", Some("busy-s"), &body)).await;
     let (status, kind, _) = anthropic_error(status, &answer);

@@ -142,8 +142,11 @@ fn new_row(
 
 /// Limits as stored on a key: `None` when no field is set.
 fn stored_limits(limits: &Limits) -> Result<Option<String>, KeyError> {
+    // A key's limits are its own, not over its owner's: its burst needs
+    // its own rate.
     limits
         .check()
+        .and_then(|()| limits.check_burst_has_rate("on the key (its limits are its own)"))
         .map_err(|e| KeyError::InvalidLimits(format!("limits.{e}")))?;
     if *limits == Limits::default() {
         return Ok(None);

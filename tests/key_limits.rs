@@ -188,6 +188,35 @@ async fn a_keys_own_limits_refuse_with_the_owners_codes_and_spare_its_other_keys
         body["error"]["message"].as_str().unwrap().contains("burst"),
         "{body}"
     );
+    // A burst is the rate's bucket: without a rate over it, it would limit
+    // nothing. A key's limits are its own; an owner's may take the
+    // config's rate, and this config has none.
+    for url in [
+        format!("{address}/v1/admin/keys/{narrow_id}/limits"),
+        format!("{address}/v1/admin/limits/alice"),
+    ] {
+        let (status, body) = call(
+            reqwest::Method::POST,
+            url.clone(),
+            &admin,
+            Some(json!({ "limits": { "burst": 50 }, "reason": "a bigger bucket" })),
+        )
+        .await;
+        assert_eq!(status, 422, "{url}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_request", "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("burst: limits nothing without requests_per_second"),
+            "{body}"
+        );
+    }
+    assert_eq!(
+        listed(&address, &admin, &narrow_id).await["limits"],
+        view["limits"],
+        "the refused change changed nothing"
+    );
     // A non-admin key cannot change limits.
     let (status, _) = call(
         reqwest::Method::POST,

@@ -242,6 +242,10 @@ pub async fn set_limits(
         .map_err(|e| anyhow::anyhow!("--{}", e.replace('_', "-")))?;
     let reason = check_reason(reason).map_err(|e| anyhow::anyhow!("--reason: {e}"))?;
     let config = db.load(None)?;
+    config
+        .limits
+        .check_override(owner, &limits)
+        .map_err(|e| anyhow::anyhow!("--{}", e.replace('_', "-")))?;
     let store = open_store(&config).await?;
     let row = OwnerLimitsRow {
         owner_id: owner.clone(),

@@ -135,6 +135,18 @@ impl Limits {
         Ok(())
     }
 
+    /// A burst is the size of the rate's bucket: with no rate over it, it
+    /// would limit nothing. `where_no_rate` says where a rate was looked
+    /// for, for the refusal.
+    pub fn check_burst_has_rate(&self, where_no_rate: &str) -> Result<(), String> {
+        match (self.burst, self.requests_per_second) {
+            (Some(_), None) => Err(format!(
+                "burst: limits nothing without requests_per_second, and none is set {where_no_rate}"
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// The bucket size: `burst`, or the rate rounded up (at least 1).
     pub fn burst_or_default(&self) -> f64 {
         match (self.burst, self.requests_per_second) {
@@ -146,15 +158,49 @@ impl Limits {
 }
 
 impl LimitsConfig {
-    /// Every level's rules hold.
+    /// Every level's rules hold, and every burst has a rate over it: an
+    /// owner's in its own table or the default's; the default's in the
+    /// default's or some owner's (whose bucket it then sizes).
     pub fn check(&self) -> Result<(), String> {
         self.default
             .check()
             .map_err(|e| format!("limits.default.{e}"))?;
+        let some_owner_has_a_rate = self
+            .owners
+            .values()
+            .any(|l| l.requests_per_second.is_some());
+        if !some_owner_has_a_rate {
+            self.default
+                .check_burst_has_rate("in limits.default or any limits.owners table")
+                .map_err(|e| format!("limits.default.{e}"))?;
+        }
         for (owner, limits) in &self.owners {
             limits
                 .check()
+                .and_then(|()| {
+                    if limits.burst.is_some() {
+                        limits
+                            .over(self.default)
+                            .check_burst_has_rate("here or in limits.default")
+                    } else {
+                        Ok(())
+                    }
+                })
                 .map_err(|e| format!("limits.owners.{owner}.{e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Limits an admin sets for `owner` at run time, over this file's: their
+    /// own rules, and a burst they set needs a rate at some level.
+    pub fn check_override(&self, owner: &OwnerId, limits: &Limits) -> Result<(), String> {
+        limits.check()?;
+        if limits.burst.is_some() {
+            limits
+                .over(self.for_owner(owner))
+                .check_burst_has_rate(&format!(
+                    "for {owner} here or in the config file's [limits]"
+                ))?;
         }
         Ok(())
     }
@@ -225,5 +271,35 @@ mod tests {
             ..Limits::default()
         };
         assert!(one_a_day.check().is_ok());
+    }
+
+    #[test]
+    fn a_burst_needs_a_rate_at_some_level() {
+        let refused = |text: &str| toml::from_str::<LimitsConfig>(text).unwrap().check();
+        let err = refused("[owners.x]\nburst = 5\n").unwrap_err();
+        assert!(
+            err.starts_with("limits.owners.x.burst: limits nothing"),
+            "{err}"
+        );
+        let err = refused("[default]\nburst = 5\n").unwrap_err();
+        assert!(err.starts_with("limits.default.burst"), "{err}");
+        // A rate below or beside it sizes it.
+        assert!(refused("[default]\nrequests_per_second = 2\n[owners.x]\nburst = 5\n").is_ok());
+        assert!(refused("[default]\nburst = 5\n[owners.x]\nrequests_per_second = 2\n").is_ok());
+
+        let config: LimitsConfig =
+            toml::from_str("[owners.paid]\nrequests_per_second = 2\n").unwrap();
+        let burst = Limits {
+            burst: Some(5),
+            ..Limits::default()
+        };
+        let err = config.check_override(&"free".into(), &burst).unwrap_err();
+        assert!(err.contains("none is set for free"), "{err}");
+        assert!(config.check_override(&"paid".into(), &burst).is_ok());
+        let with_rate = Limits {
+            requests_per_second: Some(1.0),
+            ..burst
+        };
+        assert!(config.check_override(&"free".into(), &with_rate).is_ok());
     }
 }

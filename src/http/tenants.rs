@@ -274,15 +274,17 @@ pub async fn set_limits(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let req: SetLimits = super::body::parse(&body)?;
     let reason = super::body::reason(&req.reason)?;
-    req.limits
-        .check()
-        .map_err(|e| ApiError::InvalidRequest(format!("limits.{e}")))?;
     if !OwnerId::is_valid_name(&owner) {
         return Err(ApiError::InvalidRequest(format!(
             "owner: must be {}",
             OwnerId::NAME_RULE
         )));
     }
+    state
+        .tenants
+        .config()
+        .check_override(&owner, &req.limits)
+        .map_err(|e| ApiError::InvalidRequest(format!("limits.{e}")))?;
     let row = OwnerLimitsRow {
         owner_id: owner.clone(),
         limits: serde_json::to_string(&req.limits).map_err(|e| ApiError::Internal(e.into()))?,

@@ -20,6 +20,7 @@ use std::time::Duration;
 on_both_backends!(
     a_keys_own_limits_refuse_with_the_owners_codes_and_spare_its_other_keys,
     a_keys_token_budget_stops_its_jobs_before_any_provider_call,
+    a_rotated_keys_refusal_names_the_key_sent_and_the_shared_bucket,
 );
 
 async fn post_job(address: &str, key: &str, idem: &str) -> reqwest::Response {
@@ -341,4 +342,55 @@ async fn a_keys_token_budget_stops_its_jobs_before_any_provider_call(backend: Ba
     .await;
     assert!(used[&capped_id] > 5, "{used:?}");
     world.stop().await;
+}
+
+/// A successor shares its predecessor's rate bucket; refused, it is told
+/// so under its own id (the caller never sent the old one).
+async fn a_rotated_keys_refusal_names_the_key_sent_and_the_shared_bucket(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    // One request a day: the second within the test is always refused.
+    let daily = Limits {
+        requests_per_second: Some(1.0 / 86_400.0),
+        burst: Some(1),
+        ..Limits::default()
+    };
+    let (old, old_id) = key_with(&db, "alice", daily).await;
+    let (successor, new_id) = {
+        let store = db.store().await;
+        let rotated = onejob::keys::rotate(
+            store.as_ref(),
+            &SystemClock,
+            &old_id,
+            Duration::from_secs(3_600),
+            "test",
+        )
+        .await
+        .unwrap();
+        store.close().await;
+        (rotated.created.secret, rotated.created.record.id)
+    };
+    let (address, stop, task) = serve(test_config(&db), db.store().await).await;
+
+    assert_eq!(post_job(&address, &old, "r-1").await.status(), 201);
+    let refused = post_job(&address, &successor, "r-2").await;
+    assert_eq!(refused.status(), 429);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "rate_limited");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!(
+            "key {new_id} of owner alice (rotated from key {old_id}, whose limits and counts it shares)"
+        )),
+        "{message}"
+    );
+    // The old key, refused in turn, is named alone.
+    let refused = post_job(&address, &old, "r-3").await;
+    let body: Value = refused.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(&format!("key {old_id} of owner alice is over")),
+        "{message}"
+    );
+    let _ = stop.send(());
+    task.await.unwrap();
 }

@@ -46,7 +46,8 @@ const INSTANCE_TTL_MS: Millis = 5_000;
 const CACHE_MAX: usize = 100_000;
 
 /// Why a request or a new job is refused by a limit. `who` says whose
-/// limit: `owner acme`, or `key 0193… of owner acme` for a key's own.
+/// limit: `owner acme`, or `key 0193… of owner acme` for a key's own (a
+/// rotated key's names the key sent and the one whose limit it shares).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum LimitError {
     #[error("{who} is over its request rate ({rate}/s); retry after {retry_after_ms} ms")]
@@ -108,6 +109,9 @@ pub struct Admission {
     pub limits: Limits,
     /// The key (family) the job is made with, and its own limits.
     pub key: Option<(String, Limits)>,
+    /// The key the caller sent, when it is not its family's first (a
+    /// rotation's successor): what a refusal names.
+    pub sent_key: Option<String>,
 }
 
 impl Admission {
@@ -117,11 +121,21 @@ impl Admission {
             owner: owner.clone(),
             limits: Limits::default(),
             key: None,
+            sent_key: None,
         }
     }
 
-    fn key_who(&self, key: &str) -> String {
-        format!("key {key} of owner {}", self.owner)
+    /// Whose limit a key's refusal is: the key the caller sent, and, when
+    /// that key was rotated from `family`, that the two share one limit
+    /// (one rate bucket, one count of live jobs and tokens).
+    fn key_who(&self, family: &str) -> String {
+        match self.sent_key.as_deref().filter(|sent| *sent != family) {
+            Some(sent) => format!(
+                "key {sent} of owner {} (rotated from key {family}, whose limits and counts it shares)",
+                self.owner
+            ),
+            None => format!("key {family} of owner {}", self.owner),
+        }
     }
 }
 
@@ -290,12 +304,14 @@ impl Tenants {
         if !self.any_limits.load(Ordering::Acquire) && key_limits.is_unlimited() {
             let mut admission = Admission::unlimited(&caller.owner_id);
             admission.key = Some((caller.key_family.clone(), key_limits));
+            admission.sent_key = Some(caller.key_id.clone());
             return Ok(admission);
         }
         let admission = Admission {
             owner: caller.owner_id.clone(),
             limits: self.limits_for(&caller.owner_id),
             key: Some((caller.key_family.clone(), key_limits)),
+            sent_key: Some(caller.key_id.clone()),
         };
         let n = self.live_instances() as f64;
         let now = Instant::now();

@@ -689,6 +689,37 @@ async fn usage_counts_hedges_and_discarded_answers(backend: Backend) {
     world.stop().await;
 }
 
+/// `?owner=` on the lists any key may call: its own owner is answered,
+/// another owner refused (`403 forbidden`), never answered with the
+/// caller's own data under the name asked for; the admin may name anyone.
+async fn another_owners_list_is_refused_to_a_key_that_is_not_the_admins(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let admin = admin_key(&db).await;
+    let alice = key_of(&db, "alice").await;
+    let a = Instance::start(&db, |_| {}).await;
+    let (status, usage) = get(&a.address, &alice, "/v1/usage?owner=alice").await;
+    assert_eq!((status, &usage["owner"]), (200, &json!("alice")), "{usage}");
+    let (status, listed) = get(&a.address, &alice, "/v1/webhooks?owner=alice").await;
+    assert_eq!((status, &listed["data"]), (200, &json!([])), "{listed}");
+    for path in ["/v1/usage?owner=bob", "/v1/webhooks?owner=bob"] {
+        let (status, body) = get(&a.address, &alice, path).await;
+        assert_eq!(status, 403, "{path}: {body}");
+        assert_eq!(body["error"]["code"], "forbidden", "{path}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("belongs to owner alice") && message.contains("admin"),
+            "{message}"
+        );
+    }
+    let (status, usage) = get(&a.address, &admin, "/v1/usage?owner=bob").await;
+    assert_eq!((status, &usage["owner"]), (200, &json!("bob")), "{usage}");
+    assert_eq!(
+        get(&a.address, &admin, "/v1/webhooks?owner=bob").await.0,
+        200
+    );
+    a.stop().await;
+}
+
 on_both_backends!(
     a_revoked_key_is_refused_on_every_instance_within_a_second,
     a_rotated_keys_old_secret_works_during_the_grace_period_and_not_after,
@@ -698,4 +729,5 @@ on_both_backends!(
     two_servers_share_an_owners_rate_limit,
     a_budget_exhausted_owner_gets_its_code_on_every_server_with_no_attempt_made,
     usage_counts_hedges_and_discarded_answers,
+    another_owners_list_is_refused_to_a_key_that_is_not_the_admins,
 );

@@ -45,6 +45,25 @@ pub fn owner_filter<'de, D: serde::Deserializer<'de>>(
         .transpose()
 }
 
+/// The owner a list asks for with `?owner=`, held to who asks: a key may
+/// name its own owner; only an admin key may name another, which any other
+/// key is refused (`403 forbidden`) rather than answered with its own
+/// owner's data under another's name. `None`: nothing asked.
+pub fn owner_asked<'a>(
+    caller: &crate::keys::Caller,
+    asked: Option<&'a crate::domain::OwnerId>,
+) -> Result<Option<&'a crate::domain::OwnerId>, ApiError> {
+    match asked {
+        Some(owner) if !caller.is_admin && *owner != caller.owner_id => {
+            Err(ApiError::OtherOwner(format!(
+                "owner: this key belongs to owner {}; only an admin key may ask for another owner's",
+                caller.owner_id
+            )))
+        }
+        asked => Ok(asked),
+    }
+}
+
 /// A query string (axum's `Query`), refused as a body of the wrong shape
 /// is: `422 invalid_request` naming the parameter, in the API's JSON,
 /// where axum's own rejection is a line of plain text.

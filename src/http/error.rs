@@ -14,6 +14,9 @@ pub enum ApiError {
     Unauthorized,
     #[error("this endpoint needs an admin key")]
     Forbidden,
+    /// A non-admin key asked for another owner's data (`?owner=`).
+    #[error("{0}")]
+    OtherOwner(String),
     #[error("{0} not found")]
     NotFound(&'static str),
     #[error("method not allowed")]
@@ -70,7 +73,7 @@ impl ApiError {
     pub fn status_code(&self) -> StatusCode {
         match self {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::Forbidden => StatusCode::FORBIDDEN,
+            ApiError::Forbidden | ApiError::OtherOwner(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::MissingIdempotencyKey
@@ -96,7 +99,7 @@ impl ApiError {
     pub fn code(&self) -> &'static str {
         match self {
             ApiError::Unauthorized => "unauthorized",
-            ApiError::Forbidden => "forbidden",
+            ApiError::Forbidden | ApiError::OtherOwner(_) => "forbidden",
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::MissingIdempotencyKey => "missing_idempotency_key",

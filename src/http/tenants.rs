@@ -355,21 +355,23 @@ fn days(q: &UsageQuery) -> Result<u32, ApiError> {
     }
 }
 
-/// The caller's own usage; `owner` is ignored (a key sees its owner only).
+/// The caller's own usage: `owner` may name the caller's owner (an admin
+/// key: any owner); another owner is a `403 forbidden`.
 pub async fn own_usage(
     State(state): State<AppState>,
     caller: Caller,
     ApiQuery(q): ApiQuery<UsageQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    let owner = super::body::owner_asked(&caller, q.owner.as_ref())?.unwrap_or(&caller.owner_id);
     let report = usage::report(
         state.store.as_ref(),
         state.clock.as_ref(),
-        Some(&caller.owner_id),
+        Some(owner),
         days(&q)?,
     )
     .await?;
-    let limits = state.tenants.limits_for(&caller.owner_id);
-    Ok(Json(with_limits(report, &caller.owner_id, limits)))
+    let limits = state.tenants.limits_for(owner);
+    Ok(Json(with_limits(report, owner, limits)))
 }
 
 fn with_limits(report: UsageReport, owner: &OwnerId, limits: Limits) -> serde_json::Value {

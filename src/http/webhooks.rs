@@ -68,7 +68,7 @@ pub async fn create(
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
-    /// Admin: one owner's endpoints only.
+    /// One owner's endpoints only: the caller's own, or (admin) any.
     #[serde(default, deserialize_with = "crate::http::body::owner_filter")]
     owner: Option<OwnerId>,
 }
@@ -80,9 +80,8 @@ pub async fn list(
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let now = state.clock.now_ms();
-    let endpoints = webhooks(&state)
-        .list(actor(&caller), q.owner.as_ref())
-        .await?;
+    let owner = crate::http::body::owner_asked(&caller, q.owner.as_ref())?;
+    let endpoints = webhooks(&state).list(actor(&caller), owner).await?;
     let views: Vec<EndpointView> = endpoints
         .iter()
         .map(|e| EndpointView::new(e, now))

@@ -142,7 +142,7 @@ impl From<ApiError> for AnthropicError {
         use ApiError as E;
         let (status, kind) = match &e {
             E::Unauthorized => (StatusCode::UNAUTHORIZED, "authentication_error"),
-            E::Forbidden => (StatusCode::FORBIDDEN, "permission_error"),
+            E::Forbidden | E::OtherOwner(_) => (StatusCode::FORBIDDEN, "permission_error"),
             E::NotFound(_) => (StatusCode::NOT_FOUND, "not_found_error"),
             E::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "request_too_large"),
             E::Limited(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error"),

@@ -418,6 +418,48 @@ fn a_refused_command_creates_no_database() {
     assert!(db.exists());
 }
 
+/// `webhooks list` shows each endpoint's description, as the API does;
+/// one of two lines stays one row.
+#[test]
+fn webhooks_list_shows_the_description() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = setup(dir.path());
+    let c = config.as_str();
+    let keygen = onejob(&["webhooks", "keygen"], &[]);
+    assert!(keygen.status.success(), "{}", text(&keygen));
+    let key = String::from_utf8_lossy(&keygen.stdout).trim().to_string();
+    for (owner, url, description) in [
+        (
+            "alice",
+            "https://example.com/orders",
+            Some("orders service\nbilling"),
+        ),
+        ("bob", "https://example.com/plain", None),
+    ] {
+        let mut args = vec![
+            "webhooks", "create", "--config", c, "--owner", owner, "--url", url,
+        ];
+        if let Some(d) = description {
+            args.extend(["--description", d]);
+        }
+        let created = onejob(&args, &[("ONEJOB_WEBHOOK_KEY", &key)]);
+        assert!(created.status.success(), "{}", text(&created));
+    }
+    let listed = table(c, &["webhooks", "list"]);
+    let lines: Vec<&str> = listed.lines().collect();
+    assert_eq!(lines.len(), 3, "{listed}");
+    assert!(lines[0].ends_with("DESCRIPTION"), "{listed}");
+    assert!(
+        lines[1].starts_with("alice")
+            && lines[1].ends_with("https://example.com/orders  orders service\\nbilling"),
+        "{listed}"
+    );
+    assert!(
+        lines[2].starts_with("bob") && lines[2].ends_with("https://example.com/plain   -"),
+        "{listed}"
+    );
+}
+
 /// A PostgreSQL server that is not there is said at once and why: the pool
 /// alone retried a refused connection for its whole acquire timeout (10 s)
 /// and then said only "pool timed out".

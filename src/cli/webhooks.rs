@@ -127,12 +127,23 @@ fn refuse_before_opening(
     Ok(())
 }
 
-/// `onejob webhooks list [--owner NAME]`.
+/// `onejob webhooks list [--owner NAME]`: what `GET /v1/webhooks` shows but
+/// the times of the last change and of a rotation's grace (`-`: no
+/// description; a line break in one is written `\n`, as in every table).
 pub async fn list(db: &DbArgs, owner: Option<&OwnerId>) -> anyhow::Result<()> {
     let opened = Opened::new(db).await?;
     let listed = opened.hooks().list(admin(), owner).await;
     let endpoints = opened.close(listed).await?;
-    let mut rows = vec![["OWNER", "ID", "ENABLED", "EVENTS", "CREATED", "URL"].map(String::from)];
+    let mut rows = vec![[
+        "OWNER",
+        "ID",
+        "ENABLED",
+        "EVENTS",
+        "CREATED",
+        "URL",
+        "DESCRIPTION",
+    ]
+    .map(String::from)];
     for e in endpoints {
         rows.push([
             e.owner_id.to_string(),
@@ -145,6 +156,10 @@ pub async fn list(db: &DbArgs, owner: Option<&OwnerId>) -> anyhow::Result<()> {
             e.event_types().join(","),
             rfc3339(e.created_at),
             e.url.clone(),
+            match e.description.as_str() {
+                "" => "-".to_string(),
+                text => text.to_string(),
+            },
         ]);
     }
     print!("{}", table(&rows));

@@ -399,11 +399,32 @@ fn a_refused_command_creates_no_database() {
     let keygen = onejob(&["webhooks", "keygen"], &[]);
     assert!(keygen.status.success(), "{}", text(&keygen));
     let key = String::from_utf8_lossy(&keygen.stdout).trim().to_string();
+    let long_url = format!("https://example.com/{}", "a".repeat(2_040));
+    let long_description = "d".repeat(501);
     for (args, names) in [
         (vec!["--url", "http://127.0.0.1/h"], "https"),
         (
             vec!["--url", "https://example.com/h", "--event", "job.nope"],
             "unknown event type",
+        ),
+        (vec!["--url", &long_url], "url is longer than 2048 bytes"),
+        (
+            vec![
+                "--url",
+                "https://example.com/h",
+                "--description",
+                &long_description,
+            ],
+            "description is longer than 500 characters",
+        ),
+        (
+            vec![
+                "--url",
+                "https://example.com/h",
+                "--description",
+                "a\u{1b}[2Jb",
+            ],
+            "description must not hold control characters",
         ),
     ] {
         let mut all = vec!["webhooks", "create", "--owner", "alice", "--config", c];

@@ -7,7 +7,7 @@ use super::providers::table;
 use super::{open_store, DbArgs};
 use crate::clock::{rfc3339, Clock, SystemClock};
 use crate::domain::OwnerId;
-use crate::webhooks::endpoints::{Actor, NewEndpoint, WebhookError, Webhooks};
+use crate::webhooks::endpoints::{check_new_endpoint, Actor, NewEndpoint, WebhookError, Webhooks};
 use crate::webhooks::secrets::SecretKey;
 use std::sync::LazyLock;
 
@@ -68,13 +68,16 @@ pub async fn create(
     description: Option<String>,
 ) -> anyhow::Result<()> {
     let config = db.load(None)?;
-    refuse_before_opening(&config, url, &events)?;
     let new = NewEndpoint {
         url: url.to_string(),
         events: (!events.is_empty()).then_some(events),
         description,
         owner: Some(owner.clone()),
     };
+    // Refused as `create` refuses it, by the same checks, before the
+    // database is opened (or, new, created).
+    refuse_without_key(&config)?;
+    check_new_endpoint(admin(), &new, config.webhooks.allow_private_networks)?;
     let opened = Opened::of(config).await?;
     let created = opened.hooks().create(admin(), new).await;
     let (endpoint, secret) = opened.close(created).await?;
@@ -95,36 +98,6 @@ fn refuse_without_key(config: &crate::config::Config) -> Result<(), WebhookError
         Some(_) => Ok(()),
         None => Err(WebhookError::NoKey(config.webhooks.secret_key_env.clone())),
     }
-}
-
-/// What `create` would refuse whatever the database holds (no key to
-/// encrypt the secret with, a URL that may not be called, an unknown event
-/// type), refused as it refuses it, before the database is opened (or,
-/// new, created). `create` checks them all again, with the rest.
-fn refuse_before_opening(
-    config: &crate::config::Config,
-    url: &str,
-    events: &[String],
-) -> Result<(), WebhookError> {
-    refuse_without_key(config)?;
-    if let Some(c) = url.chars().find(|c| c.is_control()) {
-        return Err(WebhookError::Invalid(format!(
-            "url {}",
-            crate::domain::text::control_refusal(c)
-        )));
-    }
-    crate::webhooks::ssrf::check_url(url, config.webhooks.allow_private_networks)
-        .map_err(|e| WebhookError::Invalid(e.to_string()))?;
-    if let Some(e) = events
-        .iter()
-        .find(|e| !crate::webhooks::EVENT_TYPES.contains(&e.as_str()))
-    {
-        return Err(WebhookError::Invalid(format!(
-            "events: unknown event type {e:?}; known: {}",
-            crate::webhooks::EVENT_TYPES.join(", ")
-        )));
-    }
-    Ok(())
 }
 
 /// `onejob webhooks list [--owner NAME]`: what `GET /v1/webhooks` shows but

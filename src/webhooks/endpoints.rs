@@ -67,6 +67,92 @@ pub struct NewEndpoint {
     pub owner: Option<OwnerId>,
 }
 
+/// What a new endpoint is, checked: its owner, event types and description.
+pub struct CheckedEndpoint {
+    pub owner_id: OwnerId,
+    pub events: Vec<String>,
+    pub description: String,
+}
+
+/// Everything [`Webhooks::create`] refuses whatever the database holds (a
+/// URL too long or that may not be called, an unknown event type, a
+/// description too long or with a control character, an owner the actor
+/// may not name): the one rule for the API, the console and the CLI, which
+/// calls it before it opens (or, new, creates) the database.
+pub fn check_new_endpoint(
+    actor: Actor<'_>,
+    new: &NewEndpoint,
+    allow_private_networks: bool,
+) -> Result<CheckedEndpoint, WebhookError> {
+    if new.url.len() > MAX_URL {
+        return Err(WebhookError::Invalid(format!(
+            "url is longer than {MAX_URL} bytes"
+        )));
+    }
+    // The parser would drop a tab or a line break and escape the rest:
+    // what is stored and listed would not be what is called.
+    if let Some(c) = new.url.chars().find(|c| c.is_control()) {
+        return Err(WebhookError::Invalid(format!(
+            "url {}",
+            crate::domain::text::control_refusal(c)
+        )));
+    }
+    check_url(&new.url, allow_private_networks)
+        .map_err(|e| WebhookError::Invalid(e.to_string()))?;
+    let events = match &new.events {
+        None => DEFAULT_EVENT_TYPES.iter().map(|s| s.to_string()).collect(),
+        Some(list) if list.is_empty() => {
+            return Err(WebhookError::Invalid(
+                "events must name at least one event type".to_string(),
+            ))
+        }
+        Some(list) => {
+            let mut events: Vec<String> = Vec::new();
+            for e in list {
+                if !EVENT_TYPES.contains(&e.as_str()) {
+                    return Err(WebhookError::Invalid(format!(
+                        "events: unknown event type {e:?}; known: {}",
+                        EVENT_TYPES.join(", ")
+                    )));
+                }
+                if !events.contains(e) {
+                    events.push(e.clone());
+                }
+            }
+            events
+        }
+    };
+    let description = new.description.clone().unwrap_or_default();
+    if description.chars().count() > MAX_DESCRIPTION {
+        return Err(WebhookError::Invalid(format!(
+            "description is longer than {MAX_DESCRIPTION} characters"
+        )));
+    }
+    if let Some(problem) = crate::domain::text::typed_text_problem(&description) {
+        return Err(WebhookError::Invalid(format!("description {problem}")));
+    }
+    let owner_id = match &new.owner {
+        Some(owner) if actor.is_admin && !OwnerId::is_valid_name(owner) => {
+            return Err(WebhookError::Invalid(format!(
+                "owner must be {}",
+                OwnerId::NAME_RULE
+            )))
+        }
+        Some(owner) if actor.is_admin => owner.clone(),
+        Some(_) if !actor.is_admin => {
+            return Err(WebhookError::Invalid(
+                "owner may be given by an admin key only".to_string(),
+            ))
+        }
+        _ => actor.owner_id.clone(),
+    };
+    Ok(CheckedEndpoint {
+        owner_id,
+        events,
+        description,
+    })
+}
+
 /// The server-side pieces every action needs.
 pub struct Webhooks<'a> {
     pub store: &'a dyn Store,
@@ -93,68 +179,11 @@ impl Webhooks<'_> {
         new: NewEndpoint,
     ) -> Result<(WebhookEndpoint, String), WebhookError> {
         let key = self.key()?;
-        if new.url.len() > MAX_URL {
-            return Err(WebhookError::Invalid(format!(
-                "url is longer than {MAX_URL} bytes"
-            )));
-        }
-        // The parser would drop a tab or a line break and escape the rest:
-        // what is stored and listed would not be what is called.
-        if let Some(c) = new.url.chars().find(|c| c.is_control()) {
-            return Err(WebhookError::Invalid(format!(
-                "url {}",
-                crate::domain::text::control_refusal(c)
-            )));
-        }
-        check_url(&new.url, self.config.allow_private_networks)
-            .map_err(|e| WebhookError::Invalid(e.to_string()))?;
-        let events = match new.events {
-            None => DEFAULT_EVENT_TYPES.iter().map(|s| s.to_string()).collect(),
-            Some(list) if list.is_empty() => {
-                return Err(WebhookError::Invalid(
-                    "events must name at least one event type".to_string(),
-                ))
-            }
-            Some(list) => {
-                let mut events: Vec<String> = Vec::new();
-                for e in list {
-                    if !EVENT_TYPES.contains(&e.as_str()) {
-                        return Err(WebhookError::Invalid(format!(
-                            "events: unknown event type {e:?}; known: {}",
-                            EVENT_TYPES.join(", ")
-                        )));
-                    }
-                    if !events.contains(&e) {
-                        events.push(e);
-                    }
-                }
-                events
-            }
-        };
-        let description = new.description.unwrap_or_default();
-        if description.chars().count() > MAX_DESCRIPTION {
-            return Err(WebhookError::Invalid(format!(
-                "description is longer than {MAX_DESCRIPTION} characters"
-            )));
-        }
-        if let Some(problem) = crate::domain::text::typed_text_problem(&description) {
-            return Err(WebhookError::Invalid(format!("description {problem}")));
-        }
-        let owner_id = match new.owner {
-            Some(owner) if actor.is_admin && !OwnerId::is_valid_name(&owner) => {
-                return Err(WebhookError::Invalid(format!(
-                    "owner must be {}",
-                    OwnerId::NAME_RULE
-                )))
-            }
-            Some(owner) if actor.is_admin => owner,
-            Some(_) if !actor.is_admin => {
-                return Err(WebhookError::Invalid(
-                    "owner may be given by an admin key only".to_string(),
-                ))
-            }
-            _ => actor.owner_id.clone(),
-        };
+        let CheckedEndpoint {
+            owner_id,
+            events,
+            description,
+        } = check_new_endpoint(actor, &new, self.config.allow_private_networks)?;
         if let Some(taken) = self
             .store
             .list_webhook_endpoints(Some(&owner_id))

@@ -50,6 +50,23 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
     Ok(store)
 }
 
+/// Open and migrate the configured store, which must exist already: for
+/// the commands that only read, or that act on something named by its id
+/// (which a new database cannot hold). A SQLite path with no file there (a
+/// mistyped `--database-url`) is refused, and no empty file is made.
+pub async fn open_existing_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+    if let store::DatabaseUrl::Sqlite(path) = &config.database {
+        if !path.exists() {
+            anyhow::bail!(
+                "database {}: no such SQLite file; check --database-url (ONEJOB_DATABASE_URL) \
+                 or the config's database_url (`onejob migrate` creates a new database)",
+                config.database
+            );
+        }
+    }
+    open_store(config).await
+}
+
 /// `onejob serve`, on a configuration loaded before the runtime started
 /// (its `[server] workers` sizes the runtime: see [`serve_runtime`]).
 pub async fn serve(config: Config, validate: bool, check_reachable: bool) -> anyhow::Result<()> {
@@ -91,7 +108,7 @@ pub async fn migrate(db: &DbArgs) -> anyhow::Result<()> {
 
 pub async fn show_job(db: &DbArgs, id: &JobId, attempts: bool) -> anyhow::Result<()> {
     let config = db.load(None)?;
-    let store = open_store(&config).await?;
+    let store = open_existing_store(&config).await?;
     let result = show_job_in(store.as_ref(), id, attempts).await;
     store.close().await;
     result

@@ -439,6 +439,81 @@ fn a_refused_command_creates_no_database() {
     assert!(db.exists());
 }
 
+/// A command that only reads, or acts on something named by its id, given
+/// a SQLite path with no file there (a typo) says so and makes no file:
+/// it used to create an empty database and answer "not found" or an empty
+/// list. A command that writes still makes a new one.
+#[test]
+fn a_read_only_command_does_not_create_a_missing_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = setup(dir.path());
+    let c = config.as_str();
+    let typo = dir.path().join("onejbo.db");
+    let t = typo.to_str().unwrap();
+    let webhook_key = "KioqKioqKioqKioqKioqKioqKioqKioqKioqKioqKio=";
+    let job = "01JAAAAAAAAAAAAAAAAAAAAAAA";
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["jobs", "show", job],
+        vec!["jobs", "attempts", job],
+        vec!["review", "list"],
+        vec![
+            "review", "resolve", job, "--action", "close", "--reason", "r",
+        ],
+        vec![
+            "review",
+            "resolve-attempt",
+            job,
+            "--outcome",
+            "not_executed",
+            "--reason",
+            "r",
+        ],
+        vec!["keys", "list"],
+        vec!["keys", "revoke", "key_1"],
+        vec!["keys", "rotate", "key_1"],
+        vec!["keys", "limits", "key_1", "--reason", "r"],
+        vec!["limits", "show"],
+        vec!["usage"],
+        vec!["providers", "list"],
+        vec!["webhooks", "list"],
+        vec!["webhooks", "deliveries", "wh_1"],
+        vec!["webhooks", "redeliver", "wh_1", "msg_1"],
+        vec!["webhooks", "delete", "wh_1"],
+        vec!["webhooks", "rotate", "wh_1"],
+    ];
+    for args in &cases {
+        let mut all = args.clone();
+        all.extend(["--config", c, "--database-url", t]);
+        let stderr = refused(
+            &all,
+            &[("ONEJOB_WEBHOOK_KEY", webhook_key)],
+            "no such SQLite file",
+        );
+        assert!(
+            stderr.contains(t),
+            "{args:?} does not name the path: {stderr}"
+        );
+        assert!(!typo.exists(), "{args:?} created {t}");
+    }
+    // A command that writes makes the database it is pointed at.
+    let created = onejob(
+        &[
+            "keys",
+            "create",
+            "--owner",
+            "alice",
+            "--config",
+            c,
+            "--database-url",
+            t,
+        ],
+        &[],
+    );
+    assert!(created.status.success(), "{}", text(&created));
+    assert!(typo.exists());
+    assert!(table(c, &["keys", "list", "--database-url", t]).contains("alice"));
+}
+
 /// `webhooks list` shows each endpoint's description, as the API does;
 /// one of two lines stays one row.
 #[test]

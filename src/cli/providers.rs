@@ -2,7 +2,7 @@
 //! configured providers and their switches, straight from the database
 //! (running servers pick a switch up within a refresh period).
 
-use super::{open_store, DbArgs};
+use super::{open_existing_store, open_store, DbArgs};
 use crate::clock::SystemClock;
 use crate::clock::{rfc3339, Clock};
 use crate::config::Config;
@@ -52,7 +52,7 @@ pub async fn list(db: &DbArgs) -> anyhow::Result<()> {
     } else {
         BTreeMap::new()
     };
-    let store = open_store(&config).await?;
+    let store = open_existing_store(&config).await?;
     let switches = store.provider_switches().await;
     let runs = store.latest_contract_runs().await;
     store.close().await;

@@ -1,7 +1,7 @@
 //! `onejob review list|resolve|resolve-attempt`: the review queue from the
 //! command line, with the same rules and audit trail as the admin API.
 
-use super::{open_store, DbArgs};
+use super::{open_existing_store, DbArgs};
 use crate::clock::{rfc3339, Clock, SystemClock};
 use crate::domain::reason::check_reason;
 use crate::domain::{AttemptId, JobId};
@@ -35,7 +35,7 @@ fn refused(what: &str, id: &str, refusal: Refusal) -> anyhow::Error {
 
 pub async fn list(db: &DbArgs) -> anyhow::Result<()> {
     let config = db.load(None)?;
-    let store = open_store(&config).await?;
+    let store = open_existing_store(&config).await?;
     let items = store.list_review(500).await;
     store.close().await;
     let items = items?;
@@ -97,7 +97,7 @@ pub async fn resolve_job(
         jobs::job_resolution(action, result_json(result)?).map_err(|e| anyhow!("--{e}"))?;
     let config = db.load(None)?;
     let contracts = loaded_contracts(&config)?;
-    let store = open_store(&config).await?;
+    let store = open_existing_store(&config).await?;
     let outcome =
         match jobs::checked_resolution(store.as_ref(), &contracts, job_id, resolution).await {
             Ok(resolution) => {
@@ -133,7 +133,7 @@ pub async fn resolve_attempt(
         jobs::attempt_resolution(outcome, result_json(result)?).map_err(|e| anyhow!("--{e}"))?;
     let config = db.load(None)?;
     let contracts = loaded_contracts(&config)?;
-    let store = open_store(&config).await?;
+    let store = open_existing_store(&config).await?;
     let settled =
         match jobs::checked_attempt_resolution(store.as_ref(), &contracts, attempt_id, resolution)
             .await

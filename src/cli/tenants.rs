@@ -3,7 +3,7 @@
 //! and `/v1/admin/usage`, straight on the database.
 
 use super::providers::table;
-use super::{open_store, DbArgs};
+use super::{open_existing_store, open_store, DbArgs};
 use crate::clock::{rfc3339, Clock, SystemClock};
 use crate::domain::reason::check_reason;
 use crate::domain::OwnerId;
@@ -99,7 +99,7 @@ pub async fn create(
 /// `onejob keys list [--owner NAME]`.
 pub async fn list(db: &DbArgs, owner: Option<&OwnerId>) -> anyhow::Result<()> {
     let config = db.load(None)?;
-    let store = open_store(&config).await?;
+    let store = open_existing_store(&config).await?;
     let listed = keys::list(store.as_ref(), owner).await;
     store.close().await;
     let now = SystemClock.now_ms();
@@ -139,7 +139,7 @@ pub async fn list(db: &DbArgs, owner: Option<&OwnerId>) -> anyhow::Result<()> {
 pub async fn revoke(db: &DbArgs, id: &str) -> anyhow::Result<()> {
     refuse_secret_for_id(id)?;
     let config = db.load(None)?;
-    let store = open_store(&config).await?;
+    let store = open_existing_store(&config).await?;
     let result = keys::revoke(store.as_ref(), &SystemClock, id, &actor()).await;
     store.close().await;
     let record = result?;
@@ -155,7 +155,7 @@ pub async fn rotate(db: &DbArgs, id: &str, grace: &str) -> anyhow::Result<()> {
     let grace = keys::parse_duration("--grace", grace)?;
     refuse_secret_for_id(id)?;
     let config = db.load(None)?;
-    let store = open_store(&config).await?;
+    let store = open_existing_store(&config).await?;
     let result = keys::rotate(store.as_ref(), &SystemClock, id, grace, &actor()).await;
     store.close().await;
     let rotated = result?;
@@ -186,7 +186,7 @@ pub async fn set_key_limits(
     check_reason(reason).map_err(|e| anyhow::anyhow!("--reason: {e}"))?;
     refuse_secret_for_id(id)?;
     let config = db.load(None)?;
-    let store = open_store(&config).await?;
+    let store = open_existing_store(&config).await?;
     let result = keys::set_limits(store.as_ref(), &SystemClock, id, limits, &actor(), reason).await;
     store.close().await;
     let record = result?;
@@ -206,7 +206,7 @@ pub async fn set_key_limits(
 /// `onejob limits show`: the config's limits and the run-time changes.
 pub async fn show_limits(db: &DbArgs) -> anyhow::Result<()> {
     let config = db.load(None)?;
-    let store = open_store(&config).await?;
+    let store = open_existing_store(&config).await?;
     let rows = store.owner_limits().await;
     store.close().await;
     let text = |l: &Limits| serde_json::to_string(l).unwrap_or_default();
@@ -267,7 +267,7 @@ pub async fn set_limits(
 /// `onejob usage [--owner NAME] [--days N]`.
 pub async fn usage(db: &DbArgs, owner: Option<&OwnerId>, days: u32) -> anyhow::Result<()> {
     let config = db.load(None)?;
-    let store = open_store(&config).await?;
+    let store = open_existing_store(&config).await?;
     let report = usage::report(store.as_ref(), &SystemClock, owner, days).await;
     store.close().await;
     let report = report?;

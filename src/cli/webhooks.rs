@@ -4,7 +4,7 @@
 //! a redelivery at its next poll.
 
 use super::providers::table;
-use super::{open_store, DbArgs};
+use super::{open_existing_store, open_store, DbArgs};
 use crate::clock::{rfc3339, Clock, SystemClock};
 use crate::domain::OwnerId;
 use crate::webhooks::endpoints::{check_new_endpoint, Actor, NewEndpoint, WebhookError, Webhooks};
@@ -27,10 +27,18 @@ struct Opened {
 }
 
 impl Opened {
+    /// For a command that reads, or acts on an endpoint or delivery by its
+    /// id: the database must exist ([`open_existing_store`]).
     async fn new(db: &DbArgs) -> anyhow::Result<Self> {
-        Self::of(db.load(None)?).await
+        Self::existing(db.load(None)?).await
     }
 
+    async fn existing(config: crate::config::Config) -> anyhow::Result<Self> {
+        let store = open_existing_store(&config).await?;
+        Ok(Opened { config, store })
+    }
+
+    /// For `create`: a new SQLite file is made.
     async fn of(config: crate::config::Config) -> anyhow::Result<Self> {
         let store = open_store(&config).await?;
         Ok(Opened { config, store })
@@ -152,7 +160,7 @@ pub async fn delete(db: &DbArgs, id: &str) -> anyhow::Result<()> {
 pub async fn rotate(db: &DbArgs, id: &str) -> anyhow::Result<()> {
     let config = db.load(None)?;
     refuse_without_key(&config)?;
-    let opened = Opened::of(config).await?;
+    let opened = Opened::existing(config).await?;
     let rotated = opened.hooks().rotate(admin(), id).await;
     let (endpoint, secret) = opened.close(rotated).await?;
     println!(

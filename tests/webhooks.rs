@@ -762,6 +762,10 @@ async fn a_410_disables_the_endpoint_and_a_redelivery_keeps_its_id(backend: Back
     let (status, body) = h.call("POST", &h.alice, &path, None).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["state"], "pending");
+    // Answered as the list shows it: the try made so far, which `tries` counts.
+    assert_eq!(body["tries"], 1, "{body}");
+    assert_eq!(body["attempts"], d["attempts"], "{body}");
+    assert_eq!(body["attempts"][0]["status"], 410, "{body}");
     let (status, body) = h.call("POST", &h.alice, &path, None).await;
     assert_eq!(
         (status, body["error"]["code"].as_str()),

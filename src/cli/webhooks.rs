@@ -226,7 +226,7 @@ pub async fn redeliver(db: &DbArgs, endpoint_id: &str, delivery_id: &str) -> any
         .hooks()
         .redeliver(admin(), endpoint_id, delivery_id)
         .await;
-    let d = opened.close(redelivered).await?;
+    let (d, _) = opened.close(redelivered).await?;
     println!(
         "delivery {} ({} of job {}) is pending again; a running server sends it with the same webhook-id",
         d.id, d.event_type, d.job_id

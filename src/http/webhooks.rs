@@ -157,18 +157,19 @@ pub async fn deliveries(
 }
 
 /// `POST /v1/webhooks/{id}/deliveries/{delivery_id}/redeliver`: send it
-/// again now, with the same `webhook-id` and body. 409
+/// again now, with the same `webhook-id` and body; answered as the
+/// deliveries list shows it, with its tries so far. 409
 /// `delivery_pending` while it is still being retried.
 pub async fn redeliver(
     State(state): State<AppState>,
     caller: Caller,
     Path((id, delivery_id)): Path<(String, String)>,
 ) -> Result<Json<DeliveryView>, ApiError> {
-    let delivery = webhooks(&state)
+    let (delivery, tries) = webhooks(&state)
         .redeliver(actor(&caller), &id, &delivery_id)
         .await?;
     if let Some(deliverer) = &state.webhooks {
         deliverer.wake();
     }
-    Ok(Json(DeliveryView::new(&delivery, &[])))
+    Ok(Json(DeliveryView::new(&delivery, &tries)))
 }

@@ -294,12 +294,14 @@ impl Webhooks<'_> {
 
     /// Send a delivered or failed delivery again, now: the same
     /// `webhook-id` and body (receivers dedup by the id), a fresh budget.
+    /// Answered as [`Webhooks::deliveries`] shows it: with the tries made
+    /// so far, which `tries` counts (every try, before the redelivery too).
     pub async fn redeliver(
         &self,
         actor: Actor<'_>,
         endpoint_id: &str,
         delivery_id: &str,
-    ) -> Result<WebhookDelivery, WebhookError> {
+    ) -> Result<(WebhookDelivery, Vec<WebhookTry>), WebhookError> {
         self.get(actor, endpoint_id).await?;
         let delivery = self
             .store
@@ -314,9 +316,12 @@ impl Webhooks<'_> {
         {
             return Err(WebhookError::DeliveryPending);
         }
-        self.store
+        let delivery = self
+            .store
             .get_webhook_delivery(delivery_id)
             .await?
-            .ok_or(WebhookError::NotFound("webhook delivery"))
+            .ok_or(WebhookError::NotFound("webhook delivery"))?;
+        let tries = self.store.list_webhook_tries(&delivery.id).await?;
+        Ok((delivery, tries))
     }
 }

@@ -8,10 +8,13 @@ use common::{Backend, TestDb};
 use onejob::domain::attempt::NewAttempt;
 use onejob::domain::job::NewJob;
 use onejob::domain::{AttemptId, AttemptKind, AttemptState, JobId, JobState};
-use onejob::store::{AttemptOutcome, FinishAttempt, JobTransition, Store};
+use onejob::store::{AttemptOutcome, FinishAttempt, JobResolution, JobTransition, Store};
 use std::process::{Command, Output};
 
-on_both_backends!(review_queue_from_the_command_line);
+on_both_backends!(
+    review_queue_from_the_command_line,
+    a_job_completed_by_hand_keeps_no_error_that_says_it_is_blocked,
+);
 
 fn onejob(db: &TestDb, args: &[&str]) -> Output {
     let url = db.url_string();
@@ -162,4 +165,49 @@ async fn review_queue_from_the_command_line(backend: Backend) {
         onejob(&db, &["review", "list"]).stdout,
         b"the review queue is empty\n"
     );
+}
+
+/// An admin's `complete` settles the job: its `last_error` no longer says
+/// why it was waiting (the outcome was unknown past the deadline), as an
+/// attempt's win clears it; the reason stays in the event log.
+async fn a_job_completed_by_hand_keeps_no_error_that_says_it_is_blocked(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let store = db.store().await;
+    let (job_id, _) = job_in_review(store.as_ref()).await;
+    assert_eq!(
+        store
+            .get_job(&job_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .last_error
+            .as_deref(),
+        Some("unknown past deadline")
+    );
+    let complete = JobResolution::Complete {
+        result: "\"paid by hand\"".into(),
+    };
+    let job = store
+        .resolve_job(&job_id, complete, "cli:tester", "vendor confirmed", 5)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((job.state, job.last_error), (JobState::Succeeded, None));
+    let out = onejob(&db, &["jobs", "show", &job_id]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["state"], "succeeded", "{shown}");
+    assert_eq!(shown["last_error"], serde_json::Value::Null, "{shown}");
+    let events = store.list_events(&job_id).await.unwrap();
+    let parked = events.iter().find(|e| e.kind == "needs_review").unwrap();
+    assert!(parked
+        .detail
+        .as_deref()
+        .unwrap()
+        .contains("unknown past deadline"));
+    assert!(events.iter().any(|e| e.kind == "resolved"));
 }

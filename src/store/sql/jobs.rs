@@ -413,7 +413,7 @@ pub(crate) async fn resolve_job(
     let action = match &resolution {
         JobResolution::Complete { result } => {
             conn.execute(
-                "UPDATE jobs SET state = 'succeeded', result = $2, completed_by = $3, \
+                "UPDATE jobs SET state = 'succeeded', result = $2, completed_by = $3, last_error = NULL, \
                  version = version + 1, next_run_at = NULL, lease_owner = NULL, lease_until = NULL, updated_at = $4 \
                  WHERE id = $1 AND completed_by IS NULL",
                 args![job_id, result, &format!("resolution:{actor}"), at],

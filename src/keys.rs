@@ -72,6 +72,8 @@ pub enum KeyError {
     NotLive(String),
     #[error("{0}")]
     InvalidLimits(String),
+    #[error("reason: {0}")]
+    InvalidReason(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -162,22 +164,42 @@ pub struct CreatedKey {
     pub record: KeyRecord,
 }
 
-/// Create a key for `owner` and return it; only its hash is stored.
+/// Who a key made by the program itself (the demo, tests) is audited as.
+pub const SELF_ACTOR: &str = "onejob";
+
+/// Create a key for `owner` and return it; only its hash is stored. For
+/// the demo and tests: audited as [`SELF_ACTOR`].
 pub async fn create_key(
     store: &dyn Store,
     clock: &dyn Clock,
     owner: &str,
     admin: bool,
 ) -> Result<String, KeyError> {
-    Ok(create(store, clock, owner, admin, None, Limits::default())
-        .await?
-        .secret)
+    Ok(create(
+        store,
+        clock,
+        owner,
+        admin,
+        None,
+        Limits::default(),
+        SELF_ACTOR,
+    )
+    .await?
+    .secret)
+}
+
+/// An optional reason for a revocation or a rotation, by the one rule
+/// ([`check_reason`]), trimmed.
+pub fn optional_reason(reason: Option<&str>) -> Result<Option<&str>, KeyError> {
+    reason
+        .map(|r| check_reason(r).map_err(|e| KeyError::InvalidReason(e.to_string())))
+        .transpose()
 }
 
 /// Create a key, expiring `expires_in` from now when given, with limits of
-/// its own (in addition to its owner's) when any field is set. `owner` is
-/// the name as an admin typed it: checked here, where it becomes an
-/// [`OwnerId`].
+/// its own (in addition to its owner's) when any field is set; audited as
+/// made by `actor`. `owner` is the name as an admin typed it: checked
+/// here, where it becomes an [`OwnerId`].
 pub async fn create(
     store: &dyn Store,
     clock: &dyn Clock,
@@ -185,6 +207,7 @@ pub async fn create(
     admin: bool,
     expires_in: Option<Duration>,
     limits: Limits,
+    actor: &str,
 ) -> Result<CreatedKey, KeyError> {
     if !valid_owner(owner) {
         return Err(KeyError::InvalidOwner);
@@ -200,7 +223,7 @@ pub async fn create(
     let mut row = new_row(&owner.into(), admin, &secret, clock.now_ms(), expires_in);
     row.limits = limits;
     let record = KeyRecord::from(&row);
-    store.insert_api_key(row).await?;
+    store.insert_api_key(row, actor).await?;
     Ok(CreatedKey { secret, record })
 }
 
@@ -208,17 +231,23 @@ pub async fn list(store: &dyn Store, owner: Option<&OwnerId>) -> Result<Vec<KeyR
     Ok(store.list_api_keys(owner).await?)
 }
 
-/// Revoke a key now; every server refuses it within about a second.
+/// Revoke a key now, audited with the `reason` when given; every server
+/// refuses it within about a second.
 pub async fn revoke(
     store: &dyn Store,
     clock: &dyn Clock,
     id: &str,
     actor: &str,
+    reason: Option<&str>,
 ) -> Result<KeyRecord, KeyError> {
+    let reason = optional_reason(reason)?;
     let Some(_) = store.get_api_key(id).await? else {
         return Err(KeyError::NotFound(id.to_string()));
     };
-    if !store.revoke_api_key(id, actor, clock.now_ms()).await? {
+    if !store
+        .revoke_api_key(id, actor, reason, clock.now_ms())
+        .await?
+    {
         return Err(KeyError::NotLive(id.to_string()));
     }
     store
@@ -263,14 +292,17 @@ pub struct RotatedKey {
 }
 
 /// Give key `id` a successor with the same owner, rights and expiry; the
-/// old secret keeps working for `grace`, then is refused.
+/// old secret keeps working for `grace`, then is refused. Audited with
+/// the `reason` when given.
 pub async fn rotate(
     store: &dyn Store,
     clock: &dyn Clock,
     id: &str,
     grace: Duration,
     actor: &str,
+    reason: Option<&str>,
 ) -> Result<RotatedKey, KeyError> {
+    let reason = optional_reason(reason)?;
     let Some(old) = store.get_api_key(id).await? else {
         return Err(KeyError::NotFound(id.to_string()));
     };
@@ -286,6 +318,7 @@ pub async fn rotate(
         old_id: id.to_string(),
         new: row,
         old_expires_at: now + grace.as_millis() as Millis,
+        reason: reason.map(str::to_string),
     };
     if !store.rotate_api_key(rotation, actor).await? {
         return Err(KeyError::NotLive(id.to_string()));

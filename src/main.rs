@@ -311,6 +311,9 @@ enum KeysCommand {
         #[command(flatten)]
         db: DbArgs,
         id: String,
+        /// Why (1-500 characters); kept in the audit trail.
+        #[arg(long)]
+        reason: Option<String>,
     },
     /// A new secret for a key; the old one works for --grace, then is refused.
     Rotate {
@@ -320,6 +323,9 @@ enum KeysCommand {
         /// How long the old secret keeps working, e.g. 1h
         #[arg(long, default_value = "24h")]
         grace: String,
+        /// Why (1-500 characters); kept in the audit trail.
+        #[arg(long)]
+        reason: Option<String>,
     },
 }
 
@@ -476,10 +482,15 @@ fn main() -> ExitCode {
                     reason,
                 } => cli::tenants::set_key_limits(&db, &id, limits.limits(), &reason).await,
                 KeysCommand::List { db, owner } => cli::tenants::list(&db, owner.as_ref()).await,
-                KeysCommand::Revoke { db, id } => cli::tenants::revoke(&db, &id).await,
-                KeysCommand::Rotate { db, id, grace } => {
-                    cli::tenants::rotate(&db, &id, &grace).await
+                KeysCommand::Revoke { db, id, reason } => {
+                    cli::tenants::revoke(&db, &id, reason.as_deref()).await
                 }
+                KeysCommand::Rotate {
+                    db,
+                    id,
+                    grace,
+                    reason,
+                } => cli::tenants::rotate(&db, &id, &grace, reason.as_deref()).await,
             },
             Command::Limits { command } => match command {
                 LimitsCommand::Show { db } => cli::tenants::show_limits(&db).await,

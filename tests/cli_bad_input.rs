@@ -317,6 +317,7 @@ fn a_refused_command_creates_no_database() {
     .unwrap();
     let empty_config = empty_config.to_str().unwrap();
     let secret = format!("oj_{}", "b2".repeat(32));
+    let long_reason = "r".repeat(501);
     // An address already taken, for a server that cannot listen.
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let taken = taken.local_addr().unwrap().to_string();
@@ -365,6 +366,14 @@ fn a_refused_command_creates_no_database() {
         ),
         (vec!["keys", "revoke", &secret], "not its id"),
         (vec!["keys", "rotate", &secret], "not its id"),
+        (
+            vec!["keys", "revoke", "key_1", "--reason", " "],
+            "--reason: required",
+        ),
+        (
+            vec!["keys", "rotate", "key_1", "--reason", &long_reason],
+            "--reason: 501 characters",
+        ),
         (
             vec![
                 "webhooks",
@@ -512,6 +521,66 @@ fn a_read_only_command_does_not_create_a_missing_database() {
     assert!(created.status.success(), "{}", text(&created));
     assert!(typo.exists());
     assert!(table(c, &["keys", "list", "--database-url", t]).contains("alice"));
+}
+
+/// `keys create` is audited; `keys revoke` and `keys rotate` keep the
+/// `--reason` given in their audit rows, as `cli:$USER`.
+#[test]
+fn key_changes_from_the_cli_are_audited_with_their_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = setup(dir.path());
+    let c = config.as_str();
+    let created = onejob(&["keys", "create", "--owner", "alice", "--config", c], &[]);
+    assert!(created.status.success(), "{}", text(&created));
+    let stdout = String::from_utf8_lossy(&created.stdout).into_owned();
+    // "created a key ID for owner alice; …"
+    let id = stdout.split_whitespace().nth(3).unwrap().to_string();
+    let rotated = onejob(
+        &[
+            "keys",
+            "rotate",
+            &id,
+            "--reason",
+            "rotated quarterly",
+            "--config",
+            c,
+        ],
+        &[],
+    );
+    assert!(rotated.status.success(), "{}", text(&rotated));
+    let revoked = onejob(
+        &[
+            "keys",
+            "revoke",
+            &id,
+            "--reason",
+            "alice left",
+            "--config",
+            c,
+        ],
+        &[],
+    );
+    assert!(revoked.status.success(), "{}", text(&revoked));
+    let db = rusqlite::Connection::open(dir.path().join("onejob.db")).unwrap();
+    let mut rows = db
+        .prepare("SELECT action, actor, COALESCE(detail, '') FROM tenant_audit WHERE subject = ?1 ORDER BY id")
+        .unwrap();
+    let rows: Vec<(String, String, String)> = rows
+        .query_map([format!("key:{id}")], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let actions: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+    assert_eq!(actions, ["create", "rotate", "revoke"], "{rows:?}");
+    assert!(rows.iter().all(|r| r.1 == "cli:tester"), "{rows:?}");
+    assert!(rows[0].2.contains("\"owner\":\"alice\""), "{rows:?}");
+    assert!(
+        rows[1].2.contains("\"reason\":\"rotated quarterly\""),
+        "{rows:?}"
+    );
+    assert!(rows[2].2.contains("\"reason\":\"alice left\""), "{rows:?}");
 }
 
 /// `webhooks list` shows each endpoint's description, as the API does;

@@ -51,9 +51,17 @@ async fn call(
 /// A key of `owner` with `limits` of its own: (secret, id).
 async fn key_with(db: &TestDb, owner: &str, limits: Limits) -> (String, String) {
     let store = db.store().await;
-    let created = onejob::keys::create(store.as_ref(), &SystemClock, owner, false, None, limits)
-        .await
-        .unwrap();
+    let created = onejob::keys::create(
+        store.as_ref(),
+        &SystemClock,
+        owner,
+        false,
+        None,
+        limits,
+        "test",
+    )
+    .await
+    .unwrap();
     store.close().await;
     (created.secret, created.record.id)
 }
@@ -87,6 +95,7 @@ async fn a_keys_own_limits_refuse_with_the_owners_codes_and_spare_its_other_keys
             true,
             None,
             Limits::default(),
+            "test",
         )
         .await
         .unwrap();
@@ -363,6 +372,7 @@ async fn a_rotated_keys_refusal_names_the_key_sent_and_the_shared_bucket(backend
             &old_id,
             Duration::from_secs(3_600),
             "test",
+            None,
         )
         .await
         .unwrap();

@@ -720,6 +720,112 @@ async fn another_owners_list_is_refused_to_a_key_that_is_not_the_admins(backend:
     a.stop().await;
 }
 
+/// The newest entry of the tenant audit.
+async fn last_audit(address: &str, admin: &str) -> (usize, Value) {
+    let (status, body) = get(address, admin, "/v1/admin/tenants/audit").await;
+    assert_eq!(status, 200, "{body}");
+    let entries = body["entries"].as_array().unwrap();
+    (entries.len(), entries[0].clone())
+}
+
+/// A key's creation is in the tenant audit like its revocation and
+/// rotation; those two take an optional reason, held to the one rule
+/// (a bad one refuses the change, which is then not made).
+async fn every_key_change_is_audited_with_its_reason(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let admin = admin_key(&db).await;
+    let a = Instance::start(&db, |_| {}).await;
+    let (_, made_by_hand) = last_audit(&a.address, &admin).await;
+    assert_eq!(
+        (&made_by_hand["action"], &made_by_hand["actor"]),
+        (&json!("create"), &json!("onejob")),
+        "{made_by_hand}"
+    );
+
+    let (status, created) = post(
+        &a.address,
+        &admin,
+        "/v1/admin/keys",
+        &json!({ "owner": "carol", "limits": { "concurrent_jobs": 2 } }),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["key"]["id"].as_str().unwrap().to_string();
+    let carol = created["secret"].as_str().unwrap().to_string();
+    let (entries, entry) = last_audit(&a.address, &admin).await;
+    assert_eq!(entry["action"], "create", "{entry}");
+    assert_eq!(entry["subject"], format!("key:{id}"));
+    assert_eq!(entry["actor"], "admin:ops");
+    assert_eq!(entry["detail"]["owner"], "carol", "{entry}");
+    assert_eq!(entry["detail"]["admin"], false, "{entry}");
+
+    // A reason the rule refuses: nothing revoked, nothing audited.
+    for reason in [json!("x".repeat(501)), json!(" "), json!(7)] {
+        let (status, body) = post(
+            &a.address,
+            &admin,
+            &format!("/v1/admin/keys/{id}/revoke"),
+            &json!({ "reason": reason }),
+        )
+        .await;
+        assert_eq!(status, 422, "{body}");
+        assert_eq!(body["error"]["code"], "invalid_request");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("reason"),
+            "{body}"
+        );
+    }
+    assert_eq!(status_of(&a.address, &carol).await, 200, "still live");
+    assert_eq!(last_audit(&a.address, &admin).await.0, entries);
+
+    let (status, rotated) = post(
+        &a.address,
+        &admin,
+        &format!("/v1/admin/keys/{id}/rotate"),
+        &json!({ "grace": "1h", "reason": "pasted in a ticket" }),
+    )
+    .await;
+    assert_eq!(status, 200, "{rotated}");
+    let new_id = rotated["key"]["id"].as_str().unwrap().to_string();
+    let (_, entry) = last_audit(&a.address, &admin).await;
+    assert_eq!(entry["action"], "rotate");
+    assert_eq!(entry["detail"]["reason"], "pasted in a ticket", "{entry}");
+    assert_eq!(entry["detail"]["new_key"], new_id.as_str());
+
+    let (status, _) = post(
+        &a.address,
+        &admin,
+        &format!("/v1/admin/keys/{new_id}/revoke"),
+        &json!({ "reason": "  carol left  " }),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (_, entry) = last_audit(&a.address, &admin).await;
+    assert_eq!(
+        (&entry["action"], &entry["subject"]),
+        (&json!("revoke"), &json!(format!("key:{new_id}")))
+    );
+    assert_eq!(entry["detail"]["reason"], "carol left", "trimmed: {entry}");
+    // Without a body, as before: audited with no reason.
+    let (status, _) = post(
+        &a.address,
+        &admin,
+        &format!("/v1/admin/keys/{id}/revoke"),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (_, entry) = last_audit(&a.address, &admin).await;
+    assert_eq!(
+        (&entry["action"], &entry["detail"]),
+        (&json!("revoke"), &Value::Null)
+    );
+    a.stop().await;
+}
+
 on_both_backends!(
     a_revoked_key_is_refused_on_every_instance_within_a_second,
     a_rotated_keys_old_secret_works_during_the_grace_period_and_not_after,
@@ -730,4 +836,5 @@ on_both_backends!(
     a_budget_exhausted_owner_gets_its_code_on_every_server_with_no_attempt_made,
     usage_counts_hedges_and_discarded_answers,
     another_owners_list_is_refused_to_a_key_that_is_not_the_admins,
+    every_key_change_is_audited_with_its_reason,
 );

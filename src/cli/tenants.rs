@@ -72,6 +72,7 @@ pub async fn create(
         admin,
         expires_in,
         limits,
+        &actor(),
     )
     .await;
     store.close().await;
@@ -135,12 +136,18 @@ pub async fn list(db: &DbArgs, owner: Option<&OwnerId>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `onejob keys revoke ID`.
-pub async fn revoke(db: &DbArgs, id: &str) -> anyhow::Result<()> {
+/// An optional `--reason`, refused before the database is opened.
+fn optional_reason(reason: Option<&str>) -> anyhow::Result<Option<&str>> {
+    keys::optional_reason(reason).map_err(|e| anyhow::anyhow!("--{e}"))
+}
+
+/// `onejob keys revoke ID [--reason TEXT]`.
+pub async fn revoke(db: &DbArgs, id: &str, reason: Option<&str>) -> anyhow::Result<()> {
+    let reason = optional_reason(reason)?;
     refuse_secret_for_id(id)?;
     let config = db.load(None)?;
     let store = open_existing_store(&config).await?;
-    let result = keys::revoke(store.as_ref(), &SystemClock, id, &actor()).await;
+    let result = keys::revoke(store.as_ref(), &SystemClock, id, &actor(), reason).await;
     store.close().await;
     let record = result?;
     println!(
@@ -150,13 +157,20 @@ pub async fn revoke(db: &DbArgs, id: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `onejob keys rotate ID [--grace 24h]`; the new key alone on the last line.
-pub async fn rotate(db: &DbArgs, id: &str, grace: &str) -> anyhow::Result<()> {
+/// `onejob keys rotate ID [--grace 24h] [--reason TEXT]`; the new key
+/// alone on the last line.
+pub async fn rotate(
+    db: &DbArgs,
+    id: &str,
+    grace: &str,
+    reason: Option<&str>,
+) -> anyhow::Result<()> {
     let grace = keys::parse_duration("--grace", grace)?;
+    let reason = optional_reason(reason)?;
     refuse_secret_for_id(id)?;
     let config = db.load(None)?;
     let store = open_existing_store(&config).await?;
-    let result = keys::rotate(store.as_ref(), &SystemClock, id, grace, &actor()).await;
+    let result = keys::rotate(store.as_ref(), &SystemClock, id, grace, &actor(), reason).await;
     store.close().await;
     let rotated = result?;
     println!(

@@ -68,6 +68,7 @@ impl From<KeyError> for ApiError {
             KeyError::NotFound(_) => ApiError::NotFound("key"),
             KeyError::NotLive(_) => ApiError::KeyNotLive(e.to_string()),
             KeyError::InvalidLimits(m) => ApiError::InvalidRequest(m),
+            e @ KeyError::InvalidReason(_) => ApiError::InvalidRequest(e.to_string()),
             KeyError::Store(s) => s.into(),
         }
     }
@@ -118,6 +119,7 @@ pub async fn create_key(
         .as_deref()
         .map(|t| keys::parse_duration("expires_in", t))
         .transpose()?;
+    let actor = format!("admin:{}", admin.owner_id);
     let created = keys::create(
         state.store.as_ref(),
         state.clock.as_ref(),
@@ -125,9 +127,10 @@ pub async fn create_key(
         req.admin,
         expires_in,
         req.limits,
+        &actor,
     )
     .await?;
-    tracing::info!(key = %created.record.id, owner = %req.owner, actor = %admin.owner_id, "key created");
+    tracing::info!(key = %created.record.id, owner = %req.owner, actor = %actor, "key created");
     let view = KeyView::new(created.record, state.clock.now_ms());
     Ok((
         StatusCode::CREATED,
@@ -135,13 +138,31 @@ pub async fn create_key(
     ))
 }
 
+/// `POST /v1/admin/keys/{id}/revoke`: no body, or `{"reason": "…"}`
+/// (kept in the audit trail).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RevokeKey {
+    #[serde(default)]
+    reason: Option<String>,
+}
+
 pub async fn revoke_key(
     State(state): State<AppState>,
     Admin(admin): Admin,
     Path(id): Path<String>,
+    LimitedBody(body): LimitedBody,
 ) -> Result<Json<KeyView>, ApiError> {
+    let req: RevokeKey = super::body::parse_or_default(&body)?;
     let actor = format!("admin:{}", admin.owner_id);
-    let record = keys::revoke(state.store.as_ref(), state.clock.as_ref(), &id, &actor).await?;
+    let record = keys::revoke(
+        state.store.as_ref(),
+        state.clock.as_ref(),
+        &id,
+        &actor,
+        req.reason.as_deref(),
+    )
+    .await?;
     // This server refuses it at once; the others within a second.
     state.tenants.watch_once().await?;
     tracing::info!(key = %id, actor = %actor, "key revoked");
@@ -180,6 +201,9 @@ struct RotateKey {
     /// How long the old secret keeps working, e.g. "1h" [default: 24h].
     #[serde(default)]
     grace: Option<String>,
+    /// Why (kept in the audit trail).
+    #[serde(default)]
+    reason: Option<String>,
 }
 
 pub const DEFAULT_GRACE: &str = "24h";
@@ -199,6 +223,7 @@ pub async fn rotate_key(
         &id,
         grace,
         &actor,
+        req.reason.as_deref(),
     )
     .await?;
     state.tenants.watch_once().await?;

@@ -63,11 +63,11 @@ macro_rules! forward_store {
                 fn has_event(job_id: &JobId, kind: &str) -> bool;
             }
             KeyStore {
-                fn insert_api_key(key: ApiKey) -> ();
+                fn insert_api_key(key: ApiKey, actor: &str) -> ();
                 fn find_api_key(key_hash: &str) -> Option<ApiKey>;
                 fn list_api_keys(owner: Option<&OwnerId>) -> Vec<KeyRecord>;
                 fn get_api_key(id: &str) -> Option<KeyRecord>;
-                fn revoke_api_key(id: &str, actor: &str, at: Millis) -> bool;
+                fn revoke_api_key(id: &str, actor: &str, reason: Option<&str>, at: Millis) -> bool;
                 fn rotate_api_key(rotation: Rotation, actor: &str) -> bool;
                 fn touch_api_keys(used: Vec<(String, Millis)>) -> ();
                 fn tenant_changes() -> i64;

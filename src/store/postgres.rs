@@ -387,8 +387,11 @@ impl EventStore for PgStore {
 
 #[async_trait]
 impl KeyStore for PgStore {
-    async fn insert_api_key(&self, key: ApiKey) -> Result<(), StoreError> {
-        ops::insert_api_key(&mut *self.pool.acquire().await?, key).await
+    async fn insert_api_key(&self, key: ApiKey, actor: &str) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        ops::create_api_key(&mut *tx, key, actor).await?;
+        tx.commit().await?;
+        Ok(())
     }
 
     async fn find_api_key(&self, key_hash: &str) -> Result<Option<ApiKey>, StoreError> {
@@ -403,9 +406,15 @@ impl KeyStore for PgStore {
         ops::get_api_key(&mut *self.pool.acquire().await?, id).await
     }
 
-    async fn revoke_api_key(&self, id: &str, actor: &str, at: Millis) -> Result<bool, StoreError> {
+    async fn revoke_api_key(
+        &self,
+        id: &str,
+        actor: &str,
+        reason: Option<&str>,
+        at: Millis,
+    ) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let value = ops::revoke_api_key(&mut *tx, id, actor, at).await?;
+        let value = ops::revoke_api_key(&mut *tx, id, actor, reason, at).await?;
         tx.commit().await?;
         Ok(value)
     }

@@ -947,8 +947,9 @@ impl EventStore for SqliteStore {
 
 #[async_trait]
 impl KeyStore for SqliteStore {
-    async fn insert_api_key(&self, key: ApiKey) -> Result<(), StoreError> {
-        self.write(move |c| db::now(ops::insert_api_key(c, key.clone())))
+    async fn insert_api_key(&self, key: ApiKey, actor: &str) -> Result<(), StoreError> {
+        let actor = actor.to_string();
+        self.write(move |c| db::now(ops::create_api_key(c, key.clone(), &actor)))
             .await
     }
 
@@ -965,10 +966,17 @@ impl KeyStore for SqliteStore {
         self.read.raw(|c| db::now(ops::get_api_key(c, id)))
     }
 
-    async fn revoke_api_key(&self, id: &str, actor: &str, at: Millis) -> Result<bool, StoreError> {
+    async fn revoke_api_key(
+        &self,
+        id: &str,
+        actor: &str,
+        reason: Option<&str>,
+        at: Millis,
+    ) -> Result<bool, StoreError> {
         let id = id.to_string();
         let actor = actor.to_string();
-        self.write(move |c| db::now(ops::revoke_api_key(c, &id, &actor, at)))
+        let reason = reason.map(str::to_string);
+        self.write(move |c| db::now(ops::revoke_api_key(c, &id, &actor, reason.as_deref(), at)))
             .await
     }
 

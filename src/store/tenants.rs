@@ -53,6 +53,8 @@ pub struct Rotation {
     pub old_id: String,
     pub new: crate::store::ApiKey,
     pub old_expires_at: Millis,
+    /// Why, when the admin said (kept in the audit trail).
+    pub reason: Option<String>,
 }
 
 /// An entry of the audit trail of keys and limits.
@@ -188,7 +190,8 @@ impl ApiKey {
 
 #[async_trait]
 pub trait KeyStore: Send + Sync {
-    async fn insert_api_key(&self, key: ApiKey) -> Result<(), StoreError>;
+    /// Insert a new key, audited as made by `actor`, in one commit.
+    async fn insert_api_key(&self, key: ApiKey, actor: &str) -> Result<(), StoreError>;
 
     async fn find_api_key(&self, key_hash: &str) -> Result<Option<ApiKey>, StoreError>;
 
@@ -196,8 +199,15 @@ pub trait KeyStore: Send + Sync {
 
     async fn get_api_key(&self, id: &str) -> Result<Option<KeyRecord>, StoreError>;
 
-    /// Revoke now (audited, change counter bumped); false when not found or revoked already.
-    async fn revoke_api_key(&self, id: &str, actor: &str, at: Millis) -> Result<bool, StoreError>;
+    /// Revoke now (audited with the `reason` given, change counter
+    /// bumped); false when not found or revoked already.
+    async fn revoke_api_key(
+        &self,
+        id: &str,
+        actor: &str,
+        reason: Option<&str>,
+        at: Millis,
+    ) -> Result<bool, StoreError>;
 
     /// Insert the successor and cut the old key's life, in one commit;
     /// false when the old key is not live or was rotated already.

@@ -33,6 +33,26 @@ pub(crate) async fn insert_api_key(conn: &mut impl Db, key: ApiKey) -> Result<()
     Ok(())
 }
 
+/// A new key and its `create` entry in the audit trail (owner, rights,
+/// expiry and limits; never the hash).
+pub(crate) async fn create_api_key(
+    conn: &mut impl Db,
+    key: ApiKey,
+    actor: &str,
+) -> Result<(), StoreError> {
+    let subject = format!("key:{}", key.id);
+    let at = key.created_at;
+    let detail = serde_json::json!({
+        "owner": key.owner_id,
+        "admin": key.is_admin,
+        "expires_at": key.expires_at,
+        "limits": key.limits,
+    })
+    .to_string();
+    insert_api_key(conn, key).await?;
+    insert_tenant_audit(conn, &subject, "create", actor, Some(&detail), at).await
+}
+
 pub(crate) async fn find_api_key(
     conn: &mut impl Db,
     key_hash: &str,
@@ -119,6 +139,7 @@ pub(crate) async fn revoke_api_key(
     conn: &mut impl Db,
     id: &str,
     actor: &str,
+    reason: Option<&str>,
     at: Millis,
 ) -> Result<bool, StoreError> {
     let n = conn
@@ -136,7 +157,16 @@ pub(crate) async fn revoke_api_key(
         return Ok(false);
     }
     bump_tenant_changes(conn).await?;
-    insert_tenant_audit(conn, &format!("key:{id}"), "revoke", actor, None, at).await?;
+    let detail = reason.map(|r| serde_json::json!({ "reason": r }).to_string());
+    insert_tenant_audit(
+        conn,
+        &format!("key:{id}"),
+        "revoke",
+        actor,
+        detail.as_deref(),
+        at,
+    )
+    .await?;
     Ok(true)
 }
 
@@ -167,11 +197,14 @@ pub(crate) async fn rotate_api_key(
     }
     insert_api_key(conn, rotation.new.clone()).await?;
     bump_tenant_changes(conn).await?;
-    let detail = serde_json::json!({
+    let mut detail = serde_json::json!({
         "new_key": rotation.new.id,
         "old_expires_at": rotation.old_expires_at,
-    })
-    .to_string();
+    });
+    if let Some(reason) = &rotation.reason {
+        detail["reason"] = serde_json::json!(reason);
+    }
+    let detail = detail.to_string();
     insert_tenant_audit(
         conn,
         &format!("key:{}", rotation.old_id),

@@ -28,6 +28,7 @@ on_both_backends!(
     a_fingerprint_key_names_its_job_for_one_window,
     a_fingerprint_key_finds_its_job_while_it_runs,
     a_provider_that_refuses_a_field_that_changes_the_answer_is_skipped,
+    a_refused_key_is_told_by_the_header_it_came_in,
 );
 
 async fn complete(
@@ -1053,3 +1054,60 @@ async fn a_provider_that_refuses_a_field_that_changes_the_answer_is_skipped(back
     assert_eq!(headers["x-onejob-provider"], "strict");
     world.stop().await;
 }
+
+/// A refused key at the doors in OpenAI's (and onejob's) shape was told
+/// "send Authorization: Bearer <key>" even when the caller had sent its
+/// key as `x-api-key`, which onejob reads: the caller looked for a header
+/// problem it did not have. The message now names the header the key came
+/// in, as the Messages door's does; no key at all still says how to send
+/// one.
+async fn a_refused_key_is_told_by_the_header_it_came_in(backend: Backend) {
+    let providers = [ProviderSpec {
+        name: "primary",
+        model: "healthy",
+    }];
+    let world = start_world(backend, &providers, route("primary", &[]), |_| {}).await;
+    let chat = json!({"model": "default", "messages": [{"role": "user", "content": "Hi"}]});
+    let responses = json!({"model": "default", "input": "Hi"});
+    let job = json!({"messages": [{"role": "user", "content": "Hi"}]});
+    let by_header = [
+        (
+            "x-api-key",
+            "invalid API key in the x-api-key header (unknown, revoked or expired)",
+        ),
+        (
+            "authorization",
+            "invalid API key in the Authorization header (unknown, revoked or expired)",
+        ),
+        ("", "missing API key; send Authorization: Bearer <key>"),
+    ];
+    for (path, body) in [
+        ("/v1/chat/completions", &chat),
+        ("/v1/responses", &responses),
+        ("/v1/jobs", &job),
+    ] {
+        for (header, said) in by_header {
+            let mut request = world
+                .client
+                .post(format!("{}{path}", world.address))
+                .header("Idempotency-Key", "auth-1")
+                .json(body);
+            request = match header {
+                "x-api-key" => request.header("x-api-key", "oj_not-a-key"),
+                "authorization" => request.bearer_auth("oj_not-a-key"),
+                _ => request,
+            };
+            let response = request.send().await.unwrap();
+            assert_eq!(response.status(), 401, "{path} {header}");
+            let error: Value = response.json().await.unwrap();
+            assert_eq!(error["error"]["message"], said, "{path} {header}: {error}");
+            assert_eq!(error["error"]["code"], "unauthorized", "{path}");
+            if path != "/v1/jobs" {
+                assert_eq!(error["error"]["type"], "authentication_error", "{path}");
+            }
+        }
+    }
+    assert_eq!(world.store.count_jobs().await.unwrap(), 0);
+    world.stop().await;
+}
+

@@ -7,7 +7,9 @@ use super::error::ApiError;
 use super::AppState;
 use crate::keys::Caller;
 use axum::extract::FromRequestParts;
+use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
+use axum::http::HeaderMap;
 
 impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
@@ -16,20 +18,14 @@ impl FromRequestParts<AppState> for Caller {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        // Anthropic's SDKs send the key as `x-api-key`.
-        let presented = parts
-            .headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(bearer_token)
-            .or_else(|| parts.headers.get("x-api-key").and_then(|v| v.to_str().ok()))
-            .map(str::trim)
-            .ok_or(ApiError::Unauthorized)?;
+        let (presented, header) = presented_key(&parts.headers);
+        let refused = || ApiError::Unauthorized(header);
+        let presented = presented.ok_or_else(refused)?;
         let caller = state
             .tenants
             .authenticate(presented)
             .await?
-            .ok_or(ApiError::Unauthorized)?;
+            .ok_or_else(refused)?;
         super::refusals::note_owner(&caller.owner_id);
         Ok(caller)
     }
@@ -50,6 +46,54 @@ impl FromRequestParts<AppState> for Admin {
             return Err(ApiError::Forbidden);
         }
         Ok(Admin(caller))
+    }
+}
+
+/// The header a request's key came in, which a refusal names: the
+/// caller's SDK sends its key the one way it knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyHeader {
+    /// No key at all.
+    Missing,
+    /// `Authorization: Bearer <key>` (OpenAI's SDKs, onejob's own clients).
+    Bearer,
+    /// `x-api-key: <key>` (Anthropic's SDKs).
+    XApiKey,
+}
+
+impl KeyHeader {
+    /// Why a key was refused, naming the header it came in (onejob's
+    /// words, on every door in onejob's or OpenAI's shape).
+    pub fn refusal(self) -> &'static str {
+        match self {
+            KeyHeader::Missing => "missing API key; send Authorization: Bearer <key>",
+            KeyHeader::Bearer => {
+                "invalid API key in the Authorization header (unknown, revoked or expired)"
+            }
+            KeyHeader::XApiKey => {
+                "invalid API key in the x-api-key header (unknown, revoked or expired)"
+            }
+        }
+    }
+}
+
+/// The key a request presents and the header it came in:
+/// `Authorization: Bearer` first, else `x-api-key` (as Anthropic's SDKs
+/// send it). The one reading of the credentials headers, so a refusal
+/// names the header the key was read from.
+pub fn presented_key(headers: &HeaderMap) -> (Option<&str>, KeyHeader) {
+    let bearer = headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer_token);
+    if let Some(key) = bearer {
+        return (Some(key.trim()), KeyHeader::Bearer);
+    }
+    match headers.get("x-api-key").and_then(|v| v.to_str().ok()) {
+        Some(key) => (Some(key.trim()), KeyHeader::XApiKey),
+        // An `x-api-key` that is not text is a key that was sent, and wrong.
+        None if headers.contains_key("x-api-key") => (None, KeyHeader::XApiKey),
+        None => (None, KeyHeader::Missing),
     }
 }
 

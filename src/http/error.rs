@@ -2,6 +2,7 @@
 //! Bodies are `{"error": {"code": "...", "message": "..."}}`; a 5xx body
 //! says nothing about internals (the cause is logged once, server-side).
 
+use super::auth::KeyHeader;
 use crate::jobs::SubmitError;
 use crate::store::StoreError;
 use axum::http::{HeaderValue, StatusCode};
@@ -10,8 +11,10 @@ use axum::Json;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
-    #[error("missing or invalid API key; send Authorization: Bearer <key>")]
-    Unauthorized,
+    /// No key, or one that is unknown, revoked or expired: the message
+    /// names the header the key came in.
+    #[error("{}", .0.refusal())]
+    Unauthorized(KeyHeader),
     #[error("this endpoint needs an admin key")]
     Forbidden,
     /// A non-admin key asked for another owner's data (`?owner=`).
@@ -72,7 +75,7 @@ pub const STORE_RETRY_AFTER_SECS: u32 = 1;
 impl ApiError {
     pub fn status_code(&self) -> StatusCode {
         match self {
-            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden | ApiError::OtherOwner(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -98,7 +101,7 @@ impl ApiError {
 
     pub fn code(&self) -> &'static str {
         match self {
-            ApiError::Unauthorized => "unauthorized",
+            ApiError::Unauthorized(_) => "unauthorized",
             ApiError::Forbidden | ApiError::OtherOwner(_) => "forbidden",
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed => "method_not_allowed",

@@ -4,9 +4,10 @@
 //! told not to).
 
 use crate::domain::ErrorKind;
+use crate::http::auth::KeyHeader;
 use crate::http::door::Refusal;
 use crate::http::error::{ApiError, STORE_RETRY_AFTER_SECS};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
@@ -41,29 +42,6 @@ impl AnthropicError {
             retry: false,
             retry_after_ms: None,
         }
-    }
-
-    /// A missing or unknown key: `401 authentication_error` in Anthropic's
-    /// words for the header the key came in (the SDKs send `x-api-key`;
-    /// `Authorization: Bearer` is read first when both are sent).
-    pub(super) fn unauthorized(headers: &HeaderMap) -> Self {
-        let bearer = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split_once(' '))
-            .is_some_and(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"));
-        let message = if bearer {
-            "invalid bearer token in the Authorization header"
-        } else if headers.contains_key("x-api-key") {
-            "invalid x-api-key"
-        } else {
-            "x-api-key header is required"
-        };
-        AnthropicError::new(
-            StatusCode::UNAUTHORIZED,
-            "authentication_error",
-            message.to_string(),
-        )
     }
 
     /// A refused submission: an unknown route is an unknown `model`.
@@ -124,6 +102,17 @@ pub(super) fn stream_refusal(code: &str) -> Refusal {
     }
 }
 
+/// A missing or unknown key in Anthropic's words for the header it came
+/// in (its SDKs send `x-api-key`; `Authorization: Bearer` is read first
+/// when both are sent, [`crate::http::auth::presented_key`]).
+fn unauthorized(header: KeyHeader) -> &'static str {
+    match header {
+        KeyHeader::Missing => "x-api-key header is required",
+        KeyHeader::XApiKey => "invalid x-api-key",
+        KeyHeader::Bearer => "invalid bearer token in the Authorization header",
+    }
+}
+
 /// Our field names in a validation message, as Anthropic's request names them.
 fn anthropic_fields(message: String) -> String {
     let Some((field, why)) = message.split_once(": ") else {
@@ -141,7 +130,7 @@ impl From<ApiError> for AnthropicError {
     fn from(e: ApiError) -> Self {
         use ApiError as E;
         let (status, kind) = match &e {
-            E::Unauthorized => (StatusCode::UNAUTHORIZED, "authentication_error"),
+            E::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "authentication_error"),
             E::Forbidden | E::OtherOwner(_) => (StatusCode::FORBIDDEN, "permission_error"),
             E::NotFound(_) => (StatusCode::NOT_FOUND, "not_found_error"),
             E::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "request_too_large"),
@@ -188,6 +177,7 @@ impl From<ApiError> for AnthropicError {
             None => store_down.then_some(u64::from(STORE_RETRY_AFTER_SECS) * 1000),
         };
         let message = match e {
+            E::Unauthorized(header) => unauthorized(header).to_string(),
             E::InvalidRequest(m) => anthropic_fields(m),
             E::MissingIdempotencyKey => {
                 "the Idempotency-Key header is required; pass one with extra_headers".to_string()

@@ -40,17 +40,6 @@ use axum::Json;
 use decode::Endpoint;
 use serde_json::json;
 
-/// The caller, or Anthropic's 401 naming the header the key came in.
-fn authenticated(
-    caller: Result<Caller, ApiError>,
-    headers: &HeaderMap,
-) -> Result<Caller, AnthropicError> {
-    match caller {
-        Err(ApiError::Unauthorized) => Err(AnthropicError::unauthorized(headers)),
-        caller => Ok(caller?),
-    }
-}
-
 /// `POST /v1/messages`.
 pub async fn create(
     State(state): State<AppState>,
@@ -58,7 +47,7 @@ pub async fn create(
     headers: HeaderMap,
     body: Result<LimitedBody, ApiError>,
 ) -> Result<Response, AnthropicError> {
-    let caller = authenticated(caller, &headers)?;
+    let caller = caller?;
     let LimitedBody(raw) = body?;
     let mut arrival = door::arrive(&state, caller, &headers)?;
     let decoded = decode::decode(&raw, Endpoint::Messages)?;
@@ -91,10 +80,9 @@ pub async fn create(
 pub async fn count_tokens(
     State(state): State<AppState>,
     caller: Result<Caller, ApiError>,
-    headers: HeaderMap,
     body: Result<LimitedBody, ApiError>,
 ) -> Result<Response, AnthropicError> {
-    authenticated(caller, &headers)?;
+    caller?;
     let LimitedBody(raw) = body?;
     let request = decode::decode(&raw, Endpoint::CountTokens)?.request;
     let Some(route) = state.config.routes.get(&request.route) else {

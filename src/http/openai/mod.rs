@@ -77,7 +77,7 @@ pub async fn list_models(
     query: models::Pairs,
 ) -> Result<Response, CompatError> {
     if models::asked_in_anthropics_shape(&headers) {
-        return Ok(models::list(&state, caller, &headers, query).await);
+        return Ok(models::list(&state, caller, query).await);
     }
     caller?;
     let data: Vec<Value> = state.config.routes.keys().map(|name| model(name)).collect();
@@ -93,7 +93,7 @@ pub async fn show_model(
     Path(name): Path<String>,
 ) -> Result<Response, CompatError> {
     if models::asked_in_anthropics_shape(&headers) {
-        return Ok(models::show(&state, caller, &headers, &name).await);
+        return Ok(models::show(&state, caller, &name).await);
     }
     caller?;
     if !state.config.routes.contains_key(&name) {

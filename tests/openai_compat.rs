@@ -29,6 +29,7 @@ on_both_backends!(
     a_fingerprint_key_finds_its_job_while_it_runs,
     a_provider_that_refuses_a_field_that_changes_the_answer_is_skipped,
     a_refused_key_is_told_by_the_header_it_came_in,
+    stream_options_without_a_stream_is_refused_as_openai_refuses_it,
 );
 
 async fn complete(
@@ -641,7 +642,7 @@ async fn stream_is_not_part_of_the_fingerprint(backend: Backend) {
     let plain = json!({"model": "default", "messages": [{"role": "user", "content": "hi"}]});
     let mut streamed = plain.clone();
     streamed["stream_options"] = json!({"include_usage": true});
-    streamed["stream"] = json!(false);
+    streamed["stream"] = json!(true);
     let providers = [ProviderSpec {
         name: "primary",
         model: "healthy",
@@ -649,9 +650,18 @@ async fn stream_is_not_part_of_the_fingerprint(backend: Backend) {
     let world = start_world(backend, &providers, route("primary", &[]), |_| {}).await;
     let (status, h1, _) = complete(&world, Some("fp-1"), &plain).await;
     assert_eq!(status, 200);
-    let (status, h2, _) = complete(&world, Some("fp-1"), &streamed).await;
-    assert_eq!(status, 200, "not a 409: the same intent");
-    assert_eq!(h1["x-onejob-job-id"], h2["x-onejob-job-id"]);
+    let response = world
+        .client
+        .post(format!("{}/v1/chat/completions", world.address))
+        .bearer_auth(&world.key)
+        .header("Idempotency-Key", "fp-1")
+        .json(&streamed)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200, "not a 409: the same intent");
+    assert_eq!(h1["x-onejob-job-id"], response.headers()["x-onejob-job-id"]);
+    assert!(response.text().await.unwrap().ends_with("data: [DONE]\n\n"));
     world.stop().await;
 }
 
@@ -1111,3 +1121,54 @@ async fn a_refused_key_is_told_by_the_header_it_came_in(backend: Backend) {
     world.stop().await;
 }
 
+/// `stream_options` on a request that does not stream was taken silently
+/// and answered unstreamed; OpenAI refuses it (`400
+/// invalid_request_error`, `param: "stream_options"`), and a client
+/// written against OpenAI learns of its mistake only there. onejob now
+/// refuses it the same way, before any job is made; `null` is no option.
+async fn stream_options_without_a_stream_is_refused_as_openai_refuses_it(backend: Backend) {
+    let providers = [ProviderSpec {
+        name: "primary",
+        model: "healthy",
+    }];
+    let world = start_world(backend, &providers, route("primary", &[]), |_| {}).await;
+    let base = json!({"model": "default", "messages": [{"role": "user", "content": "hi"}]});
+    for (i, extra) in [
+        json!({"stream": false, "stream_options": {"include_usage": true}}),
+        json!({"stream_options": {"include_usage": true}}),
+        json!({"stream": null, "stream_options": {}}),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut body = base.clone();
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let (status, headers, err) = complete(&world, Some(&format!("opts-{i}")), &body).await;
+        assert_eq!(status, 400, "{extra}: {err}");
+        assert_eq!(
+            err["error"],
+            json!({
+                "message": "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                "type": "invalid_request_error",
+                "param": "stream_options",
+                "code": "invalid_request",
+            }),
+            "{extra}"
+        );
+        assert_eq!(headers["x-should-retry"], "false");
+    }
+    assert_eq!(
+        world.store.count_jobs().await.unwrap(),
+        0,
+        "nothing written"
+    );
+    // Absent or null, with or without a stream, it is no option at all.
+    let mut body = base.clone();
+    body["stream_options"] = Value::Null;
+    let (status, _, answer) = complete(&world, Some("opts-null"), &body).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["object"], "chat.completion");
+    world.stop().await;
+}

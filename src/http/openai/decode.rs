@@ -226,7 +226,19 @@ pub(super) fn decode(raw: &[u8]) -> Result<Decoded, CompatError> {
         }
         Some(_) => return Err(CompatError::invalid("stream_options", "must be an object")),
     }
-    let stream = (request.get("stream") == Some(&Value::Bool(true))).then(|| StreamAsk {
+    // OpenAI refuses stream options on a request that does not stream (a
+    // client that sets them expects a stream, and would not get one).
+    let streamed = request.get("stream") == Some(&Value::Bool(true));
+    if !streamed && request.get("stream_options").is_some_and(|o| !o.is_null()) {
+        return Err(CompatError {
+            status: StatusCode::BAD_REQUEST,
+            param: Some("stream_options".into()),
+            message: "The 'stream_options' parameter is only allowed when 'stream' is enabled."
+                .into(),
+            ..CompatError::invalid("stream_options", "")
+        });
+    }
+    let stream = streamed.then(|| StreamAsk {
         include_usage: request
             .get("stream_options")
             .is_some_and(|o| o["include_usage"] == true),

@@ -30,6 +30,7 @@ on_both_backends!(
     a_streamed_context_length_exceeded_says_what_the_answer_says,
     a_cancelled_job_streamed_says_what_the_answer_says,
     a_job_overloaded_into_review_streamed_is_an_overloaded_error,
+    a_live_stream_overloaded_into_review_ends_as_its_replay_does,
     a_job_still_pending_streamed_says_what_the_answer_says,
     the_models_api_answers_in_anthropics_shape_when_asked_with_anthropic_version,
 );
@@ -1227,9 +1228,8 @@ async fn the_models_api_answers_in_anthropics_shape_when_asked_with_anthropic_ve
 /// A job its provider's overload sent to review answers `529
 /// overloaded_error`, but streamed it ended with an `api_error`
 /// ("job_needs_review: …"), which the SDK raises as another error. A
-/// streamed replay's error is now `overloaded_error` too. (A live stream
-/// the job's retries ran out under still says `api_error`: its error comes
-/// from the engine after the drive, with no attempts for the door to read.)
+/// streamed replay's error is now `overloaded_error` too (and a live
+/// stream's: [`a_live_stream_overloaded_into_review_ends_as_its_replay_does`]).
 async fn a_job_overloaded_into_review_streamed_is_an_overloaded_error(backend: Backend) {
     let world = primary_world(backend, "overloaded").await;
     let body = message_body("Hello");
@@ -1294,6 +1294,39 @@ async fn a_job_still_pending_streamed_says_what_the_answer_says(backend: Backend
         "the stream says what the answer says"
     );
     assert_eq!(world.job(&job_id).await["state"], "pending");
+    assert_eq!(world.store.count_jobs().await.unwrap(), 1);
+    world.stop().await;
+}
+
+/// A streamed request whose job's retries ran out on its provider's
+/// overload (so it went to review) ended its live stream with an
+/// `api_error`, while its replay's stream (and the answer) said
+/// `overloaded_error`: the SDK raised an `APIStatusError` the first time
+/// and an `OverloadedError` the next, for the same job. The live stream's
+/// error now carries the job's last failure as the stored one does, and
+/// one mapping types both.
+async fn a_live_stream_overloaded_into_review_ends_as_its_replay_does(backend: Backend) {
+    let world = primary_world(backend, "overloaded").await;
+    let body = message_body("Hello");
+    let (live, message) = stream_error(&world, "busy-live", &body).await;
+    assert_eq!(live, "overloaded_error", "{message}");
+    assert!(message.starts_with("job_needs_review: job "), "{message}");
+    let (status, headers, answer) =
+        send(post(&world, "/v1/messages", Some("busy-live"), &body)).await;
+    let job_id = header(&headers, "x-onejob-job-id").to_string();
+    assert_eq!(world.job(&job_id).await["state"], "needs_review");
+    let attempts = world.attempts(&job_id).await;
+    assert!(
+        attempts.len() > 1 && attempts.iter().all(|a| a["error_kind"] == "overloaded"),
+        "{attempts:?}"
+    );
+    let (status, answered, _) = anthropic_error(status, &answer);
+    assert_eq!((status, answered.as_str()), (529, "overloaded_error"));
+    let (replayed, _) = stream_error(&world, "busy-live", &body).await;
+    assert_eq!(
+        replayed, live,
+        "the replay's stream says what the live one said"
+    );
     assert_eq!(world.store.count_jobs().await.unwrap(), 1);
     world.stop().await;
 }

@@ -167,13 +167,7 @@ impl Unanswered {
         attempts: &[Attempt],
         last_error: Option<&str>,
     ) -> Option<Unanswered> {
-        let last_failed = || {
-            attempts
-                .iter()
-                .rev()
-                .filter(|a| a.state == AttemptState::Failed)
-                .find_map(|a| a.error_kind.clone())
-        };
+        let last_failed = || last_failure(attempts).cloned();
         let led_with = || {
             let (kind, _) = last_error?.split_once(": ")?;
             Some(ErrorKind::parse(kind)).filter(|k| !matches!(k, ErrorKind::Other(_)))
@@ -207,6 +201,17 @@ impl Unanswered {
             Unanswered::Failed(None) => "job_failed",
         }
     }
+}
+
+/// The kind of the last failed attempt among a job's `attempts`: what a
+/// job in review or failed is told by where its state alone says too
+/// little (e.g. an overload that ran its retries out into review).
+pub fn last_failure(attempts: &[Attempt]) -> Option<&ErrorKind> {
+    attempts
+        .iter()
+        .rev()
+        .filter(|a| a.state == AttemptState::Failed)
+        .find_map(|a| a.error_kind.as_ref())
 }
 
 #[cfg(test)]

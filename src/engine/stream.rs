@@ -8,8 +8,8 @@
 //! invariant 5) or an error, and lingers for resuming clients.
 
 use super::Inner;
-use crate::domain::job::Unanswered;
-use crate::domain::{AttemptId, Job, JobId, JobState, OwnerId};
+use crate::domain::job::{last_failure, Unanswered};
+use crate::domain::{AttemptId, ErrorKind, Job, JobId, JobState, OwnerId};
 use crate::providers::stream::Delta;
 use crate::providers::Usage;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -43,6 +43,12 @@ pub enum StreamEvent {
     Error {
         code: String,
         message: String,
+        /// When the stream ends because the job failed or went to review:
+        /// its last failed attempt's kind, which `code` does not keep for a
+        /// job in review unless it is a provider's refusal (a door may tell
+        /// it, e.g. an overload). The same on the live stream and on the
+        /// stored answer's.
+        last_failure: Option<ErrorKind>,
     },
 }
 
@@ -101,7 +107,7 @@ impl StreamHub {
     /// The error the stream ended with, if it did: its code and message.
     pub fn error(&self) -> Option<(String, String)> {
         match self.state().events.last() {
-            Some(StreamEvent::Error { code, message }) => Some((code.clone(), message.clone())),
+            Some(StreamEvent::Error { code, message, .. }) => Some((code.clone(), message.clone())),
             _ => None,
         }
     }
@@ -134,6 +140,7 @@ impl StreamHub {
         self.push(StreamEvent::Error {
             code: code.to_string(),
             message: message.to_string(),
+            last_failure: None,
         });
     }
 }
@@ -194,7 +201,7 @@ pub(super) async fn close_after_drive(
     hub: Arc<StreamHub>,
 ) {
     if hub.is_open() {
-        let (code, message) = match inner.store.get_job(job_id).await {
+        let (code, message, last) = match inner.store.get_job(job_id).await {
             Ok(Some(now)) => {
                 // A job failed (or sent to review) by a provider's refusal
                 // keeps the provider's code (e.g. `content_policy`).
@@ -209,6 +216,7 @@ pub(super) async fn close_after_drive(
                     .unwrap_or(Unanswered::Pending)
                     .code()
                     .to_string();
+                let last = last_failure(&attempts).cloned();
                 // A job that is finished (failed or cancelled) has no other
                 // answer to come: nothing is said about replaying it.
                 let finished = matches!(now.state, JobState::Failed | JobState::Cancelled);
@@ -223,14 +231,19 @@ pub(super) async fn close_after_drive(
                         "; replay this request with the same Idempotency-Key for its final answer"
                     }
                 );
-                (code, message)
+                (code, message, last)
             }
             _ => (
                 "job_pending".to_string(),
                 format!("job {job_id} is not finished; replay this request with the same Idempotency-Key"),
+                None,
             ),
         };
-        hub.fail(&code, &message);
+        hub.push(StreamEvent::Error {
+            code,
+            message,
+            last_failure: last,
+        });
     }
     hub.state().driven = false;
     let linger = inner.clone();

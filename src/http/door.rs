@@ -16,7 +16,7 @@
 use super::error::ApiError;
 use super::AppState;
 use crate::config::IdempotencyMode;
-use crate::domain::job::Unanswered;
+use crate::domain::job::{last_failure, Unanswered};
 use crate::domain::request::IdempotencyKey;
 use crate::domain::{Attempt, AttemptId, ErrorKind, Job, JobState, OwnerId};
 use crate::engine::stream::{StreamEvent, StreamHub};
@@ -662,11 +662,6 @@ pub struct Opened {
     /// The first event (an attempt's `Start` names the provider and
     /// attempt for the headers).
     pub first: Option<StreamEvent>,
-    /// The job's attempts when its stored answer is streamed and is a
-    /// refusal, read for what its error code does not say (a job in review
-    /// keeps no kind in it but a refusal's: a door may tell its last
-    /// failure, e.g. an overload); none for a live stream.
-    pub attempts: Vec<Attempt>,
 }
 
 impl Opened {
@@ -718,7 +713,6 @@ pub async fn open_stream(
             replayed: submission.replayed,
             events: Events::Live(hub),
             first,
-            attempts: Vec::new(),
         });
     }
     let wait = preferred_wait(headers)
@@ -755,7 +749,6 @@ pub async fn open_stream(
         job: settled.job,
         replayed: settled.replayed,
         events: Events::Stored(events),
-        attempts: settled.attempts,
     })
 }
 
@@ -801,7 +794,6 @@ pub async fn open_existing(
         job: settled.job,
         replayed: false,
         events: Events::Stored(events),
-        attempts: settled.attempts,
     })
 }
 
@@ -816,7 +808,12 @@ fn stored_events(state: &AppState, settled: &Settled) -> Vec<StreamEvent> {
         // message says how to ask again.
         let code = unanswered.code().to_string();
         let message = refusal(job, unanswered, false).message;
-        return vec![StreamEvent::Error { code, message }];
+        let last_failure = last_failure(&settled.attempts).cloned();
+        return vec![StreamEvent::Error {
+            code,
+            message,
+            last_failure,
+        }];
     }
     let winner = settled.winner();
     let answer = answer_of(state, job, winner);

@@ -2,7 +2,8 @@
 //! events, and a job without an answer as Anthropic's error.
 
 use super::error::{refusal_type, stream_refusal, AnthropicError};
-use crate::domain::{Attempt, AttemptState, ErrorKind, Job};
+use crate::domain::job::last_failure;
+use crate::domain::{Attempt, ErrorKind, Job};
 use crate::engine::stream::StreamEvent;
 use crate::http::door::{Answer, Refusal, Refused, StreamEncoder};
 use crate::providers::Usage;
@@ -83,18 +84,11 @@ pub(super) fn refusal(refused: Refused, attempts: &[Attempt]) -> AnthropicError 
     }
 }
 
-/// The kind of the last failed attempt among `attempts`.
-fn last_failure(attempts: &[Attempt]) -> Option<&ErrorKind> {
-    attempts
-        .iter()
-        .rev()
-        .filter(|a| a.state == AttemptState::Failed)
-        .find_map(|a| a.error_kind.as_ref())
-}
-
-/// The error a stream ends with, typed as the answer's (`last_failure`:
-/// the job's last failed attempt's kind, when known, so a job its
-/// provider's overload sent to review is `overloaded_error`). One the
+/// The error a stream ends with, typed as the answer's by the same
+/// [`refusal_type`] (`last_failure`: the job's last failed attempt's kind,
+/// which the event carries on the live stream and the stored answer's
+/// alike, so a job its provider's overload sent to review is
+/// `overloaded_error` on both). One the
 /// answer would give as a 4xx (the request's own: its prompt too long,
 /// refused, a cancelled job), and a job still pending (`timeout_error`),
 /// has the message that answer has, which clients classify by (`prompt is
@@ -140,9 +134,6 @@ enum Block {
 /// `event: error`, never with a stop on a truncated answer.
 pub(super) struct Encoder {
     id: String,
-    /// The job's last failed attempt's kind, when its stored answer is
-    /// streamed (its error is typed by it).
-    last_failure: Option<ErrorKind>,
     started: bool,
     open: Option<Block>,
     /// Index of the open block (the next block's when none is open).
@@ -152,12 +143,10 @@ pub(super) struct Encoder {
 }
 
 impl Encoder {
-    /// The encoder of `job`'s stream; `attempts` are the job's, when its
-    /// stored answer is streamed (none for a live stream).
-    pub(super) fn new(job: &Job, attempts: &[Attempt]) -> Self {
+    /// The encoder of `job`'s stream.
+    pub(super) fn new(job: &Job) -> Self {
         Encoder {
             id: message_id(job),
-            last_failure: last_failure(attempts).cloned(),
             started: false,
             open: None,
             index: 0,
@@ -283,8 +272,12 @@ impl StreamEncoder for Encoder {
                 );
                 Self::event(&mut out, "message_stop", &json!({"type": "message_stop"}));
             }
-            StreamEvent::Error { code, message } => {
-                let error = stream_error(code, message, self.last_failure.as_ref());
+            StreamEvent::Error {
+                code,
+                message,
+                last_failure,
+            } => {
+                let error = stream_error(code, message, last_failure.as_ref());
                 Self::event(
                     &mut out,
                     "error",

@@ -56,7 +56,7 @@ pub async fn create(
         let opened = door::open_stream(&state, &mut arrival, &job_body, &headers)
             .await
             .map_err(AnthropicError::submit)?;
-        let encoder = encode::Encoder::new(&opened.job, &opened.attempts);
+        let encoder = encode::Encoder::new(&opened.job);
         return Ok(door::stream_response(opened, &arrival.key, encoder)?);
     }
     let settled = door::run(&state, &mut arrival, &job_body, &headers)

@@ -208,7 +208,7 @@ impl Renderer {
                 }
                 self.last_frame("[DONE]", &mut out);
             }
-            StreamEvent::Error { code, message } => {
+            StreamEvent::Error { code, message, .. } => {
                 let (code, kind) = in_band_error(code);
                 let body = json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
                 self.last_frame(&body.to_string(), &mut out);

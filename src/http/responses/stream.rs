@@ -286,7 +286,7 @@ impl StreamEncoder for Encoder {
                 };
                 self.frame(&mut out, kind, json!({"response": response}));
             }
-            StreamEvent::Error { code, message } if code == "job_pending" => {
+            StreamEvent::Error { code, message, .. } if code == "job_pending" => {
                 // Not final yet (driven elsewhere, past the wait): the
                 // response has not failed; the same request picks it up.
                 self.start(&mut out);
@@ -296,7 +296,7 @@ impl StreamEncoder for Encoder {
                     json!({"code": code, "message": message, "param": null}),
                 );
             }
-            StreamEvent::Error { code, message } => {
+            StreamEvent::Error { code, message, .. } => {
                 self.start(&mut out);
                 // What was streamed stays with the client; the failed
                 // Response shows none of it as an answer.
@@ -450,6 +450,7 @@ mod tests {
         let frames = frames(&[StreamEvent::Error {
             code: "job_pending".into(),
             message: "still running".into(),
+            last_failure: None,
         }]);
         let kinds: Vec<&str> = frames.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(kinds, ["response.created", "response.in_progress", "error"]);
@@ -494,6 +495,7 @@ mod tests {
             StreamEvent::Error {
                 code: "stream_cut".into(),
                 message: "cut after 2 tokens".into(),
+                last_failure: None,
             },
         ]);
         let kinds: Vec<&str> = frames.iter().map(|(k, _)| k.as_str()).collect();
@@ -510,6 +512,7 @@ mod tests {
         let frames = self::frames(&[StreamEvent::Error {
             code: "job_failed".into(),
             message: "no".into(),
+            last_failure: None,
         }]);
         let kinds: Vec<&str> = frames.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(

@@ -8,10 +8,9 @@
 //! back the engine's canonical answer ([`Outcome`]) or its stream events
 //! ([`Opened`]). The door encodes those, and its errors, in its own shape.
 //! Nothing here knows a dialect, and no door imports another (the two
-//! that answer in OpenAI's error shape share `http::openai_error`; the
-//! OpenAI door hands `GET /v1/models` asked with `anthropic-version` to
-//! the Anthropic door's Models API, one path serving both SDKs): adding
-//! one touches its own module and the router.
+//! that answer in OpenAI's error shape share `http::openai_error`; where
+//! two doors share a path, `GET /v1/models`, the router chooses by the
+//! caller's dialect): adding one touches its own module and the router.
 
 use super::error::ApiError;
 use super::AppState;

@@ -109,8 +109,8 @@ pub fn router(state: AppState) -> Router {
             "/v1/responses/{id}/input_items",
             get(responses::input_items),
         )
-        .route("/v1/models", get(openai::list_models))
-        .route("/v1/models/{model}", get(openai::show_model))
+        .route("/v1/models", get(list_models))
+        .route("/v1/models/{model}", get(show_model))
         .route("/v1/jobs/{id}/retry", post(job_actions::retry))
         .route("/v1/jobs/{id}/cancel", post(job_actions::cancel))
         .route("/v1/admin/review", get(admin_review::list))
@@ -196,11 +196,54 @@ async fn unknown_route(headers: HeaderMap, uri: Uri) -> Response {
     in_dialect(&headers, &uri, ApiError::NotFound("route"))
 }
 
+/// Whether a request speaks Anthropic's API: its SDKs send
+/// `anthropic-version` with every request, OpenAI's never do. Where two
+/// doors share a path (the Models API), or no door decoded the request,
+/// this decides whose shape it is answered in.
+pub(crate) fn speaks_anthropic(headers: &HeaderMap) -> bool {
+    headers.contains_key("anthropic-version")
+}
+
+/// `GET /v1/models`, which both SDKs ask: Anthropic's Models API to a
+/// caller that speaks Anthropic's, OpenAI's list to any other.
+async fn list_models(
+    state: State<AppState>,
+    caller: Result<crate::keys::Caller, ApiError>,
+    headers: HeaderMap,
+    query: anthropic::models::Pairs,
+) -> Response {
+    if speaks_anthropic(&headers) {
+        anthropic::models::list(state, caller, query)
+            .await
+            .into_response()
+    } else {
+        openai::list_models(state, caller).await.into_response()
+    }
+}
+
+/// `GET /v1/models/{model}`, in the caller's dialect as [`list_models`].
+async fn show_model(
+    state: State<AppState>,
+    caller: Result<crate::keys::Caller, ApiError>,
+    headers: HeaderMap,
+    model: axum::extract::Path<String>,
+) -> Response {
+    if speaks_anthropic(&headers) {
+        anthropic::models::show(state, caller, model)
+            .await
+            .into_response()
+    } else {
+        openai::show_model(state, caller, model)
+            .await
+            .into_response()
+    }
+}
+
 /// An error for a request no door decoded: Anthropic's shape for a caller
-/// that speaks Anthropic (its SDK always sends `anthropic-version`),
-/// OpenAI's for any other `/v1/` path, onejob's own elsewhere.
+/// that speaks Anthropic ([`speaks_anthropic`]), OpenAI's for any other
+/// `/v1/` path, onejob's own elsewhere.
 pub(crate) fn in_dialect(headers: &HeaderMap, uri: &Uri, error: ApiError) -> Response {
-    if headers.contains_key("anthropic-version") {
+    if speaks_anthropic(headers) {
         anthropic::AnthropicError::from(error).into_response()
     } else if uri.path().starts_with("/v1/") {
         openai::CompatError::from(error).into_response()

@@ -1,28 +1,21 @@
-//! Anthropic's Models API on `GET /v1/models` and `GET /v1/models/{model}`,
-//! for requests that carry `anthropic-version` (every Anthropic SDK sends
-//! it on every request): the routes as Anthropic's `ModelInfo`, listed in
-//! its pages. The OpenAI door owns the paths and hands such a request
-//! here; without the header it answers in OpenAI's shape.
+//! Anthropic's Models API on `GET /v1/models` and `GET /v1/models/{model}`:
+//! the routes as Anthropic's `ModelInfo`, listed in its pages. The paths
+//! serve both SDKs; the router sends here a request that speaks
+//! Anthropic's API ([`crate::http::speaks_anthropic`]) and any other to
+//! the OpenAI door's.
 
 use super::AnthropicError;
 use crate::http::error::ApiError;
 use crate::http::AppState;
 use crate::keys::Caller;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::Query;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
 use axum::Json;
 use serde_json::{json, Value};
 
 /// A query string as its pairs, in order (`lifecycle[]` repeats).
 pub type Pairs = Result<Query<Vec<(String, String)>>, QueryRejection>;
-
-/// Whether a request speaks Anthropic's API: its SDKs send
-/// `anthropic-version` with every request, OpenAI's never do.
-pub fn asked_in_anthropics_shape(headers: &HeaderMap) -> bool {
-    headers.contains_key("anthropic-version")
-}
 
 /// The most a page lists, and how many when `limit` is not sent.
 const MAX_LIMIT: usize = 1000;
@@ -32,17 +25,7 @@ const DEFAULT_LIMIT: usize = 20;
 /// 1000, default 20) after `after_id` or before `before_id` (a route's
 /// name), filtered by `lifecycle[]` (every route is `active`).
 pub async fn list(
-    state: &AppState,
-    caller: Result<Caller, ApiError>,
-    query: Pairs,
-) -> Response {
-    list_page(state, caller, query)
-        .await
-        .into_response()
-}
-
-async fn list_page(
-    state: &AppState,
+    State(state): State<AppState>,
     caller: Result<Caller, ApiError>,
     query: Pairs,
 ) -> Result<Json<Value>, AnthropicError> {
@@ -75,21 +58,19 @@ async fn list_page(
 
 /// `GET /v1/models/{model}`: one route, or Anthropic's 404.
 pub async fn show(
-    state: &AppState,
+    State(state): State<AppState>,
     caller: Result<Caller, ApiError>,
-    name: &str,
-) -> Response {
-    let shown = caller.map_err(AnthropicError::from).and_then(|_| {
-        if !state.config.routes.contains_key(name) {
-            return Err(AnthropicError::new(
-                StatusCode::NOT_FOUND,
-                "not_found_error",
-                format!("model: no route named {name:?} on this server"),
-            ));
-        }
-        Ok(Json(model_info(name)))
-    });
-    shown.into_response()
+    Path(name): Path<String>,
+) -> Result<Json<Value>, AnthropicError> {
+    caller?;
+    if !state.config.routes.contains_key(&name) {
+        return Err(AnthropicError::new(
+            StatusCode::NOT_FOUND,
+            "not_found_error",
+            format!("model: no route named {name:?} on this server"),
+        ));
+    }
+    Ok(Json(model_info(&name)))
 }
 
 /// A route as Anthropic's `ModelInfo`. A route has no release date:

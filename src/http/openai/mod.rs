@@ -1,10 +1,9 @@
 //! OpenAI's Chat Completions door: `POST /v1/chat/completions` and
 //! `GET /v1/models`, so the official SDKs work unchanged.
 //!
-//! `model` names a route; `GET /v1/models` lists the routes. The Anthropic
-//! SDKs ask the same paths for their Models API: a request that carries
-//! `anthropic-version` is answered by the Messages door's `models`, the
-//! one place a door hands a request to another. The
+//! `model` names a route; `GET /v1/models` lists the routes (the router
+//! sends a request that speaks Anthropic's API to the Messages door's
+//! Models API instead, [`crate::http::router`]). The
 //! `Idempotency-Key` header is required as on `POST /v1/jobs` (the SDKs pass
 //! it with `extra_headers`), unless `[server] idempotency = "optional"`: a
 //! keyless call then gets a fresh key, echoed in the `Idempotency-Key`
@@ -25,7 +24,6 @@ mod stream;
 
 pub use error::CompatError;
 
-use super::anthropic::models;
 use super::door::{self, LimitedBody};
 use super::error::ApiError;
 use super::AppState;
@@ -67,41 +65,29 @@ pub async fn create(
     Ok(response)
 }
 
-/// `GET /v1/models`: the routes, as OpenAI models, or in Anthropic's
-/// Models API when the request carries `anthropic-version` (the same path
-/// serves both SDKs).
+/// `GET /v1/models`: the routes, as OpenAI models.
 pub async fn list_models(
     State(state): State<AppState>,
     caller: Result<Caller, ApiError>,
-    headers: HeaderMap,
-    query: models::Pairs,
-) -> Result<Response, CompatError> {
-    if models::asked_in_anthropics_shape(&headers) {
-        return Ok(models::list(&state, caller, query).await);
-    }
+) -> Result<Json<Value>, CompatError> {
     caller?;
     let data: Vec<Value> = state.config.routes.keys().map(|name| model(name)).collect();
-    Ok(Json(json!({ "object": "list", "data": data })).into_response())
+    Ok(Json(json!({ "object": "list", "data": data })))
 }
 
-/// `GET /v1/models/{model}`: one route, as an OpenAI model (or as
-/// Anthropic's, asked with `anthropic-version`).
+/// `GET /v1/models/{model}`: one route, as an OpenAI model.
 pub async fn show_model(
     State(state): State<AppState>,
     caller: Result<Caller, ApiError>,
-    headers: HeaderMap,
     Path(name): Path<String>,
-) -> Result<Response, CompatError> {
-    if models::asked_in_anthropics_shape(&headers) {
-        return Ok(models::show(&state, caller, &name).await);
-    }
+) -> Result<Json<Value>, CompatError> {
     caller?;
     if !state.config.routes.contains_key(&name) {
         return Err(CompatError::model_not_found(format!(
             "no route named {name:?} on this server"
         )));
     }
-    Ok(Json(model(&name)).into_response())
+    Ok(Json(model(&name)))
 }
 
 fn model(route: &str) -> Value {

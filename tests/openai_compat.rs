@@ -30,6 +30,7 @@ on_both_backends!(
     a_provider_that_refuses_a_field_that_changes_the_answer_is_skipped,
     a_refused_key_is_told_by_the_header_it_came_in,
     stream_options_without_a_stream_is_refused_as_openai_refuses_it,
+    usage_past_u32_is_kept_whole_from_the_provider_to_the_client,
 );
 
 async fn complete(
@@ -1170,5 +1171,69 @@ async fn stream_options_without_a_stream_is_refused_as_openai_refuses_it(backend
     let (status, _, answer) = complete(&world, Some("opts-null"), &body).await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["object"], "chat.completion");
+    world.stop().await;
+}
+
+/// A provider's usage counts were held as u32: one reporting more than
+/// 4,294,967,295 tokens was answered (and stored, and charged) as exactly
+/// 4,294,967,295, and a replay could not read its stored usage back. The
+/// store keeps BIGINTs and the answers u64s: the counts are now u64 end to
+/// end, whole in the answer, the attempt, the usage report and a replay's
+/// stream.
+async fn usage_past_u32_is_kept_whole_from_the_provider_to_the_client(backend: Backend) {
+    let answer = r#"{"id":"chatcmpl-big","object":"chat.completion","created":1,"model":"gpt-test",
+ "choices":[{"index":0,"message":{"role":"assistant","content":"Long."},"finish_reason":"stop"}],
+ "usage":{"prompt_tokens":5000000000,"completion_tokens":4300000001,"total_tokens":9300000001}}"#;
+    let up = upstream::upstream(upstream::json(200, answer)).await;
+    let providers = [ProviderSpec {
+        name: "primary",
+        model: "healthy",
+    }];
+    let base_url = up.base_url.clone();
+    let world = start_world(backend, &providers, route("primary", &[]), |c| {
+        point_at_openai(c, "primary", &base_url)
+    })
+    .await;
+    let body = json!({"model": "default", "messages": [{"role": "user", "content": "Go on."}]});
+    let (status, headers, completion) = complete(&world, Some("big-1"), &body).await;
+    assert_eq!(status, 200, "{completion}");
+    let (prompt, output, total) = (5_000_000_000_u64, 4_300_000_001_u64, 9_300_000_001_u64);
+    assert_eq!(
+        completion["usage"],
+        json!({"prompt_tokens": prompt, "completion_tokens": output, "total_tokens": total})
+    );
+    let job_id = headers["x-onejob-job-id"].to_str().unwrap().to_string();
+    let attempts = world.attempts(&job_id).await;
+    assert_eq!(
+        attempts[0]["usage"],
+        json!({"prompt_tokens": prompt, "completion_tokens": output}),
+        "{attempts:?}"
+    );
+    let (status, usage) = world.get(&world.key, "/v1/usage").await;
+    assert_eq!(status, 200, "{usage}");
+    assert_eq!(usage["totals"]["tokens"], total, "{usage}");
+    // A streamed replay reads the stored usage back.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let response = world
+        .client
+        .post(format!("{}/v1/chat/completions", world.address))
+        .bearer_auth(&world.key)
+        .header("Idempotency-Key", "big-1")
+        .json(&streamed)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let text = response.text().await.unwrap();
+    let usage_chunk: Value = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find(|chunk| chunk["usage"].is_object())
+        .unwrap_or_else(|| panic!("no usage chunk in {text}"));
+    assert_eq!(usage_chunk["usage"]["total_tokens"], total, "{text}");
+    assert_eq!(up.seen().len(), 1, "the replay ran nothing upstream");
     world.stop().await;
 }

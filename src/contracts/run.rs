@@ -232,7 +232,7 @@ fn count_tokens_verdict(
     tolerance: f64,
 ) -> Result<String, String> {
     let theirs = counted.map_err(|e| format!("the provider's count-tokens API failed: {e}"))?;
-    check_usage_agreement(ours, theirs, tolerance)
+    check_usage_agreement(ours, u64::from(theirs), tolerance)
         .map(|()| format!("its count-tokens API says {theirs}"))
         .map_err(|e| format!("count-tokens API: {e}"))
 }

@@ -65,7 +65,7 @@ pub enum TokenizerViolation {
     #[error("provider reported {reported} prompt tokens, we count {ours}: off by more than {:.1} %", tolerance * 100.0)]
     UsageDisagrees {
         ours: u32,
-        reported: u32,
+        reported: u64,
         tolerance: f64,
     },
 }
@@ -300,10 +300,11 @@ pub fn prompt_tokens_at_most(prompt: &RenderedPrompt) -> u64 {
 /// (a fraction of our count) of ours.
 pub fn check_usage_agreement(
     our_count: u32,
-    reported_prompt_tokens: u32,
+    reported_prompt_tokens: u64,
     tolerance: f64,
 ) -> Result<(), TokenizerViolation> {
-    let difference = f64::from(our_count.abs_diff(reported_prompt_tokens));
+    // Precise to 2^53 tokens, past any count a provider reports.
+    let difference = u64::from(our_count).abs_diff(reported_prompt_tokens) as f64;
     let allowed = f64::from(our_count) * tolerance;
     if difference <= allowed {
         Ok(())

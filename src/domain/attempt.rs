@@ -181,10 +181,13 @@ impl AttemptOutcome {
     }
 }
 
+/// Tokens an answer used, as a provider reported them: u64, as the store
+/// (BIGINT) and every door's answer carry them, so a count past
+/// 4,294,967,295 (or a sum of several) is kept, never capped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Usage {
-    pub prompt_tokens: u32,
-    pub completion_tokens: u32,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
 }
 
 impl Usage {
@@ -197,15 +200,16 @@ impl Usage {
     /// format uses (`prompt_tokens`/`completion_tokens` for OpenAI,
     /// `input_tokens`/`output_tokens` for Anthropic); `None` when absent.
     pub fn from_wire(usage: &serde_json::Value, prompt: &str, completion: &str) -> Option<Usage> {
-        let count = |field: &str| {
-            usage[field]
-                .as_u64()
-                .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
-        };
+        let count = |field: &str| usage[field].as_u64();
         Some(Usage {
             prompt_tokens: count(prompt)?,
             completion_tokens: count(completion)?,
         })
+    }
+
+    /// Prompt and completion tokens together (`total_tokens`).
+    pub fn total(&self) -> u64 {
+        self.prompt_tokens.saturating_add(self.completion_tokens)
     }
 }
 

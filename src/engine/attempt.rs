@@ -376,9 +376,7 @@ pub(super) async fn record(
 /// The tokens an answer used (0 for no answer, or no usage reported).
 pub(super) fn tokens_of(outcome: &AttemptOutcome) -> u64 {
     match outcome {
-        AttemptOutcome::Succeeded(Success { usage: Some(u), .. }) => {
-            u64::from(u.prompt_tokens) + u64::from(u.completion_tokens)
-        }
+        AttemptOutcome::Succeeded(Success { usage: Some(u), .. }) => u.total(),
         _ => 0,
     }
 }

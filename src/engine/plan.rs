@@ -208,8 +208,8 @@ impl JobPlan {
             .ok()?
             .len();
         Some(crate::providers::Usage {
-            prompt_tokens,
-            completion_tokens: u32::try_from(completion).unwrap_or(u32::MAX),
+            prompt_tokens: u64::from(prompt_tokens),
+            completion_tokens: u64::try_from(completion).unwrap_or(u64::MAX),
         })
     }
 

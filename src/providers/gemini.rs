@@ -464,11 +464,7 @@ fn refused(response: &Value) -> Option<Failure> {
 
 /// `usageMetadata` as usage; thinking tokens are output the caller pays for.
 fn usage_of(metadata: &Value) -> Option<Usage> {
-    let count = |field: &str| {
-        metadata[field]
-            .as_u64()
-            .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
-    };
+    let count = |field: &str| metadata[field].as_u64();
     Some(Usage {
         prompt_tokens: count("promptTokenCount")?,
         completion_tokens: count("candidatesTokenCount")

@@ -369,11 +369,10 @@ impl Plain {
         {
             return None;
         }
-        let count = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
         let usage = plain.usage.and_then(|u| {
             Some(Usage {
-                prompt_tokens: count(u.prompt_tokens?),
-                completion_tokens: count(u.completion_tokens?),
+                prompt_tokens: u.prompt_tokens?,
+                completion_tokens: u.completion_tokens?,
             })
         });
         Some(Success {

@@ -475,15 +475,15 @@ impl WireReader for OpenAiReader {
 #[derive(Debug, Default)]
 pub(crate) struct AnthropicReader {
     stop_reason: Option<String>,
-    input_tokens: Option<u32>,
-    output_tokens: Option<u32>,
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
     id: Option<String>,
     /// Content block index → tool call index, for tool-use blocks.
     tools: Vec<(u64, usize)>,
 }
 
-fn tokens(v: &Value) -> Option<u32> {
-    v.as_u64().map(|n| u32::try_from(n).unwrap_or(u32::MAX))
+fn tokens(v: &Value) -> Option<u64> {
+    v.as_u64()
 }
 
 impl WireReader for AnthropicReader {

@@ -284,8 +284,10 @@ fn execute(request: &SimRequest, fault: Fault) -> Answer {
         id: format!("sim-{}", uuid::Uuid::new_v4().simple()),
         model: request.model.clone(),
         usage: Usage {
-            prompt_tokens,
-            completion_tokens: approx_tokens(&output).max(u32::from(!tool_calls.is_empty())),
+            prompt_tokens: u64::from(prompt_tokens),
+            completion_tokens: u64::from(
+                approx_tokens(&output).max(u32::from(!tool_calls.is_empty())),
+            ),
         },
         output,
         tool_calls,
@@ -306,7 +308,7 @@ pub(crate) fn openai_completion(a: &Answer) -> Value {
         "id": a.id, "object": "chat.completion", "created": 0, "model": a.model,
         "choices": [{"index": 0, "message": message, "finish_reason": finish}],
         "usage": {"prompt_tokens": a.usage.prompt_tokens, "completion_tokens": a.usage.completion_tokens,
-                  "total_tokens": a.usage.prompt_tokens + a.usage.completion_tokens},
+                  "total_tokens": a.usage.total()},
     })
 }
 
@@ -414,7 +416,7 @@ fn sse_frames(wire: Wire, a: &Answer, include_usage: bool) -> Vec<String> {
                 frames.push(frame(None, json!({"id": a.id, "object": "chat.completion.chunk", "created": 0,
                     "model": a.model, "choices": [],
                     "usage": {"prompt_tokens": a.usage.prompt_tokens, "completion_tokens": a.usage.completion_tokens,
-                              "total_tokens": a.usage.prompt_tokens + a.usage.completion_tokens}})));
+                              "total_tokens": a.usage.total()}})));
             }
             frames.push("data: [DONE]\n\n".to_string());
         }

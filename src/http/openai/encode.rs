@@ -11,10 +11,7 @@ use serde_json::Value;
 /// A succeeded job as a `chat.completion`, written straight from the
 /// answer (no JSON tree built first).
 pub(super) fn completion(job: &Job, answer: Answer) -> Json<Completion> {
-    let (prompt, completion) = (
-        u64::from(answer.usage.prompt_tokens),
-        u64::from(answer.usage.completion_tokens),
-    );
+    let usage = answer.usage;
     let finish_reason = if answer.tool_calls.is_empty() {
         "stop"
     } else {
@@ -37,9 +34,9 @@ pub(super) fn completion(job: &Job, answer: Answer) -> Json<Completion> {
             logprobs: (),
         }],
         usage: Tokens {
-            prompt_tokens: prompt,
-            completion_tokens: completion,
-            total_tokens: prompt + completion,
+            prompt_tokens: usage.prompt_tokens,
+            completion_tokens: usage.completion_tokens,
+            total_tokens: usage.total(),
         },
     })
 }

@@ -200,7 +200,7 @@ impl Renderer {
                         "created": self.created, "model": model, "system_fingerprint": null,
                         "choices": [],
                         "usage": {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-                                  "total_tokens": u.prompt_tokens + u.completion_tokens}
+                                  "total_tokens": u.total()}
                     });
                     self.frame(0, &chunk.to_string(), &mut out);
                 } else {

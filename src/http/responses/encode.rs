@@ -203,16 +203,12 @@ pub(super) fn call_item(
 }
 
 pub(super) fn usage(usage: Usage) -> Value {
-    let (input, output) = (
-        u64::from(usage.prompt_tokens),
-        u64::from(usage.completion_tokens),
-    );
     json!({
-        "input_tokens": input,
+        "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-        "output_tokens": output,
+        "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": input + output,
+        "total_tokens": usage.total(),
     })
 }
 

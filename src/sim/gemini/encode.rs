@@ -60,7 +60,7 @@ pub(crate) fn response(a: &Answer) -> Value {
 fn usage(a: &Answer) -> Value {
     json!({"promptTokenCount": a.usage.prompt_tokens,
            "candidatesTokenCount": a.usage.completion_tokens,
-           "totalTokenCount": a.usage.prompt_tokens + a.usage.completion_tokens})
+           "totalTokenCount": a.usage.total()})
 }
 
 /// The stream's events: a piece of text each, the last with the finish

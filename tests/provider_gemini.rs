@@ -254,11 +254,12 @@ async fn tools_and_tool_turns_are_carried_in_geminis_terms() {
     let AttemptOutcome::Succeeded(success) = outcome else {
         panic!("{outcome:?}")
     };
+    assert_eq!(success.tool_calls.len(), 1);
     assert_eq!(
-        success.tool_calls,
-        vec![json!({"id": "call_0", "type": "function",
-                    "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}})]
+        success.tool_calls[0]["function"],
+        json!({"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"})
     );
+    assert_eq!(success.tool_calls[0]["type"], "function");
     let sent = &up.seen()[0].body;
     assert_eq!(
         sent["tools"],
@@ -282,6 +283,88 @@ async fn tools_and_tool_turns_are_carried_in_geminis_terms() {
         contents[n - 1],
         json!({"role": "user", "parts": [{"functionResponse": {"name": "get_weather",
                "response": {"temp_c": 18}}}]})
+    );
+}
+
+/// A Gemini answer that calls `function` without an `id`, as Gemini
+/// answers most calls.
+fn calls(function: &str) -> String {
+    format!(
+        r#"{{"candidates":[{{"content":{{"role":"model","parts":[
+        {{"functionCall":{{"name":"{function}","args":{{}}}}}}]}},"finishReason":"STOP","index":0}}],
+        "usageMetadata":{{"promptTokenCount":30,"candidatesTokenCount":9,"totalTokenCount":39}}}}"#
+    )
+}
+
+/// A tool loop: each step is its own job (its own idempotency key); Gemini
+/// names no call ids. The ids onejob makes differ between steps, so the
+/// body of the third step sends each tool result back under the function
+/// that was called: `get_weather`'s as `get_weather`, `get_time`'s as
+/// `get_time` (both ids were `call_0` once, and both results went back as
+/// `get_weather`).
+#[tokio::test]
+async fn a_tool_loop_sends_each_result_back_under_its_own_function() {
+    let mut conversation = vec![Message::new(Role::User, "weather and time in Oslo?")];
+    let mut ids = Vec::new();
+    for (step, function, streamed_answer) in [(1, "get_weather", false), (2, "get_time", true)] {
+        let mut req = request();
+        req.response_schema = None;
+        req.idempotency_key = format!("onejob-step-{step}");
+        req.messages = conversation.clone();
+        let call = if streamed_answer {
+            let up = upstream(json(200, &sse(&[&calls(function)]))).await;
+            let provider = upstream::provider("gemini", &up.base_url);
+            let ((outcome, _), _) = streamed(provider.as_ref(), &req).await;
+            let AttemptOutcome::Succeeded(success) = outcome else {
+                panic!("{outcome:?}")
+            };
+            success.tool_calls[0].clone()
+        } else {
+            let up = upstream(json(200, &calls(function))).await;
+            let provider = upstream::provider("gemini", &up.base_url);
+            let outcome = provider.call(&req).await;
+            let AttemptOutcome::Succeeded(success) = outcome else {
+                panic!("{outcome:?}")
+            };
+            success.tool_calls[0].clone()
+        };
+        assert_eq!(call["function"]["name"], function);
+        let id = call["id"].as_str().unwrap().to_string();
+        let mut turn = Message::new(Role::Assistant, "");
+        turn.tool_calls = Some(vec![call]);
+        let mut result = Message::new(Role::Tool, format!("result of {function}"));
+        result.tool_call_id = Some(id.clone());
+        conversation.extend([turn, result]);
+        ids.push(id);
+    }
+    assert_ne!(ids[0], ids[1], "a made call id repeated across steps");
+
+    let up = upstream(json(200, SUCCESS)).await;
+    let provider = upstream::provider("gemini", &up.base_url);
+    let mut req = request();
+    req.response_schema = None;
+    req.idempotency_key = "onejob-step-3".into();
+    req.messages = conversation;
+    let outcome = provider.call(&req).await;
+    assert!(
+        matches!(outcome, AttemptOutcome::Succeeded(_)),
+        "{outcome:?}"
+    );
+    let sent = &up.seen()[0].body;
+    let answered: Vec<&Value> = sent["contents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|c| c["parts"].as_array().unwrap())
+        .filter_map(|p| p.get("functionResponse"))
+        .collect();
+    assert_eq!(
+        answered,
+        vec![
+            &json!({"name": "get_weather", "response": {"output": "result of get_weather"}}),
+            &json!({"name": "get_time", "response": {"output": "result of get_time"}}),
+        ],
+        "{sent}"
     );
 }
 
@@ -371,11 +454,13 @@ async fn a_streamed_function_call_is_a_whole_tool_call() {
     let AttemptOutcome::Succeeded(s) = outcome else {
         panic!("{outcome:?}")
     };
+    assert_eq!(s.tool_calls.len(), 1);
     assert_eq!(
-        s.tool_calls,
-        vec![json!({"id": "call_0", "type": "function",
-                    "function": {"name": "lookup", "arguments": "{\"q\":1}"}})]
+        s.tool_calls[0]["function"],
+        json!({"name": "lookup", "arguments": "{\"q\":1}"})
     );
+    // The streamed call's id is the one its piece named.
+    assert_eq!(s.tool_calls[0]["id"], pieces[0].tool_calls[0]["id"]);
     assert_eq!(finish.unwrap().finish_reason, "tool_calls");
 }
 

@@ -197,11 +197,13 @@ fn part_of(part: &Value) -> Result<Value, String> {
 }
 
 /// The function a tool result answers, found by its call id among the
-/// assistant turns before it: Gemini's `functionResponse` names the function.
+/// assistant turns before it, the latest first: Gemini's `functionResponse`
+/// names the function.
 fn function_answered(messages: &[Message], call_id: &str) -> Option<Value> {
     messages
         .iter()
-        .flat_map(|m| m.tool_calls.iter().flatten())
+        .rev()
+        .flat_map(|m| m.tool_calls.iter().flatten().rev())
         .find(|call| call["id"].as_str() == Some(call_id))
         .and_then(|call| call.pointer("/function/name").cloned())
 }
@@ -473,10 +475,23 @@ fn usage_of(metadata: &Value) -> Option<Usage> {
     })
 }
 
+/// The id of a function call Gemini gave none: `call_{tag}_{n}`, where
+/// `tag` comes from the request's idempotency key (one per job and
+/// provider, so each step of a tool loop has its own) and `n` numbers the
+/// answer's calls. A made id must never repeat in a conversation: a tool
+/// result is sent back under the function of the call its id names.
+fn made_call_id(idempotency_key: &str, n: usize) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(idempotency_key.as_bytes());
+    let tag: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+    format!("call_{tag}_{n}")
+}
+
 /// The answer's text (thought summaries left out) and its function calls
 /// as OpenAI-shaped tool calls, numbered from `first_call`; Gemini gives a
-/// call an `id` only sometimes, so one is made when it does not.
-fn parts_of(candidate: &Value, first_call: usize) -> (String, Vec<Value>) {
+/// call an `id` only sometimes, so one is made ([`made_call_id`]) when it
+/// does not.
+fn parts_of(candidate: &Value, key: &str, first_call: usize) -> (String, Vec<Value>) {
     let mut text = String::new();
     let mut calls = Vec::new();
     for part in candidate
@@ -487,7 +502,7 @@ fn parts_of(candidate: &Value, first_call: usize) -> (String, Vec<Value>) {
     {
         if let Some(call) = part.get("functionCall") {
             let id = call["id"].as_str().map_or_else(
-                || format!("call_{}", first_call + calls.len()),
+                || made_call_id(key, first_call + calls.len()),
                 str::to_string,
             );
             calls.push(json!({"id": id, "type": "function", "function": {
@@ -501,9 +516,12 @@ fn parts_of(candidate: &Value, first_call: usize) -> (String, Vec<Value>) {
     (text, calls)
 }
 
-/// Read a `GenerateContentResponse`: the first candidate's text and calls.
+/// Read a `GenerateContentResponse`: the first candidate's text and calls
+/// (ids made from `key`, the request's idempotency key, where Gemini gave
+/// none).
 pub fn response_to_success(
     response: &Value,
+    key: &str,
     latency: Duration,
 ) -> Result<Result<Success, Failure>, String> {
     if let Some(failure) = refused(response) {
@@ -515,7 +533,7 @@ pub fn response_to_success(
     if candidate.get("content").is_none() && candidate.get("finishReason").is_none() {
         return Err("candidates[0] has neither content nor finishReason".into());
     }
-    let (output, tool_calls) = parts_of(candidate, 0);
+    let (output, tool_calls) = parts_of(candidate, key, 0);
     Ok(Ok(Success {
         output,
         tool_calls,
@@ -530,6 +548,8 @@ pub fn response_to_success(
 /// There is no end marker: a clean close after the finish reason ends it.
 #[derive(Debug, Default)]
 pub(crate) struct GeminiReader {
+    /// The request's idempotency key, which made call ids derive from.
+    key: String,
     finish_reason: Option<String>,
     usage: Option<Usage>,
     id: Option<String>,
@@ -568,7 +588,7 @@ impl WireReader for GeminiReader {
         let Some(candidate) = chunk.pointer("/candidates/0") else {
             return Step::Nothing;
         };
-        let (content, calls) = parts_of(candidate, self.calls);
+        let (content, calls) = parts_of(candidate, &self.key, self.calls);
         let tool_calls = calls
             .into_iter()
             .map(|mut call| {
@@ -631,7 +651,7 @@ impl Provider for GeminiProvider {
                 let latency = response.latency;
                 classify_gemini(response.status, &response.headers, &response.body, |b| {
                     let value: Value = serde_json::from_slice(b).map_err(|e| error_chain(&e))?;
-                    response_to_success(&value, latency)
+                    response_to_success(&value, &request.idempotency_key, latency)
                 })
             }
             Err(outcome) => outcome,
@@ -655,7 +675,10 @@ impl Provider for GeminiProvider {
         let streamed = stream::run_classified(
             builder,
             &self.timeouts,
-            GeminiReader::default(),
+            GeminiReader {
+                key: request.idempotency_key.clone(),
+                ..GeminiReader::default()
+            },
             deltas,
             |status, headers, body| {
                 classify_gemini(status, headers, body, |_| Err("not a success".into()))
@@ -711,5 +734,30 @@ mod tests {
         let mut orphan = Message::new(Role::Tool, "18");
         orphan.tool_call_id = Some("c9".into());
         assert!(content_of(&[orphan], 0).is_err());
+    }
+
+    /// A conversation whose ids repeat (made by an earlier build, or by a
+    /// client): a result answers the latest call with its id.
+    #[test]
+    fn a_repeated_call_id_names_the_latest_call() {
+        let call = |name: &str| {
+            let mut m = Message::new(Role::Assistant, "");
+            m.tool_calls = Some(vec![json!({"id": "call_0", "type": "function",
+                "function": {"name": name, "arguments": "{}"}})]);
+            m
+        };
+        let mut result = Message::new(Role::Tool, "ok");
+        result.tool_call_id = Some("call_0".into());
+        let messages = vec![
+            Message::new(Role::User, "hi"),
+            call("get_weather"),
+            result.clone(),
+            call("get_time"),
+            result,
+        ];
+        let (_, parts) = content_of(&messages, 4).unwrap();
+        assert_eq!(parts[0]["functionResponse"]["name"], "get_time");
+        let (_, parts) = content_of(&messages, 2).unwrap();
+        assert_eq!(parts[0]["functionResponse"]["name"], "get_weather");
     }
 }

@@ -33,6 +33,7 @@ on_both_backends!(
     a_live_stream_overloaded_into_review_ends_as_its_replay_does,
     a_job_still_pending_streamed_says_what_the_answer_says,
     the_models_api_answers_in_anthropics_shape_when_asked_with_anthropic_version,
+    prompt_cache_tokens_reach_every_door_and_the_budget,
 );
 
 /// A world whose one route has one provider, `primary`, on the simulator's
@@ -1298,35 +1299,189 @@ async fn a_job_still_pending_streamed_says_what_the_answer_says(backend: Backend
     world.stop().await;
 }
 
-/// A streamed request whose job's retries ran out on its provider's
-/// overload (so it went to review) ended its live stream with an
-/// `api_error`, while its replay's stream (and the answer) said
-/// `overloaded_error`: the SDK raised an `APIStatusError` the first time
-/// and an `OverloadedError` the next, for the same job. The live stream's
-/// error now carries the job's last failure as the stored one does, and
-/// one mapping types both.
-async fn a_live_stream_overloaded_into_review_ends_as_its_replay_does(backend: Backend) {
-    let world = primary_world(backend, "overloaded").await;
-    let body = message_body("Hello");
-    let (live, message) = stream_error(&world, "busy-live", &body).await;
-    assert_eq!(live, "overloaded_error", "{message}");
-    assert!(message.starts_with("job_needs_review: job "), "{message}");
-    let (status, headers, answer) =
-        send(post(&world, "/v1/messages", Some("busy-live"), &body)).await;
-    let job_id = header(&headers, "x-onejob-job-id").to_string();
-    assert_eq!(world.job(&job_id).await["state"], "needs_review");
-    let attempts = world.attempts(&job_id).await;
-    assert!(
-        attempts.len() > 1 && attempts.iter().all(|a| a["error_kind"] == "overloaded"),
-        "{attempts:?}"
+const CACHED_USAGE: &str = r#"{"input_tokens":10,"output_tokens":3,"cache_read_input_tokens":1000,"cache_creation_input_tokens":200}"#;
+
+/// An Anthropic upstream that served most of the prompt from its cache:
+/// `input_tokens` 10, `cache_read_input_tokens` 1000,
+/// `cache_creation_input_tokens` 200. Whole, and streamed (usage in
+/// `message_start`, output tokens in `message_delta`).
+fn cached_answers() -> (String, String) {
+    let whole = format!(
+        r#"{{"id":"msg_up","type":"message","role":"assistant","model":"claude-test",
+        "content":[{{"type":"text","text":"Cached."}}],"stop_reason":"end_turn",
+        "stop_sequence":null,"usage":{CACHED_USAGE}}}"#
     );
-    let (status, answered, _) = anthropic_error(status, &answer);
-    assert_eq!((status, answered.as_str()), (529, "overloaded_error"));
-    let (replayed, _) = stream_error(&world, "busy-live", &body).await;
+    let start = r#"{"type":"message_start","message":{"id":"msg_up","type":"message","role":"assistant",
+        "model":"claude-test","content":[],"stop_reason":null,"stop_sequence":null,
+        "usage":{"input_tokens":10,"output_tokens":1,"cache_read_input_tokens":1000,"cache_creation_input_tokens":200}}}"#;
+    let frames = [
+        ("message_start", start.replace('\n', "")),
+        (
+            "content_block_start",
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#
+                .to_string(),
+        ),
+        (
+            "content_block_delta",
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Cached."}}"#
+                .to_string(),
+        ),
+        (
+            "content_block_stop",
+            r#"{"type":"content_block_stop","index":0}"#.to_string(),
+        ),
+        (
+            "message_delta",
+            r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":3}}"#
+                .to_string(),
+        ),
+        ("message_stop", r#"{"type":"message_stop"}"#.to_string()),
+    ];
+    let streamed = frames
+        .iter()
+        .map(|(name, data)| format!("event: {name}\ndata: {data}\n\n"))
+        .collect();
+    (whole, streamed)
+}
+
+/// Anthropic's prompt-cache tokens were dropped: the Chat door said
+/// `prompt_tokens` 10 for a prompt of 1210, the Messages door gave no
+/// `cache_read_input_tokens`, and the budget counted 13 tokens. Every door
+/// now tells them as its wire does (OpenAI's `prompt_tokens` counts them,
+/// with `prompt_tokens_details.cached_tokens`; Anthropic's keeps them beside
+/// `input_tokens`), whole and streamed, and the day's usage counts them.
+async fn prompt_cache_tokens_reach_every_door_and_the_budget(backend: Backend) {
+    let (whole, streamed) = cached_answers();
+    let whole_up = upstream::upstream(upstream::json(200, &whole)).await;
+    let stream_up = upstream::upstream(upstream::json(200, &streamed)).await;
+    let openai_up = upstream::upstream(upstream::json(
+        200,
+        r#"{"id":"chatcmpl-9","object":"chat.completion","created":1,"model":"gpt-test",
+        "choices":[{"index":0,"message":{"role":"assistant","content":"Noted."},"finish_reason":"stop"}],
+        "usage":{"prompt_tokens":1010,"completion_tokens":2,"total_tokens":1012,
+                 "prompt_tokens_details":{"cached_tokens":1000}}}"#,
+    ))
+    .await;
+    let (whole_url, stream_url) = (whole_up.base_url.clone(), stream_up.base_url.clone());
+    let openai_url = openai_up.base_url.clone();
+    let world = start_world(
+        backend,
+        &[spec("primary", "healthy")],
+        route("primary", &[]),
+        |c| {
+            std::env::set_var(upstream::KEY_ENV, upstream::KEY_VALUE);
+            for (name, kind, url) in [
+                ("cached", "anthropic", &whole_url),
+                ("cached-stream", "anthropic", &stream_url),
+                ("cached-openai", "openai", &openai_url),
+            ] {
+                let text = format!(
+                    "kind = \"{kind}\"\nbase_url = \"{url}\"\nmodel = \"claude-test\"\n\
+                     api_key_env = \"{}\"\ntokenizer = \"o200k_base\"\ncontext_window = 16384\n",
+                    upstream::KEY_ENV
+                );
+                std::fs::write(c.providers_dir.join(format!("{name}.toml")), text).unwrap();
+                c.routes.insert(name.into(), route(name, &[]));
+            }
+        },
+    )
+    .await;
+    let chat = |model: &str, stream: bool| {
+        let mut body = json!({"model": model, "messages": [{"role": "user", "content": "hi"}]});
+        if stream {
+            body["stream"] = json!(true);
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        body
+    };
+    let anthropic_usage = json!({"input_tokens": 10, "output_tokens": 3,
+        "cache_read_input_tokens": 1000, "cache_creation_input_tokens": 200});
+
+    // Chat Completions, whole.
+    let response = world
+        .client
+        .post(format!("{}/v1/chat/completions", world.address))
+        .bearer_auth(&world.key)
+        .header("Idempotency-Key", "cache-chat")
+        .json(&chat("cached", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let completion: Value = response.json().await.unwrap();
     assert_eq!(
-        replayed, live,
-        "the replay's stream says what the live one said"
+        completion["usage"],
+        json!({"prompt_tokens": 1210, "completion_tokens": 3, "total_tokens": 1213,
+               "prompt_tokens_details": {"cached_tokens": 1000}}),
+        "{completion}"
     );
-    assert_eq!(world.store.count_jobs().await.unwrap(), 1);
+
+    // Chat Completions, streamed: the usage chunk.
+    let response = world
+        .client
+        .post(format!("{}/v1/chat/completions", world.address))
+        .bearer_auth(&world.key)
+        .header("Idempotency-Key", "cache-chat-stream")
+        .json(&chat("cached-stream", true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let text = response.text().await.unwrap();
+    let usage = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find_map(|chunk| chunk.get("usage").filter(|u| !u.is_null()).cloned())
+        .unwrap_or_else(|| panic!("no usage chunk in {text}"));
+    assert_eq!(
+        usage,
+        json!({"prompt_tokens": 1210, "completion_tokens": 3, "total_tokens": 1213,
+               "prompt_tokens_details": {"cached_tokens": 1000}}),
+        "{text}"
+    );
+
+    // Messages, whole and streamed: Anthropic's own fields.
+    let mut body = message_body("hi");
+    body["model"] = json!("cached");
+    let (status, _, message) = send(post(&world, "/v1/messages", Some("cache-msg"), &body)).await;
+    assert_eq!(status, 200, "{message}");
+    assert_eq!(message["usage"], anthropic_usage, "{message}");
+    body["model"] = json!("cached-stream");
+    body["stream"] = json!(true);
+    let response = post(&world, "/v1/messages", Some("cache-msg-stream"), &body)
+        .send()
+        .await
+        .unwrap();
+    let text = response.text().await.unwrap();
+    let (_, delta) = events(&text)
+        .into_iter()
+        .find(|(name, _)| name == "message_delta")
+        .unwrap_or_else(|| panic!("no message_delta in {text}"));
+    assert_eq!(delta["usage"], anthropic_usage, "{text}");
+
+    // OpenAI's `cached_tokens` the other way: Anthropic's cache read.
+    body["model"] = json!("cached-openai");
+    body.as_object_mut().unwrap().remove("stream");
+    let (status, _, message) = send(post(&world, "/v1/messages", Some("cache-oa"), &body)).await;
+    assert_eq!(status, 200, "{message}");
+    assert_eq!(
+        message["usage"],
+        json!({"input_tokens": 10, "output_tokens": 2,
+               "cache_read_input_tokens": 1000, "cache_creation_input_tokens": 0}),
+        "{message}"
+    );
+
+    // The budget counts every prompt token: four answers of 1213 tokens
+    // and one of 1012.
+    let response = world
+        .client
+        .get(format!("{}/v1/usage", world.address))
+        .bearer_auth(&world.key)
+        .send()
+        .await
+        .unwrap();
+    let report: Value = response.json().await.unwrap();
+    assert_eq!(report["totals"]["tokens"], 4 * 1213 + 1012, "{report}");
     world.stop().await;
 }

@@ -19,10 +19,7 @@ use std::collections::BTreeMap;
 on_both_backends!(the_overview_over_a_week_counts_every_attempt_once_and_its_latency,);
 
 const HOUR: i64 = 3_600_000;
-const USAGE: Usage = Usage {
-    prompt_tokens: 10,
-    completion_tokens: 5,
-};
+const USAGE: Usage = Usage::new(10, 5);
 
 async fn finish(
     store: &dyn Store,

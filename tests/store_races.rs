@@ -608,10 +608,7 @@ async fn forty_concurrent_wins_of_one_owner_add_up_across_shards(backend: Backen
                 };
                 store.create_job(job).await.unwrap();
                 let mut success = onejob::domain::attempt::Success::text("ok");
-                success.usage = Some(onejob::domain::attempt::Usage {
-                    prompt_tokens: 3,
-                    completion_tokens: 5,
-                });
+                success.usage = Some(onejob::domain::attempt::Usage::new(3, 5));
                 let mut end = finish(&primary.id, AttemptOutcome::Succeeded(success));
                 end.at = at + 10;
                 store.finish_attempt(end).await.unwrap()
@@ -680,10 +677,7 @@ async fn hedged_jobs_won_at_once_have_one_winner_each_and_pay_for_every_attempt(
             let store = store.clone();
             tokio::spawn(async move {
                 let mut success = onejob::domain::attempt::Success::text(format!("from {id}"));
-                success.usage = Some(onejob::domain::attempt::Usage {
-                    prompt_tokens: 3,
-                    completion_tokens: 5,
-                });
+                success.usage = Some(onejob::domain::attempt::Usage::new(3, 5));
                 let outcome = store
                     .finish_attempt(finish(&id, AttemptOutcome::Succeeded(success)))
                     .await

@@ -181,16 +181,81 @@ impl AttemptOutcome {
     }
 }
 
-/// Tokens an answer used, as a provider reported them: u64, as the store
-/// (BIGINT) and every door's answer carry them, so a count past
-/// 4,294,967,295 (or a sum of several) is kept, never capped.
+/// The tokens an answer used. `prompt_tokens` counts every prompt token,
+/// as OpenAI's `usage` does: those read from or written to a provider's
+/// prompt cache included (Anthropic reports them beside `input_tokens`).
+/// Budgets (`tokens_per_day`) count `prompt_tokens + completion_tokens`.
+/// u64, as the store (BIGINT) and every door's answer carry them, so a
+/// count past 4,294,967,295 (or a sum of several) is kept, never capped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Usage {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
+    /// Of `prompt_tokens`, those read from the provider's prompt cache
+    /// (OpenAI's `prompt_tokens_details.cached_tokens`, Anthropic's
+    /// `cache_read_input_tokens`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cached_tokens: u64,
+    /// Of `prompt_tokens`, those written to the provider's prompt cache
+    /// (Anthropic's `cache_creation_input_tokens`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_creation_tokens: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Usage {
+    /// `prompt_tokens` and `completion_tokens` as reported, nothing cached.
+    pub const fn new(prompt_tokens: u64, completion_tokens: u64) -> Self {
+        Usage {
+            prompt_tokens,
+            completion_tokens,
+            cached_tokens: 0,
+            cache_creation_tokens: 0,
+        }
+    }
+
+    /// The prompt tokens neither read from nor written to a cache:
+    /// Anthropic's `input_tokens`.
+    pub fn uncached_prompt_tokens(&self) -> u64 {
+        self.prompt_tokens
+            .saturating_sub(self.cached_tokens)
+            .saturating_sub(self.cache_creation_tokens)
+    }
+
+    /// Anthropic's `usage` (`input_tokens`, `output_tokens`,
+    /// `cache_read_input_tokens`, `cache_creation_input_tokens`) in these
+    /// terms: every prompt token counted in `prompt_tokens`. `None` when
+    /// the two counts are absent.
+    pub fn from_anthropic(usage: &serde_json::Value) -> Option<Usage> {
+        let mut read = Usage::from_wire(usage, "input_tokens", "output_tokens")?;
+        let count = |field: &str| usage[field].as_u64().unwrap_or(0);
+        read.cached_tokens = count("cache_read_input_tokens");
+        read.cache_creation_tokens = count("cache_creation_input_tokens");
+        read.prompt_tokens = read
+            .prompt_tokens
+            .saturating_add(read.cached_tokens)
+            .saturating_add(read.cache_creation_tokens);
+        Some(read)
+    }
+
+    /// This usage as Anthropic's `usage` object (what its Messages API
+    /// answers): `input_tokens` the uncached prompt tokens, the cache's
+    /// counts beside them.
+    pub fn to_anthropic(&self) -> serde_json::Value {
+        let mut usage = serde_json::json!({
+            "input_tokens": self.uncached_prompt_tokens(),
+            "output_tokens": self.completion_tokens,
+        });
+        if self.cached_tokens > 0 || self.cache_creation_tokens > 0 {
+            usage["cache_read_input_tokens"] = self.cached_tokens.into();
+            usage["cache_creation_input_tokens"] = self.cache_creation_tokens.into();
+        }
+        usage
+    }
+
     /// The usage as an attempt's row stores it (JSON text).
     pub fn stored(&self) -> String {
         serde_json::to_string(self).unwrap_or_default()
@@ -204,6 +269,12 @@ impl Usage {
         Some(Usage {
             prompt_tokens: count(prompt)?,
             completion_tokens: count(completion)?,
+            // OpenAI's wire says which prompt tokens its cache served.
+            cached_tokens: usage
+                .pointer("/prompt_tokens_details/cached_tokens")
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(0),
+            ..Usage::default()
         })
     }
 

@@ -207,10 +207,10 @@ impl JobPlan {
             .encode_user_text("answer", delivered)
             .ok()?
             .len();
-        Some(crate::providers::Usage {
-            prompt_tokens: u64::from(prompt_tokens),
-            completion_tokens: u64::try_from(completion).unwrap_or(u64::MAX),
-        })
+        Some(crate::providers::Usage::new(
+            u64::from(prompt_tokens),
+            u64::try_from(completion).unwrap_or(u64::MAX),
+        ))
     }
 
     fn make_request_for(&self, provider: &ProviderEntry) -> Result<ChatRequest, PlanError> {

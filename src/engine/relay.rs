@@ -99,6 +99,10 @@ fn add_usage(a: Option<Usage>, b: Option<Usage>) -> Option<Usage> {
         (Some(a), Some(b)) => Some(Usage {
             prompt_tokens: a.prompt_tokens.saturating_add(b.prompt_tokens),
             completion_tokens: a.completion_tokens.saturating_add(b.completion_tokens),
+            cached_tokens: a.cached_tokens.saturating_add(b.cached_tokens),
+            cache_creation_tokens: a
+                .cache_creation_tokens
+                .saturating_add(b.cache_creation_tokens),
         }),
         (a, b) => a.or(b),
     }
@@ -515,10 +519,7 @@ mod tests {
 
     #[test]
     fn usage_of_two_owners_is_their_sum() {
-        let u = |p, c| Usage {
-            prompt_tokens: p,
-            completion_tokens: c,
-        };
+        let u = Usage::new;
         assert_eq!(add_usage(Some(u(10, 3)), Some(u(14, 5))), Some(u(24, 8)));
         assert_eq!(add_usage(None, Some(u(1, 2))), Some(u(1, 2)));
     }

@@ -310,7 +310,7 @@ pub fn message_to_success(
                    "function": {"name": b["name"], "arguments": b["input"].to_string()}})
         })
         .collect();
-    let usage = Usage::from_wire(&message["usage"], "input_tokens", "output_tokens");
+    let usage = Usage::from_anthropic(&message["usage"]);
     Ok(Ok(Success {
         output,
         tool_calls,

@@ -472,6 +472,7 @@ fn usage_of(metadata: &Value) -> Option<Usage> {
         completion_tokens: count("candidatesTokenCount")
             .unwrap_or(0)
             .saturating_add(count("thoughtsTokenCount").unwrap_or(0)),
+        ..Usage::default()
     })
 }
 

@@ -355,6 +355,12 @@ struct PlainMessage {
 struct PlainUsage {
     prompt_tokens: Option<u64>,
     completion_tokens: Option<u64>,
+    prompt_tokens_details: Option<PlainDetails>,
+}
+
+#[derive(serde::Deserialize)]
+struct PlainDetails {
+    cached_tokens: Option<u64>,
 }
 
 impl Plain {
@@ -373,6 +379,11 @@ impl Plain {
             Some(Usage {
                 prompt_tokens: u.prompt_tokens?,
                 completion_tokens: u.completion_tokens?,
+                cached_tokens: u
+                    .prompt_tokens_details
+                    .and_then(|d| d.cached_tokens)
+                    .unwrap_or(0),
+                ..Usage::default()
             })
         });
         Some(Success {
@@ -500,12 +511,6 @@ mod tests {
         };
         assert_eq!(success.output, "hi");
         assert_eq!(success.provider_request_id.as_deref(), Some("c1"));
-        assert_eq!(
-            success.usage,
-            Some(Usage {
-                prompt_tokens: 3,
-                completion_tokens: 1
-            })
-        );
+        assert_eq!(success.usage, Some(Usage::new(3, 1)));
     }
 }

@@ -475,7 +475,8 @@ impl WireReader for OpenAiReader {
 #[derive(Debug, Default)]
 pub(crate) struct AnthropicReader {
     stop_reason: Option<String>,
-    input_tokens: Option<u64>,
+    /// `message_start`'s usage: the prompt's tokens, the cache's among them.
+    input: Option<Usage>,
     output_tokens: Option<u64>,
     id: Option<String>,
     /// Content block index → tool call index, for tool-use blocks.
@@ -500,7 +501,10 @@ impl WireReader for AnthropicReader {
             "message_start" => {
                 let message = &value["message"];
                 self.id = message["id"].as_str().map(str::to_string);
-                self.input_tokens = tokens(&message["usage"]["input_tokens"]);
+                self.input = Usage::from_anthropic(&message["usage"]).or_else(|| {
+                    let input = tokens(&message["usage"]["input_tokens"])?;
+                    Some(Usage::new(input, 0))
+                });
                 Step::Nothing
             }
             "content_block_start" => {
@@ -582,8 +586,8 @@ impl WireReader for AnthropicReader {
 
     fn usage(&self) -> Option<Usage> {
         Some(Usage {
-            prompt_tokens: self.input_tokens?,
             completion_tokens: self.output_tokens?,
+            ..self.input?
         })
     }
 

@@ -283,12 +283,10 @@ fn execute(request: &SimRequest, fault: Fault) -> Answer {
     Answer {
         id: format!("sim-{}", uuid::Uuid::new_v4().simple()),
         model: request.model.clone(),
-        usage: Usage {
-            prompt_tokens: u64::from(prompt_tokens),
-            completion_tokens: u64::from(
-                approx_tokens(&output).max(u32::from(!tool_calls.is_empty())),
-            ),
-        },
+        usage: Usage::new(
+            u64::from(prompt_tokens),
+            u64::from(approx_tokens(&output).max(u32::from(!tool_calls.is_empty()))),
+        ),
         output,
         tool_calls,
     }

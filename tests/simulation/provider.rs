@@ -247,10 +247,7 @@ impl Scripted {
                 let answer = Success {
                     output: format!("{name} answers {key} (execution {})", record.executions),
                     tool_calls: Vec::new(),
-                    usage: Some(Usage {
-                        prompt_tokens: 7,
-                        completion_tokens: 5,
-                    }),
+                    usage: Some(Usage::new(7, 5)),
                     provider_request_id: Some(format!("{name}-{key}-{}", record.executions)),
                     latency: Duration::from_millis(ms),
                 };

@@ -29,8 +29,10 @@ fn tool_use_block(call: &Value) -> Value {
     })
 }
 
+/// Anthropic's usage: `input_tokens` the prompt tokens no cache served or
+/// took, the cache's own counts beside them ([`Usage::to_anthropic`]).
 fn usage_of(usage: Usage) -> Value {
-    json!({"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens})
+    usage.to_anthropic()
 }
 
 /// A succeeded job as a Message.

@@ -37,6 +37,7 @@ pub(super) fn completion(job: &Job, answer: Answer) -> Json<Completion> {
             prompt_tokens: usage.prompt_tokens,
             completion_tokens: usage.completion_tokens,
             total_tokens: usage.total(),
+            prompt_tokens_details: cached(&usage),
         },
     })
 }
@@ -77,6 +78,23 @@ struct Tokens {
     prompt_tokens: u64,
     completion_tokens: u64,
     total_tokens: u64,
+    /// Present when a provider's prompt cache served some of the prompt
+    /// (counted in `prompt_tokens`, as OpenAI counts them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_tokens_details: Option<CachedTokens>,
+}
+
+#[derive(Serialize)]
+pub(super) struct CachedTokens {
+    cached_tokens: u64,
+}
+
+/// `prompt_tokens_details` of `usage`: the prompt tokens read from a
+/// provider's cache, when there are any.
+pub(super) fn cached(usage: &crate::providers::Usage) -> Option<CachedTokens> {
+    (usage.cached_tokens > 0).then(|| CachedTokens {
+        cached_tokens: u64::from(usage.cached_tokens),
+    })
 }
 
 /// A job that did not succeed: the provider's code kept, a status the SDKs

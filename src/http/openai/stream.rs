@@ -195,13 +195,16 @@ impl Renderer {
                 self.frame(0, &chunk.to_string(), &mut out);
                 if self.ask.include_usage {
                     let u = usage.unwrap_or(Usage::default());
-                    let chunk = json!({
+                    let mut chunk = json!({
                         "id": self.completion_id, "object": "chat.completion.chunk",
                         "created": self.created, "model": model, "system_fingerprint": null,
                         "choices": [],
                         "usage": {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
                                   "total_tokens": u.total()}
                     });
+                    if let Some(details) = super::encode::cached(&u) {
+                        chunk["usage"]["prompt_tokens_details"] = json!(details);
+                    }
                     self.frame(0, &chunk.to_string(), &mut out);
                 } else {
                     self.at.after += 1;

@@ -205,7 +205,8 @@ pub(super) fn call_item(
 pub(super) fn usage(usage: Usage) -> Value {
     json!({
         "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens,
+                                 "cache_write_tokens": usage.cache_creation_tokens},
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": usage.total(),

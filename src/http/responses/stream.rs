@@ -383,10 +383,7 @@ mod tests {
         StreamEvent::Finish {
             model: "m-1".into(),
             finish_reason: reason.into(),
-            usage: Some(Usage {
-                prompt_tokens: 3,
-                completion_tokens: 2,
-            }),
+            usage: Some(Usage::new(3, 2)),
         }
     }
 

@@ -39,6 +39,7 @@ on_both_backends!(
     a_stream_that_said_why_it_stopped_is_whole_though_it_stays_open,
     a_tool_call_cut_mid_stream_is_not_continued,
     a_job_cancelled_mid_stream_ends_it_as_cancelled,
+    a_provider_that_streams_no_usage_is_counted_by_onejob,
 );
 
 /// One SSE event as the client saw it.
@@ -1355,5 +1356,84 @@ async fn a_job_cancelled_mid_stream_ends_it_as_cancelled(backend: Backend) {
         .await;
     assert_eq!(job["state"], "cancelled");
     assert_eq!(attempts[0]["state"], "discarded", "{attempts:?}");
+    world.stop().await;
+}
+
+/// A `kind = "openai"` provider with `stream_usage = false` (a server that
+/// refuses `stream_options`) streams no usage. The client was told
+/// `CompletionUsage(0, 0, 0)`, a replay too, the Messages door `0`/`0`,
+/// and the attempt's usage was null, so no budget counted the answer.
+/// onejob now counts it with the provider's tokenizer: the prompt as sent
+/// and the text delivered, marked `estimated` on the attempt.
+async fn a_provider_that_streams_no_usage_is_counted_by_onejob(backend: Backend) {
+    std::env::set_var("ONEJOB_TEST_NO_USAGE_KEY", "sk-sim");
+    let world = start_world(
+        backend,
+        &[spec("primary", "healthy")],
+        route("primary", &[]),
+        |c| {
+            let path = c.providers_dir.join("primary.toml");
+            let text = std::fs::read_to_string(&path)
+                .unwrap()
+                .replace("kind = \"sim\"", "kind = \"openai\"")
+                .replace("lookup = \"sim_ledger\"\n", "");
+            let text =
+                format!("api_key_env = \"ONEJOB_TEST_NO_USAGE_KEY\"\nstream_usage = false\n{text}");
+            std::fs::write(path, text).unwrap();
+        },
+    )
+    .await;
+    let (status, headers, events) = stream(&world, "no-usage-1", &body("Tell me a story")).await;
+    assert_eq!(status, 200);
+    let id = job_id(&headers);
+    let text = content(&events);
+    assert!(!text.is_empty());
+    let told = usage(&events);
+    let (prompt, completion) = (
+        told["prompt_tokens"].as_u64().unwrap(),
+        told["completion_tokens"].as_u64().unwrap(),
+    );
+    assert!(prompt > 0, "{told}");
+    assert_eq!(completion, o200k(&text), "{told}");
+    assert_eq!(told["total_tokens"].as_u64(), Some(prompt + completion));
+
+    // The attempt keeps the count, marked as onejob's own; a replay tells it.
+    let attempts = world.attempts(&id).await;
+    assert_eq!(
+        attempts[0]["usage"],
+        json!({"prompt_tokens": prompt, "completion_tokens": completion, "estimated": true}),
+        "{attempts:?}"
+    );
+    let (_, _, again) = stream(&world, "no-usage-1", &body("Tell me a story")).await;
+    assert_eq!(usage(&again), told);
+
+    // The Messages door, streamed: its final usage.
+    let response = world
+        .client
+        .post(format!("{}/v1/messages", world.address))
+        .header("x-api-key", &world.key)
+        .header("anthropic-version", "2023-06-01")
+        .header("Idempotency-Key", "no-usage-2")
+        .json(
+            &json!({"model": "default", "max_tokens": 256, "stream": true,
+                      "messages": [{"role": "user", "content": "Tell me a story"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let sse = response.text().await.unwrap();
+    let delta = parse(&sse)
+        .iter()
+        .map(Sse::json)
+        .find(|v| v["type"] == "message_delta")
+        .unwrap_or_else(|| panic!("no message_delta in {sse}"));
+    assert!(
+        delta["usage"]["input_tokens"].as_u64().unwrap() > 0,
+        "{sse}"
+    );
+    assert!(
+        delta["usage"]["output_tokens"].as_u64().unwrap() > 0,
+        "{sse}"
+    );
     world.stop().await;
 }

@@ -200,6 +200,10 @@ pub struct Usage {
     /// (Anthropic's `cache_creation_input_tokens`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub cache_creation_tokens: u64,
+    /// onejob counted these with the provider's tokenizer: the provider
+    /// reported no usage.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub estimated: bool,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -214,6 +218,7 @@ impl Usage {
             completion_tokens,
             cached_tokens: 0,
             cache_creation_tokens: 0,
+            estimated: false,
         }
     }
 

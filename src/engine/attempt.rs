@@ -236,6 +236,29 @@ pub(super) enum Source {
     Reconciled,
 }
 
+/// `success` with onejob's own count of its tokens when its provider
+/// reported none (a stream without a usage chunk, an OpenAI-compatible
+/// server that sends no `usage`): the prompt as the plan renders it for
+/// `entry` and the delivered text and tool calls, counted with the
+/// provider's tokenizer and marked `estimated`. Never zeros, so a budget
+/// counts the answer.
+pub(super) fn counted(plan: &JobPlan, entry: &ProviderEntry, success: Success) -> Success {
+    if success.usage.is_some() {
+        return success;
+    }
+    let mut delivered = std::borrow::Cow::Borrowed(success.output.as_str());
+    for call in &success.tool_calls {
+        let function = &call["function"];
+        for part in ["name", "arguments"] {
+            delivered
+                .to_mut()
+                .push_str(function[part].as_str().unwrap_or_default());
+        }
+    }
+    let usage = plan.estimated_usage(entry, &delivered);
+    Success { usage, ..success }
+}
+
 /// An attempt's end, settled: an answer is checked against the job's
 /// contract and then, like every other ending, [`record`]ed. Used by the
 /// round (for answers and for the attempts it abandons) and the reconciler.
@@ -253,20 +276,26 @@ pub(super) async fn settle(
     // breaks the contract is never a result; another provider may keep
     // it, so the job may fail over.
     let outcome = match outcome {
-        AttemptOutcome::Succeeded(success) => match plan.result_from(&success) {
-            Ok(result) => AttemptOutcome::Succeeded(Success {
-                output: result,
-                tool_calls: Vec::new(),
-                ..success
-            }),
-            Err((kind, message)) => AttemptOutcome::Failed(Failure {
-                retryable: true,
-                retry_after: None,
-                kind,
-                message,
-                status: None,
-            }),
-        },
+        AttemptOutcome::Succeeded(success) => {
+            let success = match inner.catalog.get(&attempt.provider) {
+                Some(entry) => counted(plan, entry, success),
+                None => success,
+            };
+            match plan.result_from(&success) {
+                Ok(result) => AttemptOutcome::Succeeded(Success {
+                    output: result,
+                    tool_calls: Vec::new(),
+                    ..success
+                }),
+                Err((kind, message)) => AttemptOutcome::Failed(Failure {
+                    retryable: true,
+                    retry_after: None,
+                    kind,
+                    message,
+                    status: None,
+                }),
+            }
+        }
         other => other,
     };
     record(inner, attempt, outcome, refusal, source).await

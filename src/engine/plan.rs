@@ -190,9 +190,10 @@ impl JobPlan {
         made
     }
 
-    /// What an attempt on `provider` cut mid-answer used, as the provider's
-    /// tokenizer counts it: the prompt, and the text it delivered. `None`
-    /// when it cannot be counted.
+    /// What an attempt on `provider` used, as the provider's tokenizer
+    /// counts it (marked `estimated`): the prompt, and the text it
+    /// delivered. For an attempt cut mid-answer, or an answer whose
+    /// provider reported no usage. `None` when it cannot be counted.
     pub fn estimated_usage(
         &self,
         provider: &ProviderEntry,
@@ -207,10 +208,13 @@ impl JobPlan {
             .encode_user_text("answer", delivered)
             .ok()?
             .len();
-        Some(crate::providers::Usage::new(
-            u64::from(prompt_tokens),
-            u64::try_from(completion).unwrap_or(u64::MAX),
-        ))
+        Some(crate::providers::Usage {
+            estimated: true,
+            ..crate::providers::Usage::new(
+                u64::from(prompt_tokens),
+                u64::try_from(completion).unwrap_or(u64::MAX),
+            )
+        })
     }
 
     fn make_request_for(&self, provider: &ProviderEntry) -> Result<ChatRequest, PlanError> {

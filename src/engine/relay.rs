@@ -103,6 +103,7 @@ fn add_usage(a: Option<Usage>, b: Option<Usage>) -> Option<Usage> {
             cache_creation_tokens: a
                 .cache_creation_tokens
                 .saturating_add(b.cache_creation_tokens),
+            estimated: a.estimated || b.estimated,
         }),
         (a, b) => a.or(b),
     }

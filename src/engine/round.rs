@@ -13,8 +13,8 @@
 //! whole answer, or a stream's first piece.
 
 use super::attempt::{
-    launch, observe_answer, open, settle, start_hedge, tokens_of, Arrival, Event, Limits, RoundEnd,
-    RoundFailure, Settled, Source,
+    counted, launch, observe_answer, open, settle, start_hedge, tokens_of, Arrival, Event, Limits,
+    RoundEnd, RoundFailure, Settled, Source,
 };
 use super::durable::{retrying, Fence};
 use super::hedging::Measure;
@@ -450,6 +450,9 @@ impl<'a> Round<'a> {
         let (inner, entry) = (self.inner, self.live[index].entry);
         match outcome {
             AttemptOutcome::Succeeded(success) => {
+                // Counted here when its provider did not: the stream's
+                // finish tells the client the whole answer's usage.
+                let success = counted(self.plan, entry, success);
                 let whole = self
                     .relay
                     .as_mut()?

@@ -31,6 +31,7 @@ on_both_backends!(
     a_refused_key_is_told_by_the_header_it_came_in,
     stream_options_without_a_stream_is_refused_as_openai_refuses_it,
     usage_past_u32_is_kept_whole_from_the_provider_to_the_client,
+    a_temperature_above_one_skips_providers_on_anthropics_wire,
 );
 
 async fn complete(
@@ -1235,5 +1236,67 @@ async fn usage_past_u32_is_kept_whole_from_the_provider_to_the_client(backend: B
         .unwrap_or_else(|| panic!("no usage chunk in {text}"));
     assert_eq!(usage_chunk["usage"]["total_tokens"], total, "{text}");
     assert_eq!(up.seen().len(), 1, "the replay ran nothing upstream");
+    world.stop().await;
+}
+
+/// `temperature: 1.7` reached a `kind = "anthropic"` provider as it was:
+/// Anthropic takes 0 to 1, so the real API answers 400 and the job failed
+/// as `bad_request` instead of going to a fallback that can honour it. Such
+/// a provider is now skipped for the job; 1 and below still go there; a
+/// route with nothing else refuses the request naming the field, and
+/// nothing is sent.
+async fn a_temperature_above_one_skips_providers_on_anthropics_wire(backend: Backend) {
+    let providers = [
+        ProviderSpec {
+            name: "claude",
+            model: "healthy",
+        },
+        ProviderSpec {
+            name: "gpt",
+            model: "healthy",
+        },
+    ];
+    let world = start_world(backend, &providers, route("claude", &["gpt"]), |c| {
+        std::env::set_var(upstream::KEY_ENV, upstream::KEY_VALUE);
+        let path = c.providers_dir.join("claude.toml");
+        let text = std::fs::read_to_string(&path)
+            .unwrap()
+            .replace("kind = \"sim\"", "kind = \"anthropic\"")
+            .replace("lookup = \"sim_ledger\"\n", "");
+        let key = format!("api_key_env = \"{}\"\n", upstream::KEY_ENV);
+        std::fs::write(path, format!("{key}{text}")).unwrap();
+        c.routes.insert("claude-only".into(), route("claude", &[]));
+    })
+    .await;
+    let hot = json!({"model": "default", "temperature": 1.7,
+                     "messages": [{"role": "user", "content": "hi"}]});
+    let (status, headers, answer) = complete(&world, Some("hot-1"), &hot).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(headers["x-onejob-provider"], "gpt");
+    let job_id = headers["x-onejob-job-id"].to_str().unwrap();
+    assert_eq!(world.deliveries(job_id, "claude"), 0);
+
+    let mild = json!({"model": "default", "temperature": 1,
+                      "messages": [{"role": "user", "content": "hi"}]});
+    let (status, headers, _) = complete(&world, Some("hot-2"), &mild).await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["x-onejob-provider"], "claude");
+
+    let mut alone = hot.clone();
+    alone["model"] = json!("claude-only");
+    let (status, headers, err) = complete(&world, Some("hot-3"), &alone).await;
+    assert_eq!(
+        (status, err["error"]["code"].as_str()),
+        (400, Some("invalid_request")),
+        "{err}"
+    );
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("temperature"),
+        "{err}"
+    );
+    assert_eq!(headers["x-should-retry"], "false");
     world.stop().await;
 }

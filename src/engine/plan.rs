@@ -284,7 +284,8 @@ impl JobPlan {
 
     /// What a provider cannot honour makes it skip the job, never drop the
     /// ask: image parts need `accepts_images`; the Anthropic wire format has
-    /// no `seed` or penalties.
+    /// no `seed` or penalties, and takes a `temperature` of 0 to 1 (so does
+    /// Converse), where OpenAI's goes to 2.
     fn check_capabilities(
         &self,
         provider: &ProviderEntry,
@@ -341,6 +342,20 @@ impl JobPlan {
             )));
         }
         if matches!(kind, ProviderKind::Anthropic | ProviderKind::Bedrock) {
+            let temperature = params
+                .temperature
+                .or(self.contract().map(|c| c.temperature));
+            if let Some(t) = temperature.filter(|t| *t > 1.0) {
+                return Err(PlanError::new(format!(
+                    "{}: temperature {t} is above 1, the most the {} wire format takes",
+                    provider.name,
+                    if kind == ProviderKind::Bedrock {
+                        "Converse"
+                    } else {
+                        "Anthropic"
+                    }
+                )));
+            }
             for (name, given) in [
                 ("seed", params.seed.is_some()),
                 ("presence_penalty", params.presence_penalty.is_some()),

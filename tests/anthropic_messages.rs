@@ -263,10 +263,16 @@ async fn a_streamed_replay_of_a_message_is_the_same_job_and_its_events_are_anthr
     let start = &events[0].1["message"];
     assert_eq!(start["id"], message["id"]);
     assert_eq!(start["model"], "healthy");
-    assert!(
-        start["usage"].is_object(),
-        "message_start has usage: {start}"
+    // Its input tokens were 0; now the prompt's, as count_tokens says.
+    let mut prompt = body.clone();
+    prompt.as_object_mut().unwrap().remove("max_tokens");
+    let (_, _, counted) = send(post(&world, "/v1/messages/count_tokens", None, &prompt)).await;
+    assert_eq!(
+        start["usage"],
+        json!({"input_tokens": counted["input_tokens"], "output_tokens": 0}),
+        "message_start has the prompt's tokens: {start} {counted}"
     );
+    assert!(counted["input_tokens"].as_u64().unwrap() > 0, "{counted}");
     assert_eq!(events[3].1["delta"]["type"], "text_delta");
     assert_eq!(events[3].1["delta"]["text"], message["content"][0]["text"]);
     assert_eq!(events[5].1["delta"]["stop_reason"], "end_turn");

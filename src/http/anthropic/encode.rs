@@ -142,17 +142,21 @@ pub(super) struct Encoder {
     index: usize,
     /// Blocks started so far.
     blocks: usize,
+    /// The prompt's tokens as onejob counts them, for `message_start`.
+    input_tokens: u32,
 }
 
 impl Encoder {
-    /// The encoder of `job`'s stream.
-    pub(super) fn new(job: &Job) -> Self {
+    /// The encoder of `job`'s stream; `input_tokens` the prompt's tokens,
+    /// which `message_start` tells before any provider reported its count.
+    pub(super) fn new(job: &Job, input_tokens: u32) -> Self {
         Encoder {
             id: message_id(job),
             started: false,
             open: None,
             index: 0,
             blocks: 0,
+            input_tokens,
         }
     }
 
@@ -202,7 +206,7 @@ impl Encoder {
         let message = json!({
             "id": self.id, "type": "message", "role": "assistant", "model": model,
             "content": [], "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": 0, "output_tokens": 0},
+            "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
         });
         Self::event(
             out,

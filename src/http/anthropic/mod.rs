@@ -32,6 +32,7 @@ use super::AppState;
 use crate::contracts::render::RenderedPrompt;
 use crate::contracts::tokenizer::{count_prompt_tokens, counted_with_tools};
 use crate::domain::request::{Message, Role};
+use crate::domain::JobRequest;
 use crate::keys::Caller;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -56,7 +57,16 @@ pub async fn create(
         let opened = door::open_stream(&state, &mut arrival, &job_body, &headers)
             .await
             .map_err(AnthropicError::submit)?;
-        let encoder = encode::Encoder::new(&opened.job);
+        // `message_start` is written before any provider reported usage:
+        // it says the prompt's tokens as `count_tokens` counts them (the
+        // provider's count comes in `message_delta`).
+        let input_tokens = match &job_body {
+            door::JobBody::Decoded { request, .. } => {
+                prompt_tokens(&state, request).map_or(0, |(tokens, _)| tokens)
+            }
+            _ => 0,
+        };
+        let encoder = encode::Encoder::new(&opened.job, input_tokens);
         return Ok(door::stream_response(opened, &arrival.key, encoder)?);
     }
     let settled = door::run(&state, &mut arrival, &job_body, &headers)
@@ -85,6 +95,20 @@ pub async fn count_tokens(
     caller?;
     let LimitedBody(raw) = body?;
     let request = decode::decode(&raw, Endpoint::CountTokens)?.request;
+    let (tokens, tokenizer) = prompt_tokens(&state, &request)?;
+    let mut response =
+        Json(json!({"input_tokens": tokens, "tokenizer": tokenizer})).into_response();
+    let name = HeaderValue::from_str(tokenizer).map_err(|e| ApiError::Internal(e.into()))?;
+    response.headers_mut().insert("x-onejob-tokenizer", name);
+    Ok(response)
+}
+
+/// The prompt's tokens of `request` (tools included), as its route's
+/// primary provider's declared tokenizer counts them, and that tokenizer.
+fn prompt_tokens<'a>(
+    state: &'a AppState,
+    request: &JobRequest,
+) -> Result<(u32, &'a str), AnthropicError> {
     let Some(route) = state.config.routes.get(&request.route) else {
         return Err(AnthropicError::new(
             StatusCode::NOT_FOUND,
@@ -100,7 +124,7 @@ pub async fn count_tokens(
         )))
     })?;
     let tokenizer = provider.config.tokenizer.name();
-    let messages = request.messages.unwrap_or_default();
+    let messages = request.messages.as_deref().unwrap_or_default();
     let system: Vec<&str> = messages
         .iter()
         .filter(|m| m.role == Role::System)
@@ -122,9 +146,5 @@ pub async fn count_tokens(
             format!("messages: {e}"),
         )
     })?;
-    let mut response =
-        Json(json!({"input_tokens": tokens, "tokenizer": tokenizer})).into_response();
-    let name = HeaderValue::from_str(tokenizer).map_err(|e| ApiError::Internal(e.into()))?;
-    response.headers_mut().insert("x-onejob-tokenizer", name);
-    Ok(response)
+    Ok((tokens, tokenizer))
 }

@@ -1,7 +1,9 @@
 //! What the API shows of jobs and attempts.
 
 use crate::clock::rfc3339;
-use crate::domain::{Attempt, AttemptId, AttemptState, ErrorKind, Job, JobId, JobState};
+use crate::domain::{
+    Attempt, AttemptId, AttemptState, ErrorKind, FinishReason, Job, JobId, JobState,
+};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
@@ -58,6 +60,13 @@ pub struct AttemptView {
     pub output: Option<Box<RawValue>>,
     pub usage: Option<Box<RawValue>>,
     pub provider_request_id: Option<String>,
+    /// Why the provider stopped, for the winner (`stop`, `length`,
+    /// `tool_calls`, `stop_sequence`, `content_filter`); `null` for every
+    /// other attempt, and for a winner recorded before it was kept.
+    pub finish_reason: Option<&'static str>,
+    /// The stop sequence that ended the answer, when the provider said.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_sequence: Option<String>,
 }
 
 impl From<Attempt> for AttemptView {
@@ -76,6 +85,11 @@ impl From<Attempt> for AttemptView {
             output: a.output.map(embed_json),
             usage: a.usage.map(embed_json),
             provider_request_id: a.provider_request_id,
+            finish_reason: a.finish_reason.as_ref().map(FinishReason::name),
+            stop_sequence: match a.finish_reason {
+                Some(FinishReason::StopSequence(sequence)) => sequence,
+                _ => None,
+            },
         }
     }
 }

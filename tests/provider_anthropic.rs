@@ -4,6 +4,7 @@
 
 mod upstream;
 
+use onejob::domain::FinishReason;
 use onejob::providers::{AttemptOutcome, Lookup};
 use serde_json::json;
 use std::time::Duration;
@@ -235,4 +236,72 @@ async fn what_the_anthropic_wire_cannot_express_is_never_sent() {
         "{outcome:?}"
     );
     assert!(up.seen().is_empty());
+}
+
+#[tokio::test]
+async fn why_the_model_stopped_is_kept_with_the_answer() {
+    let answer = |stop_reason: &str, stop_sequence: &str| {
+        format!(
+            r#"{{"id":"msg_2","type":"message","role":"assistant","model":"m",
+             "content":[{{"type":"text","text":"Once upon"}}],"stop_reason":"{stop_reason}",
+             "stop_sequence":{stop_sequence},"usage":{{"input_tokens":5,"output_tokens":2}}}}"#
+        )
+    };
+    for (stop_reason, stop_sequence, expected) in [
+        ("max_tokens", "null", FinishReason::Length),
+        (
+            "stop_sequence",
+            "\"END\"",
+            FinishReason::StopSequence(Some("END".into())),
+        ),
+        ("end_turn", "null", FinishReason::Stop),
+    ] {
+        let up = upstream(json(200, &answer(stop_reason, stop_sequence))).await;
+        let provider = upstream::provider("anthropic", &up.base_url);
+        let AttemptOutcome::Succeeded(success) = provider.call(&request()).await else {
+            panic!("{stop_reason}: an answer")
+        };
+        assert_eq!(success.finish, Some(expected), "{stop_reason}");
+    }
+}
+
+#[tokio::test]
+async fn a_streamed_stop_sequence_is_kept_with_its_sequence() {
+    let events = [
+        (
+            "message_start",
+            r#"{"type":"message_start","message":{"id":"msg_3","type":"message","role":"assistant","model":"m","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":5,"output_tokens":1}}}"#,
+        ),
+        (
+            "content_block_start",
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+        ),
+        (
+            "content_block_delta",
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hello"}}"#,
+        ),
+        (
+            "content_block_stop",
+            r#"{"type":"content_block_stop","index":0}"#,
+        ),
+        (
+            "message_delta",
+            r#"{"type":"message_delta","delta":{"stop_reason":"stop_sequence","stop_sequence":"END"},"usage":{"output_tokens":2}}"#,
+        ),
+        ("message_stop", r#"{"type":"message_stop"}"#),
+    ];
+    let body: String = events
+        .iter()
+        .map(|(name, data)| format!("event: {name}\ndata: {data}\n\n"))
+        .collect();
+    let up = upstream(json(200, &body)).await;
+    let provider = upstream::provider("anthropic", &up.base_url);
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let (outcome, finish) = provider.stream(&request(), &tx).await;
+    let AttemptOutcome::Succeeded(success) = outcome else {
+        panic!("{outcome:?}")
+    };
+    let sequence = FinishReason::StopSequence(Some("END".into()));
+    assert_eq!(success.finish, Some(sequence.clone()));
+    assert_eq!(finish.unwrap().finish_reason, sequence);
 }

@@ -238,7 +238,7 @@ async fn a_stream_is_read_as_openais() {
     };
     assert_eq!(s.output, "Hello");
     assert_eq!(s.usage.unwrap().completion_tokens, 2);
-    assert_eq!(finish.unwrap().finish_reason, "stop");
+    assert_eq!(finish.unwrap().finish_reason.name(), "stop");
     assert_eq!(
         up.seen()[0].uri.path(),
         "/openai/deployments/gpt-4o-prod/chat/completions"

@@ -21,6 +21,7 @@ use axum::response::{IntoResponse, Response};
 use common::world::{route, start_world, World};
 use common::Backend;
 use onejob::domain::request::{Message, Role};
+use onejob::domain::FinishReason;
 use onejob::providers::config::ProviderConfig;
 use onejob::providers::{build_provider, AttemptOutcome, ChatRequest, Lookup, Provider};
 use ring::{digest, hmac};
@@ -1131,7 +1132,7 @@ async fn the_simulators_bedrock_wire_streams_the_answer_it_gives_whole() {
     );
     assert!(pieces.len() > 1, "in pieces: {pieces:?}");
     assert_eq!(pieces.concat(), whole.output);
-    assert_eq!(finish.unwrap().finish_reason, "stop");
+    assert_eq!(finish.unwrap().finish_reason.name(), "stop");
     assert_eq!(streamed.usage, whole.usage);
     assert_eq!(sim.ledger().executions("sim-streamed"), 1);
 }
@@ -1181,4 +1182,25 @@ async fn an_exception_before_the_answer_began_is_the_error_it_names() {
             _ => panic!("expected {expected:?}, got {outcome:?}"),
         }
     }
+}
+
+#[tokio::test]
+async fn a_max_tokens_stop_is_a_length_finish_whole_and_streamed() {
+    let fake = FakeBedrock::start(vec![
+        answer(json!([{"text": "Tides "}]), "max_tokens"),
+        Reply::Stream(on_the_wire(text_stream(&["Tides "], "max_tokens"))),
+    ])
+    .await;
+    let provider = adapter(&fake.base_url);
+    let AttemptOutcome::Succeeded(whole) = provider.call(&request()).await else {
+        panic!("an answer")
+    };
+    assert_eq!(whole.finish, Some(FinishReason::Length));
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let (outcome, finish) = provider.stream(&request(), &tx).await;
+    let AttemptOutcome::Succeeded(streamed) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert_eq!(streamed.finish, Some(FinishReason::Length));
+    assert_eq!(finish.unwrap().finish_reason, FinishReason::Length);
 }

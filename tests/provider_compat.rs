@@ -159,7 +159,7 @@ fn assert_whole((outcome, text): &(Streamed, String), server: &str) {
         other => panic!("{server}: {other:?}"),
     }
     assert_eq!(
-        outcome.1.as_ref().unwrap().finish_reason,
+        outcome.1.as_ref().unwrap().finish_reason.name(),
         "stop",
         "{server}"
     );

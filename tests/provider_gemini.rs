@@ -7,6 +7,7 @@
 mod upstream;
 
 use onejob::domain::request::{Message, Role};
+use onejob::domain::FinishReason;
 use onejob::providers::stream::Delta;
 use onejob::providers::{build_provider, AttemptOutcome, ChatRequest, Lookup, Provider, Streamed};
 use serde_json::{json, Value};
@@ -260,6 +261,8 @@ async fn tools_and_tool_turns_are_carried_in_geminis_terms() {
         json!({"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"})
     );
     assert_eq!(success.tool_calls[0]["type"], "function");
+    // Gemini stops a call with STOP: a tool-call turn, as its stream says.
+    assert_eq!(success.finish, Some(FinishReason::ToolCalls));
     let sent = &up.seen()[0].body;
     assert_eq!(
         sent["tools"],
@@ -430,7 +433,7 @@ async fn a_stream_ends_at_the_close_after_its_finish_reason() {
     assert_eq!(s.output, "Hello");
     assert_eq!(s.provider_request_id.as_deref(), Some("r-9"));
     assert_eq!(s.usage.unwrap().prompt_tokens, 9);
-    assert_eq!(finish.unwrap().finish_reason, "stop");
+    assert_eq!(finish.unwrap().finish_reason.name(), "stop");
     let seen = &up.seen()[0];
     assert_eq!(
         seen.uri.path(),
@@ -461,7 +464,7 @@ async fn a_streamed_function_call_is_a_whole_tool_call() {
     );
     // The streamed call's id is the one its piece named.
     assert_eq!(s.tool_calls[0]["id"], pieces[0].tool_calls[0]["id"]);
-    assert_eq!(finish.unwrap().finish_reason, "tool_calls");
+    assert_eq!(finish.unwrap().finish_reason.name(), "tool_calls");
 }
 
 #[tokio::test]
@@ -769,4 +772,22 @@ async fn a_refused_grant_fails_the_call_before_anything_is_sent() {
     );
     let shown = format!("{f:?} {provider:?}", provider = provider.name());
     assert!(!shown.contains("PRIVATE KEY"));
+}
+
+#[tokio::test]
+async fn a_max_tokens_stop_is_a_length_finish_whole_and_streamed() {
+    let up = upstream(json(200, &finished("MAX_TOKENS"))).await;
+    let provider = upstream::provider("gemini", &up.base_url);
+    let AttemptOutcome::Succeeded(whole) = provider.call(&request()).await else {
+        panic!("an answer")
+    };
+    assert_eq!(whole.finish, Some(FinishReason::Length));
+    let up = upstream(json(200, &sse(&[&finished("MAX_TOKENS")]))).await;
+    let provider = upstream::provider("gemini", &up.base_url);
+    let ((outcome, finish), _) = streamed(provider.as_ref(), &request()).await;
+    let AttemptOutcome::Succeeded(streamed) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert_eq!(streamed.finish, Some(FinishReason::Length));
+    assert_eq!(finish.unwrap().finish_reason, FinishReason::Length);
 }

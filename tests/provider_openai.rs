@@ -4,6 +4,7 @@
 
 mod upstream;
 
+use onejob::domain::FinishReason;
 use onejob::providers::{build_provider, AttemptOutcome, Lookup};
 use serde_json::json;
 use std::time::Duration;
@@ -292,4 +293,21 @@ async fn options_tools_and_tool_calls_are_carried() {
         messages[n - 1],
         json!({"role": "tool", "content": "42", "tool_call_id": "call_0"})
     );
+}
+
+#[tokio::test]
+async fn a_length_stop_is_kept_with_the_answer() {
+    let cut = SUCCESS.replace(r#""finish_reason":"stop""#, r#""finish_reason":"length""#);
+    let up = upstream(json(200, &cut)).await;
+    let provider = upstream::provider("openai", &up.base_url);
+    let AttemptOutcome::Succeeded(success) = provider.call(&request()).await else {
+        panic!("an answer")
+    };
+    assert_eq!(success.finish, Some(FinishReason::Length));
+    let up = upstream(json(200, SUCCESS)).await;
+    let provider = upstream::provider("openai", &up.base_url);
+    let AttemptOutcome::Succeeded(success) = provider.call(&request()).await else {
+        panic!("an answer")
+    };
+    assert_eq!(success.finish, Some(FinishReason::Stop));
 }

@@ -74,7 +74,7 @@ async fn openai_chunks_carry_text_tool_call_deltas_and_usage() {
         "the deltas make the whole call"
     );
     assert_eq!(s.usage.unwrap().completion_tokens, 4);
-    assert_eq!(finish.unwrap().finish_reason, "tool_calls");
+    assert_eq!(finish.unwrap().finish_reason.name(), "tool_calls");
     let body = up.seen()[0].body.clone();
     assert_eq!(body["stream"], true);
     assert_eq!(body["stream_options"]["include_usage"], true);
@@ -105,7 +105,7 @@ async fn anthropic_events_become_text_and_tool_call_deltas() {
     };
     assert_eq!(s.usage.unwrap().prompt_tokens, 11);
     assert_eq!(s.usage.unwrap().completion_tokens, 7);
-    assert_eq!(finish.unwrap().finish_reason, "tool_calls");
+    assert_eq!(finish.unwrap().finish_reason.name(), "tool_calls");
 }
 
 #[tokio::test]
@@ -160,7 +160,7 @@ async fn simulator_streams_on_both_wires_and_its_faults_end_unknown() {
         assert!(pieces.len() > 2, "{kind}: the answer comes in pieces");
         assert_eq!(text(&pieces), whole, "{kind}");
         assert!(matches!(outcome, AttemptOutcome::Succeeded(ref s) if s.output == whole));
-        assert_eq!(finish.unwrap().finish_reason, "stop");
+        assert_eq!(finish.unwrap().finish_reason.name(), "stop");
 
         for (model, kind_expected, delivered) in [
             ("stream_cut:tokens=2", "stream_cut", Some(2)),
@@ -190,7 +190,7 @@ async fn simulator_streams_on_both_wires_and_its_faults_end_unknown() {
             AttemptOutcome::Succeeded(s) => {
                 assert_eq!(s.output, whole);
                 assert!(s.usage.is_some(), "{kind}: the usage came before the close");
-                assert_eq!(finish.unwrap().finish_reason, "stop");
+                assert_eq!(finish.unwrap().finish_reason.name(), "stop");
             }
             other => panic!("{kind} stream_no_done: {other:?}"),
         }

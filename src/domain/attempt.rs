@@ -1,7 +1,7 @@
 //! Attempts: one try of a job on one provider, and the guard that decides
 //! whether another may start (invariant 4).
 
-use super::{AttemptId, ErrorKind, JobId, Millis};
+use super::{AttemptId, ErrorKind, FinishReason, JobId, Millis};
 use serde::Serialize;
 use std::time::Duration;
 
@@ -166,6 +166,9 @@ impl AttemptOutcome {
                 if let Some(id) = &mut success.provider_request_id {
                     storable(id);
                 }
+                if let Some(FinishReason::StopSequence(Some(sequence))) = &mut success.finish {
+                    storable(sequence);
+                }
             }
             AttemptOutcome::Failed(failure) => {
                 kind_text(&mut failure.kind);
@@ -300,10 +303,13 @@ pub struct Success {
     pub usage: Option<Usage>,
     pub provider_request_id: Option<String>,
     pub latency: Duration,
+    /// Why the provider stopped, as it said (`None` when it did not).
+    pub finish: Option<FinishReason>,
 }
 
 impl Success {
-    /// An answer of `output` alone: no tool calls, usage or request id.
+    /// An answer of `output` alone: no tool calls, usage, request id or
+    /// finish reason.
     pub fn text(output: impl Into<String>) -> Self {
         Success {
             output: output.into(),
@@ -311,6 +317,7 @@ impl Success {
             usage: None,
             provider_request_id: None,
             latency: Duration::ZERO,
+            finish: None,
         }
     }
 }
@@ -421,6 +428,9 @@ pub struct Attempt {
     pub output: Option<String>,
     pub usage: Option<String>,
     pub provider_request_id: Option<String>,
+    /// Why the provider stopped, for the attempt that won (`None` for
+    /// every other, and for one recorded before it was kept).
+    pub finish_reason: Option<FinishReason>,
 }
 
 /// A request to start an attempt; the store assigns `seq` and `read_version`.
@@ -440,13 +450,15 @@ pub struct NewAttempt {
 
 impl Attempt {
     /// This attempt as its winning finish at `at` leaves its row: `succeeded`,
-    /// with the answer's usage and request id, and without its output (the
-    /// output is the job's result). The engine hands it to whoever waits for
-    /// the job, so the first answer needs no read of the job's attempts.
+    /// with the answer's usage, request id and finish reason, and without
+    /// its output (the output is the job's result). The engine hands it to
+    /// whoever waits for the job, so the first answer needs no read of the
+    /// job's attempts.
     pub fn won(
         &self,
         usage: Option<Usage>,
         provider_request_id: Option<String>,
+        finish_reason: Option<FinishReason>,
         at: Millis,
     ) -> Attempt {
         Attempt {
@@ -455,6 +467,7 @@ impl Attempt {
             output: None,
             usage: usage.map(|u| u.stored()),
             provider_request_id,
+            finish_reason,
             ..self.clone()
         }
     }
@@ -480,6 +493,7 @@ impl NewAttempt {
             output: None,
             usage: None,
             provider_request_id: None,
+            finish_reason: None,
         }
     }
 }

@@ -337,7 +337,9 @@ pub(super) async fn record(
     };
     let at = inner.clock.now_ms();
     let answer = match &outcome {
-        AttemptOutcome::Succeeded(s) => Some((s.usage, s.provider_request_id.clone())),
+        AttemptOutcome::Succeeded(s) => {
+            Some((s.usage, s.provider_request_id.clone(), s.finish.clone()))
+        }
         _ => None,
     };
     let finish = FinishAttempt {
@@ -353,7 +355,9 @@ pub(super) async fn record(
             // reading either back.
             if let Some(job) = job {
                 inner.hand_over(*job, || {
-                    answer.map(|(usage, request_id)| attempt.won(usage, request_id, at))
+                    answer.map(|(usage, request_id, finish)| {
+                        attempt.won(usage, request_id, finish, at)
+                    })
                 });
             }
             if live {

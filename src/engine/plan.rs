@@ -389,6 +389,7 @@ impl JobPlan {
             usage: None,
             provider_request_id: None,
             latency: std::time::Duration::ZERO,
+            finish: None,
         };
         let made = match result {
             Value::Null => return Err("must not be null".to_string()),

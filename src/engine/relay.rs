@@ -21,6 +21,7 @@ use super::Inner;
 use crate::config::RouteConfig;
 use crate::domain::request::{Message, Role};
 use crate::domain::text::OneLine;
+use crate::domain::FinishReason;
 use crate::domain::{Attempt, ErrorKind, Job, JobState};
 use crate::metrics::Metrics;
 use crate::providers::catalog::ProviderEntry;
@@ -263,7 +264,7 @@ impl Relay {
                 .first_model
                 .clone()
                 .unwrap_or_else(|| entry.config.model.clone()),
-            finish_reason: finish.map_or_else(|| "stop".to_string(), |f| f.finish_reason),
+            finish_reason: finish.map_or(FinishReason::Stop, |f| f.finish_reason),
             usage: self.usage,
         });
     }
@@ -297,7 +298,7 @@ impl Relay {
                 }
                 self.hub.push(StreamEvent::Finish {
                     model: entry.config.model.clone(),
-                    finish_reason: "stop".to_string(),
+                    finish_reason: FinishReason::Stop,
                     usage: None,
                 });
             }

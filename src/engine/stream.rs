@@ -9,7 +9,7 @@
 
 use super::Inner;
 use crate::domain::job::{last_failure, Unanswered};
-use crate::domain::{AttemptId, ErrorKind, Job, JobId, JobState, OwnerId};
+use crate::domain::{AttemptId, ErrorKind, FinishReason, Job, JobId, JobState, OwnerId};
 use crate::providers::stream::Delta;
 use crate::providers::Usage;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -36,7 +36,7 @@ pub enum StreamEvent {
     /// The answer is committed (the job succeeded).
     Finish {
         model: String,
-        finish_reason: String,
+        finish_reason: FinishReason,
         usage: Option<Usage>,
     },
     /// The stream ends without a whole answer; the job goes on.

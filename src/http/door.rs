@@ -17,7 +17,7 @@ use super::AppState;
 use crate::config::IdempotencyMode;
 use crate::domain::job::{last_failure, Unanswered};
 use crate::domain::request::IdempotencyKey;
-use crate::domain::{Attempt, AttemptId, ErrorKind, Job, JobState, OwnerId};
+use crate::domain::{Attempt, AttemptId, ErrorKind, FinishReason, Job, JobState, OwnerId};
 use crate::engine::stream::{StreamEvent, StreamHub};
 use crate::engine::{Handed, Until};
 pub use crate::jobs::JobBody;
@@ -432,6 +432,10 @@ pub struct Answer {
     pub usage: Usage,
     /// The model that answered (never the route).
     pub model: String,
+    /// Why the provider stopped: the winner's, or, when it kept none (an
+    /// attempt recorded before it was kept, an admin's answer), by the
+    /// answer ([`FinishReason::told`]).
+    pub finish: FinishReason,
 }
 
 /// Why a job has no answer for the client, whatever door asked.
@@ -571,11 +575,16 @@ fn answer_of(state: &AppState, job: &Job, winner: Option<&Attempt>) -> Answer {
         .and_then(|u| serde_json::from_str::<Usage>(u).ok())
         .unwrap_or_default();
     let (text, tool_calls) = result_parts(job);
+    let finish = FinishReason::told(
+        winner.and_then(|w| w.finish_reason.as_ref()),
+        !tool_calls.is_empty(),
+    );
     Answer {
         text,
         tool_calls,
         usage,
         model: answering_model(state, job, winner),
+        finish,
     }
 }
 
@@ -816,11 +825,6 @@ fn stored_events(state: &AppState, settled: &Settled) -> Vec<StreamEvent> {
     }
     let winner = settled.winner();
     let answer = answer_of(state, job, winner);
-    let finish_reason = if answer.tool_calls.is_empty() {
-        "stop"
-    } else {
-        "tool_calls"
-    };
     let model = answer.model;
     let mut events = vec![StreamEvent::Start {
         model: model.clone(),
@@ -850,7 +854,7 @@ fn stored_events(state: &AppState, settled: &Settled) -> Vec<StreamEvent> {
         .and_then(|u| serde_json::from_str::<Usage>(u).ok());
     events.push(StreamEvent::Finish {
         model,
-        finish_reason: finish_reason.into(),
+        finish_reason: answer.finish,
         usage,
     });
     events

@@ -12,7 +12,7 @@ use super::stream::{self, AnthropicReader, ChunkSender};
 use super::transport::exchange;
 use super::{AttemptOutcome, ChatRequest, Failure, Lookup, Provider, Streamed, Success, Usage};
 use crate::domain::request::{Message, Role};
-use crate::domain::ErrorKind;
+use crate::domain::{ErrorKind, FinishReason};
 use async_trait::async_trait;
 use serde_json::{json, Map, Value};
 use std::time::Duration;
@@ -311,12 +311,16 @@ pub fn message_to_success(
         })
         .collect();
     let usage = Usage::from_anthropic(&message["usage"]);
+    let finish = message["stop_reason"]
+        .as_str()
+        .map(|reason| FinishReason::of_anthropic(reason, message["stop_sequence"].as_str()));
     Ok(Ok(Success {
         output,
         tool_calls,
         usage,
         provider_request_id: message["id"].as_str().map(str::to_string),
         latency,
+        finish,
     }))
 }
 

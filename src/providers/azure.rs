@@ -122,7 +122,7 @@ impl WireReader for AzureReader {
         self.openai.read(event)
     }
 
-    fn finish_reason(&self) -> Option<String> {
+    fn finish_reason(&self) -> Option<crate::domain::FinishReason> {
         self.openai.finish_reason()
     }
 

@@ -25,7 +25,7 @@ use super::stream::{self, ChunkSender, SseEvent, Step, WireReader};
 use super::transport::exchange;
 use super::{AttemptOutcome, ChatRequest, Failure, Lookup, Provider, Streamed, Success, Usage};
 use crate::domain::request::{Message, Role};
-use crate::domain::ErrorKind;
+use crate::domain::{ErrorKind, FinishReason};
 use async_trait::async_trait;
 use serde_json::{json, Map, Value};
 use std::time::Duration;
@@ -395,12 +395,20 @@ pub fn response_to_success(
             }
         }
     }
+    // The forced JSON tool's call is the answer, not a tool-call turn.
+    let finish = (!stop.is_empty()).then(|| {
+        FinishReason::told(
+            Some(&FinishReason::of_anthropic(stop, None)),
+            !tool_calls.is_empty(),
+        )
+    });
     Ok(Ok(Success {
         output: answer.unwrap_or(output),
         tool_calls,
         usage: usage_of(&response["usage"]),
         provider_request_id: request_id,
         latency,
+        finish,
     }))
 }
 
@@ -522,16 +530,10 @@ impl WireReader for BedrockReader {
         self.stop_reason.is_some()
     }
 
-    fn finish_reason(&self) -> Option<String> {
-        let reason = self.stop_reason.as_deref()?;
-        Some(
-            match reason {
-                "max_tokens" => "length",
-                "tool_use" if !self.tools.is_empty() => "tool_calls",
-                _ => "stop",
-            }
-            .to_string(),
-        )
+    fn finish_reason(&self) -> Option<FinishReason> {
+        let reason = FinishReason::of_anthropic(self.stop_reason.as_deref()?, None);
+        // The forced JSON tool's call is the answer, not a tool-call turn.
+        Some(FinishReason::told(Some(&reason), !self.tools.is_empty()))
     }
 
     fn usage(&self) -> Option<Usage> {

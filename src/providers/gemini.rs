@@ -23,7 +23,7 @@ use super::transport::exchange;
 use super::vertex_auth::VertexAuth;
 use super::{AttemptOutcome, ChatRequest, Failure, Lookup, Provider, Streamed, Success, Usage};
 use crate::domain::request::{Message, Role};
-use crate::domain::ErrorKind;
+use crate::domain::{ErrorKind, FinishReason};
 use async_trait::async_trait;
 use serde_json::{json, Map, Value};
 use std::time::Duration;
@@ -535,12 +535,20 @@ pub fn response_to_success(
         return Err("candidates[0] has neither content nor finishReason".into());
     }
     let (output, tool_calls) = parts_of(candidate, key, 0);
+    // A function call stops with `STOP`: a tool-call turn, as streamed.
+    let finish = candidate["finishReason"].as_str().map(|reason| {
+        FinishReason::told(
+            Some(&FinishReason::of_gemini(reason)),
+            !tool_calls.is_empty(),
+        )
+    });
     Ok(Ok(Success {
         output,
         tool_calls,
         usage: usage_of(&response["usageMetadata"]),
         provider_request_id: response["responseId"].as_str().map(str::to_string),
         latency,
+        finish,
     }))
 }
 
@@ -611,16 +619,9 @@ impl WireReader for GeminiReader {
         true
     }
 
-    fn finish_reason(&self) -> Option<String> {
-        let reason = self.finish_reason.as_deref()?;
-        Some(
-            match reason {
-                "MAX_TOKENS" => "length",
-                _ if self.calls > 0 => "tool_calls",
-                _ => "stop",
-            }
-            .to_string(),
-        )
+    fn finish_reason(&self) -> Option<FinishReason> {
+        let reason = FinishReason::of_gemini(self.finish_reason.as_deref()?);
+        Some(FinishReason::told(Some(&reason), self.calls > 0))
     }
 
     fn usage(&self) -> Option<Usage> {

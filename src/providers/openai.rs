@@ -10,7 +10,7 @@ use super::stream::{self, ChunkSender, OpenAiReader};
 use super::transport::{exchange, RawResponse};
 use super::{AttemptOutcome, ChatRequest, Failure, Lookup, Provider, Streamed, Success, Usage};
 use crate::domain::request::Role;
-use crate::domain::ErrorKind;
+use crate::domain::{ErrorKind, FinishReason};
 use async_trait::async_trait;
 use serde_json::{json, Map, Value};
 use std::time::Duration;
@@ -286,6 +286,9 @@ pub fn completion_to_success(
         usage,
         provider_request_id: completion["id"].as_str().map(str::to_string),
         latency,
+        finish: choice["finish_reason"]
+            .as_str()
+            .map(FinishReason::of_openai),
     }))
 }
 
@@ -392,6 +395,7 @@ impl Plain {
             usage,
             provider_request_id: plain.id,
             latency,
+            finish: choice.finish_reason.as_deref().map(FinishReason::of_openai),
         })
     }
 }

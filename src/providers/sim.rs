@@ -5,6 +5,7 @@ use super::config::LookupMode;
 use super::openai::{call_openai_wire, stream_openai_wire, OpenAiProvider};
 use super::stream::ChunkSender;
 use super::{AttemptOutcome, ChatRequest, Lookup, Provider, Streamed, Success, Usage};
+use crate::domain::FinishReason;
 use async_trait::async_trait;
 use serde::Deserialize;
 use std::time::Duration;
@@ -34,6 +35,9 @@ struct RecordedAnswer {
     usage: Usage,
     #[serde(default)]
     tool_calls: Vec<serde_json::Value>,
+    /// The simulator cut the answer at the request's token limit.
+    #[serde(default)]
+    truncated: bool,
 }
 
 #[async_trait]
@@ -81,6 +85,11 @@ impl Provider for SimProvider {
         match (ledger.executions, ledger.answer) {
             (0, _) => Lookup::NotFound,
             (_, Some(answer)) => Lookup::Found(Success {
+                finish: Some(match (answer.truncated, answer.tool_calls.is_empty()) {
+                    (true, _) => FinishReason::Length,
+                    (false, true) => FinishReason::Stop,
+                    (false, false) => FinishReason::ToolCalls,
+                }),
                 output: answer.output,
                 tool_calls: answer.tool_calls,
                 usage: Some(answer.usage),

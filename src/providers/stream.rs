@@ -12,7 +12,7 @@
 use super::classify::{classify_body_error, classify_response, classify_send_error, unknown};
 use super::config::Timeouts;
 use super::{AttemptOutcome, Failure, Success, Usage};
-use crate::domain::ErrorKind;
+use crate::domain::{ErrorKind, FinishReason};
 use reqwest::RequestBuilder;
 use serde_json::Value;
 use std::time::Instant;
@@ -76,10 +76,10 @@ pub type ChunkSender = mpsc::UnboundedSender<Chunk>;
 pub const AFTER_FINISH: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How a streamed answer finished, beyond its text.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StreamFinish {
-    /// OpenAI's vocabulary: `stop`, `length`, `tool_calls`.
-    pub finish_reason: String,
+    /// Why the provider stopped (the answer's [`Success::finish`] too).
+    pub finish_reason: FinishReason,
 }
 
 /// One server-sent event: its `event:` name (if any) and its `data:` lines.
@@ -149,7 +149,7 @@ pub(crate) enum Step {
 pub(crate) trait WireReader: Send {
     fn read(&mut self, event: &SseEvent) -> Step;
     /// Set once the provider said why it stopped.
-    fn finish_reason(&self) -> Option<String>;
+    fn finish_reason(&self) -> Option<FinishReason>;
     fn usage(&self) -> Option<Usage>;
     fn provider_request_id(&self) -> Option<String>;
     /// The connection closed cleanly: whether that ends the answer (a
@@ -341,6 +341,7 @@ pub(crate) async fn run_framed(
         usage: reader.usage(),
         provider_request_id: reader.provider_request_id(),
         latency: started.elapsed(),
+        finish: Some(finish_reason.clone()),
     };
     (
         AttemptOutcome::Succeeded(success),
@@ -402,7 +403,7 @@ fn refused(message: &str) -> Step {
 /// OpenAI's `chat.completion.chunk` events, ended by `data: [DONE]`.
 #[derive(Debug, Default)]
 pub(crate) struct OpenAiReader {
-    finish_reason: Option<String>,
+    finish_reason: Option<FinishReason>,
     usage: Option<Usage>,
     id: Option<String>,
 }
@@ -437,7 +438,7 @@ impl WireReader for OpenAiReader {
             if reason == "content_filter" {
                 return refused("finish_reason content_filter");
             }
-            self.finish_reason = Some(reason.to_string());
+            self.finish_reason = Some(FinishReason::of_openai(reason));
         }
         let delta = &choice["delta"];
         if let Some(refusal) = delta["refusal"].as_str().filter(|r| !r.is_empty()) {
@@ -449,7 +450,7 @@ impl WireReader for OpenAiReader {
         })
     }
 
-    fn finish_reason(&self) -> Option<String> {
+    fn finish_reason(&self) -> Option<FinishReason> {
         self.finish_reason.clone()
     }
 
@@ -474,7 +475,7 @@ impl WireReader for OpenAiReader {
 /// Tool-use blocks become OpenAI-shaped tool-call deltas.
 #[derive(Debug, Default)]
 pub(crate) struct AnthropicReader {
-    stop_reason: Option<String>,
+    stop_reason: Option<FinishReason>,
     /// `message_start`'s usage: the prompt's tokens, the cache's among them.
     input: Option<Usage>,
     output_tokens: Option<u64>,
@@ -554,7 +555,8 @@ impl WireReader for AnthropicReader {
                     if reason == "refusal" {
                         return refused("stop_reason refusal");
                     }
-                    self.stop_reason = Some(reason.to_string());
+                    let sequence = value["delta"]["stop_sequence"].as_str();
+                    self.stop_reason = Some(FinishReason::of_anthropic(reason, sequence));
                 }
                 if let Some(n) = tokens(&value["usage"]["output_tokens"]) {
                     self.output_tokens = Some(n);
@@ -573,15 +575,8 @@ impl WireReader for AnthropicReader {
         }
     }
 
-    fn finish_reason(&self) -> Option<String> {
-        self.stop_reason.as_deref().map(|r| {
-            match r {
-                "max_tokens" => "length",
-                "tool_use" => "tool_calls",
-                _ => "stop",
-            }
-            .to_string()
-        })
+    fn finish_reason(&self) -> Option<FinishReason> {
+        self.stop_reason.clone()
     }
 
     fn usage(&self) -> Option<Usage> {
@@ -606,7 +601,10 @@ pub(crate) fn whole(
         AttemptOutcome::Succeeded(success) => {
             let _ = deltas.send(Chunk::Piece(Delta::text(success.output.clone())));
             let finish = StreamFinish {
-                finish_reason: "stop".into(),
+                finish_reason: FinishReason::told(
+                    success.finish.as_ref(),
+                    !success.tool_calls.is_empty(),
+                ),
             };
             (outcome, Some(finish))
         }

@@ -155,7 +155,10 @@ fn converse_response(completion: &Value, structured: Option<&str>) -> Value {
     let message = &completion["choices"][0]["message"];
     let text = message["content"].as_str().unwrap_or_default();
     let mut content = Vec::new();
-    let mut stop = "end_turn";
+    let mut stop = match completion["choices"][0]["finish_reason"].as_str() {
+        Some("length") => "max_tokens",
+        _ => "end_turn",
+    };
     match (structured, serde_json::from_str::<Value>(text)) {
         (Some(name), Ok(input)) => {
             stop = "tool_use";

@@ -7,7 +7,10 @@
 //! text, then a clean close: no finish reason, no end marker),
 //! `stream_no_close` (the whole answer, its finish reason and usage, then
 //! silence without the end marker or a close) (a piece is 16 characters).
-//! `no_prefill` refuses a trailing assistant turn; every other behaviour
+//! `max_tokens` honours the request's token limit (`max_tokens`,
+//! `max_completion_tokens`, Gemini's `maxOutputTokens`, Bedrock's
+//! `maxTokens`): an answer longer than it is cut there and stops for its
+//! length. `no_prefill` refuses a trailing assistant turn; every other behaviour
 //! continues it (the answer's remainder, when the turn is its beginning).
 //!
 //! Grammar: `NAME[:PARAM(,PARAM)*]`, a PARAM being `KEY=VALUE` or a bare
@@ -72,6 +75,9 @@ pub enum Fault {
     /// Refuses (400) a request whose last turn is the assistant's (prefill);
     /// otherwise healthy.
     NoPrefill,
+    /// Healthy, but an answer longer than the request's token limit is cut
+    /// there and stops for its length.
+    MaxTokens,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -248,6 +254,7 @@ impl Behaviour {
             "stream_no_finish" => Fault::StreamNoFinish,
             "stream_no_close" => Fault::StreamNoClose,
             "no_prefill" => Fault::NoPrefill,
+            "max_tokens" => Fault::MaxTokens,
             other => return Err(format!("unknown behaviour {other:?}")),
         };
         Ok(Behaviour {

@@ -124,6 +124,9 @@ fn translate(model: &str, stream: bool, body: &Value) -> Result<Value, String> {
     let mut out = json!({"model": model, "messages": messages, "stream": stream,
                          "stream_options": {"include_usage": true}});
     let generation = &body["generationConfig"];
+    if let Some(limit) = generation.get("maxOutputTokens") {
+        out["max_tokens"] = limit.clone();
+    }
     if let Some(schema) = generation.get("responseSchema") {
         out["response_format"] = json!({"type": "json_schema",
             "json_schema": {"name": "output", "schema": json_schema(schema)}});

@@ -17,6 +17,10 @@ pub struct Answer {
     /// Tool calls, OpenAI-shaped, when the model called tools.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<serde_json::Value>,
+    /// Cut at the request's token limit (`max_tokens`): the answer stops
+    /// for its length (`length`, `max_tokens`, `MAX_TOKENS`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
 }
 
 #[derive(Debug, Clone)]

@@ -61,6 +61,9 @@ struct SimRequest {
     answers_tool: bool,
     /// OpenAI's `response_format: {"type": "json_object"}`.
     json_object: bool,
+    /// The token limit asked for (`max_tokens`, or OpenAI's
+    /// `max_completion_tokens`).
+    max_tokens: Option<u64>,
 }
 
 /// Text of a `content` that is a string or a list of `{type:"text",text}`
@@ -185,6 +188,9 @@ fn parse_request(wire: Wire, body: &Value) -> Result<SimRequest, String> {
         tool_choice: openai_tool_choice(wire, &body["tool_choice"]),
         answers_tool,
         json_object: body.pointer("/response_format/type") == Some(&json!("json_object")),
+        max_tokens: body["max_completion_tokens"]
+            .as_u64()
+            .or(body["max_tokens"].as_u64()),
     })
 }
 
@@ -276,6 +282,18 @@ fn execute(request: &SimRequest, fault: Fault) -> Answer {
             .map_or(output.clone(), str::to_string),
         None => output,
     };
+    // `max_tokens`: an answer longer than the limit (at `approx_tokens`'
+    // four characters a token) is cut there.
+    let limit = request
+        .max_tokens
+        .filter(|_| fault == Fault::MaxTokens && tool_calls.is_empty())
+        .and_then(|m| usize::try_from(m.saturating_mul(4)).ok());
+    let (output, truncated) = match limit {
+        Some(chars) if output.chars().count() > chars => {
+            (output.chars().take(chars).collect(), true)
+        }
+        _ => (output, false),
+    };
     let mut prompt_tokens = honest_prompt_tokens(&request.turns);
     if fault == Fault::WrongUsage {
         prompt_tokens = prompt_tokens.saturating_mul(3) / 2 + 1;
@@ -289,12 +307,13 @@ fn execute(request: &SimRequest, fault: Fault) -> Answer {
         ),
         output,
         tool_calls,
+        truncated,
     }
 }
 
 pub(crate) fn openai_completion(a: &Answer) -> Value {
     let mut message = json!({"role": "assistant", "content": a.output, "refusal": null});
-    let mut finish = "stop";
+    let mut finish = if a.truncated { "length" } else { "stop" };
     if !a.tool_calls.is_empty() {
         message["tool_calls"] = json!(a.tool_calls);
         if a.output.is_empty() {
@@ -321,10 +340,10 @@ fn anthropic_message(a: &Answer) -> Value {
         content.push(json!({"type": "tool_use", "id": call["id"],
                             "name": call["function"]["name"], "input": input}));
     }
-    let stop = if a.tool_calls.is_empty() {
-        "end_turn"
-    } else {
-        "tool_use"
+    let stop = match (a.truncated, a.tool_calls.is_empty()) {
+        (true, _) => "max_tokens",
+        (false, true) => "end_turn",
+        (false, false) => "tool_use",
     };
     json!({
         "id": a.id, "type": "message", "role": "assistant", "model": a.model,
@@ -404,10 +423,10 @@ fn sse_frames(wire: Wire, a: &Answer, include_usage: bool) -> Vec<String> {
                     ));
                 }
             }
-            let finish = if a.tool_calls.is_empty() {
-                "stop"
-            } else {
-                "tool_calls"
+            let finish = match (a.truncated, a.tool_calls.is_empty()) {
+                (true, _) => "length",
+                (false, true) => "stop",
+                (false, false) => "tool_calls",
             };
             frames.push(frame(None, chunk(json!({}), json!(finish))));
             if include_usage {
@@ -466,10 +485,10 @@ fn sse_frames(wire: Wire, a: &Answer, include_usage: bool) -> Vec<String> {
                 ));
                 index += 1;
             }
-            let stop = if a.tool_calls.is_empty() {
-                "end_turn"
-            } else {
-                "tool_use"
+            let stop = match (a.truncated, a.tool_calls.is_empty()) {
+                (true, _) => "max_tokens",
+                (false, true) => "end_turn",
+                (false, false) => "tool_use",
             };
             frames.push(frame(Some("message_delta"), json!({"type": "message_delta",
                 "delta": {"stop_reason": stop}, "usage": {"output_tokens": a.usage.completion_tokens}})));

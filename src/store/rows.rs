@@ -4,7 +4,7 @@ use super::sql::db::{Columns, Row};
 use super::{
     parse_attempt_kind, parse_attempt_state, parse_job_state, ApiKey, JobEvent, StoreError,
 };
-use crate::domain::{Attempt, AttemptId, ErrorKind, EventKind, Job};
+use crate::domain::{Attempt, AttemptId, ErrorKind, EventKind, FinishReason, Job};
 
 /// The column list of `JobRow`, as a literal for `concat!`.
 macro_rules! job_columns {
@@ -20,7 +20,7 @@ pub(crate) use job_columns;
 macro_rules! attempt_columns {
     () => {
         "id, job_id, seq, provider, kind, state, read_version, started_at, finished_at, \
-         error_kind, error_message, output, usage, provider_request_id"
+         error_kind, error_message, output, usage, provider_request_id, finish_reason"
     };
 }
 pub(crate) use attempt_columns;
@@ -137,6 +137,7 @@ pub(crate) struct AttemptRow {
     output: Option<String>,
     usage: Option<String>,
     provider_request_id: Option<String>,
+    finish_reason: Option<String>,
 }
 
 impl Row for AttemptRow {
@@ -156,6 +157,7 @@ impl Row for AttemptRow {
             output: row.get("output")?,
             usage: row.get("usage")?,
             provider_request_id: row.get("provider_request_id")?,
+            finish_reason: row.get("finish_reason")?,
         })
     }
 }
@@ -178,6 +180,12 @@ impl TryFrom<AttemptRow> for Attempt {
             output: r.output,
             usage: r.usage,
             provider_request_id: r.provider_request_id,
+            // A reason a later build wrote and this one does not know is
+            // told as an unknown one is: by the answer.
+            finish_reason: r
+                .finish_reason
+                .as_deref()
+                .and_then(FinishReason::parse_stored),
         })
     }
 }

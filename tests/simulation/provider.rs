@@ -250,6 +250,7 @@ impl Scripted {
                     usage: Some(Usage::new(7, 5)),
                     provider_request_id: Some(format!("{name}-{key}-{}", record.executions)),
                     latency: Duration::from_millis(ms),
+                    finish: None,
                 };
                 record.answer = Some(answer.clone());
                 answer

@@ -88,6 +88,7 @@ fn success(output: String, prompt_tokens: Option<u32>) -> AttemptOutcome {
         usage: prompt_tokens.map(|prompt_tokens| Usage::new(prompt_tokens, 20)),
         provider_request_id: Some("req-1".into()),
         latency: Duration::from_millis(5),
+        finish: None,
     })
 }
 

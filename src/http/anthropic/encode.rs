@@ -46,11 +46,7 @@ pub(super) fn message(job: &Job, answer: Answer) -> Value {
         _ => {}
     }
     content.extend(answer.tool_calls.iter().map(tool_use_block));
-    let stop_reason = if answer.tool_calls.is_empty() {
-        "end_turn"
-    } else {
-        "tool_use"
-    };
+    let (stop_reason, stop_sequence) = answer.finish.anthropic();
     json!({
         "id": message_id(job),
         "type": "message",
@@ -58,7 +54,7 @@ pub(super) fn message(job: &Job, answer: Answer) -> Value {
         "model": answer.model,
         "content": content,
         "stop_reason": stop_reason,
-        "stop_sequence": null,
+        "stop_sequence": stop_sequence,
         "usage": usage_of(answer.usage),
     })
 }
@@ -108,16 +104,6 @@ fn stream_error(code: &str, message: &str, last_failure: Option<&ErrorKind>) -> 
         return refusal(refused, &[]);
     }
     AnthropicError::new(status, kind, format!("{code}: {message}"))
-}
-
-/// Anthropic's `stop_reason` for the engine's finish reason.
-fn stop_reason(finish_reason: &str) -> &'static str {
-    match finish_reason {
-        "length" | "max_tokens" => "max_tokens",
-        "tool_calls" | "tool_use" => "tool_use",
-        "stop_sequence" => "stop_sequence",
-        _ => "end_turn",
-    }
 }
 
 /// The content block being streamed.
@@ -267,12 +253,13 @@ impl StreamEncoder for Encoder {
                 }
                 self.close(&mut out);
                 let usage = usage.unwrap_or_default();
+                let (stop_reason, stop_sequence) = finish_reason.anthropic();
                 Self::event(
                     &mut out,
                     "message_delta",
                     &json!({
                         "type": "message_delta",
-                        "delta": {"stop_reason": stop_reason(finish_reason), "stop_sequence": null},
+                        "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
                         "usage": usage_of(usage),
                     }),
                 );

@@ -12,11 +12,7 @@ use serde_json::Value;
 /// answer (no JSON tree built first).
 pub(super) fn completion(job: &Job, answer: Answer) -> Json<Completion> {
     let usage = answer.usage;
-    let finish_reason = if answer.tool_calls.is_empty() {
-        "stop"
-    } else {
-        "tool_calls"
-    };
+    let finish_reason = answer.finish.openai();
     Json(Completion {
         id: format!("chatcmpl-{}", job.id),
         object: "chat.completion",

@@ -191,7 +191,7 @@ impl Renderer {
                 finish_reason,
                 usage,
             } => {
-                let chunk = self.chunk(model, json!({}), json!(finish_reason));
+                let chunk = self.chunk(model, json!({}), json!(finish_reason.openai()));
                 self.frame(0, &chunk.to_string(), &mut out);
                 if self.ask.include_usage {
                     let u = usage.unwrap_or(Usage::default());

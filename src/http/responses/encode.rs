@@ -118,6 +118,9 @@ pub(super) struct Shown {
     pub usage: Option<Usage>,
     pub model: String,
     pub error: Value,
+    /// Why a whole answer is `incomplete` (`max_output_tokens`: the
+    /// provider stopped at the token limit; `content_filter`), if it is.
+    pub incomplete: Option<&'static str>,
 }
 
 impl Shown {
@@ -129,6 +132,7 @@ impl Shown {
             usage: None,
             model,
             error,
+            incomplete: None,
         }
     }
 
@@ -137,6 +141,7 @@ impl Shown {
             status: "completed",
             output: output_items(job, &answer),
             usage: Some(answer.usage),
+            incomplete: answer.finish.responses_incomplete(),
             model: answer.model,
             error: Value::Null,
         }
@@ -222,7 +227,13 @@ pub(super) fn response(job: &Job, shown: Shown) -> Value {
 /// Response several times).
 pub(super) fn response_with(job: &Job, stored: &Stored, shown: Shown) -> Value {
     let created_at = job.created_at / 1000;
-    let final_at = (shown.status == "completed").then_some(job.updated_at / 1000);
+    // An answer the provider cut (at the token limit, by its filter) is
+    // whole, and OpenAI calls it incomplete, with no completion time.
+    let (status, incomplete_details) = match shown.incomplete {
+        Some(reason) if shown.status == "completed" => ("incomplete", json!({ "reason": reason })),
+        _ => (shown.status, Value::Null),
+    };
+    let final_at = (status == "completed").then_some(job.updated_at / 1000);
     let metadata = match stored.echoed("metadata") {
         Value::Null => json!({}),
         m => m,
@@ -244,10 +255,10 @@ pub(super) fn response_with(job: &Job, stored: &Stored, shown: Shown) -> Value {
         "object": "response",
         "created_at": created_at,
         "completed_at": final_at,
-        "status": shown.status,
+        "status": status,
         "background": stored.echo.get("background").cloned().unwrap_or(json!(false)),
         "error": shown.error,
-        "incomplete_details": null,
+        "incomplete_details": incomplete_details,
         "instructions": stored.echoed("instructions"),
         "max_output_tokens": stored.param("max_tokens"),
         "metadata": metadata,

@@ -368,6 +368,8 @@ async fn resolve_references(
                     tool_calls,
                     usage: Default::default(),
                     model: String::new(),
+                    // Only the items are read.
+                    finish: crate::domain::FinishReason::Stop,
                 };
                 encode::output_items(&job, &answer)
                     .into_iter()

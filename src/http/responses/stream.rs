@@ -272,14 +272,12 @@ impl StreamEncoder for Encoder {
                     usage: Some(usage.unwrap_or_default()),
                     model: self.model.clone(),
                     error: Value::Null,
+                    incomplete: finish_reason.responses_incomplete(),
                 };
-                let mut response = encode::response_with(&self.job, &self.stored, shown);
+                let response = encode::response_with(&self.job, &self.stored, shown);
                 // The provider stopped at the token limit: the answer is
                 // whole, and OpenAI calls it incomplete.
-                let kind = if finish_reason == "length" {
-                    response["status"] = json!("incomplete");
-                    response["completed_at"] = Value::Null;
-                    response["incomplete_details"] = json!({"reason": "max_output_tokens"});
+                let kind = if response["status"] == "incomplete" {
                     "response.incomplete"
                 } else {
                     "response.completed"
@@ -382,7 +380,7 @@ mod tests {
     fn finish(reason: &str) -> StreamEvent {
         StreamEvent::Finish {
             model: "m-1".into(),
-            finish_reason: reason.into(),
+            finish_reason: crate::domain::FinishReason::of_openai(reason),
             usage: Some(Usage::new(3, 2)),
         }
     }

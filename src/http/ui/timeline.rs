@@ -281,6 +281,7 @@ mod tests {
             output: None,
             usage: None,
             provider_request_id: None,
+            finish_reason: None,
         }
     }
 

@@ -50,7 +50,8 @@ pub(crate) fn response(a: &Answer) -> Value {
     }
     json!({
         "candidates": [{"content": {"role": "model", "parts": parts},
-                        "finishReason": "STOP", "index": 0}],
+                        "finishReason": if a.truncated { "MAX_TOKENS" } else { "STOP" },
+                        "index": 0}],
         "usageMetadata": usage(a),
         "modelVersion": a.model,
         "responseId": a.id,

@@ -7,7 +7,9 @@ use super::events::insert_event;
 use super::keys::{add_usage, UsageOf};
 use super::{attempt_won, cas_won};
 use crate::domain::attempt::{may_start, Ambiguous, AttemptOutcome, Failure, NewAttempt};
-use crate::domain::{Attempt, AttemptState, EventKind, GuardRefusal, Job, LiveAttempts, Millis};
+use crate::domain::{
+    Attempt, AttemptState, EventKind, FinishReason, GuardRefusal, Job, LiveAttempts, Millis,
+};
 use crate::store::rows::{attempt_columns, job_columns, AttemptRow, JobRow, LiveRow};
 use crate::store::sql::db::{args, Columns, Db, Row};
 use crate::store::sql::Dialect;
@@ -176,6 +178,7 @@ pub(crate) async fn finish_attempt<C: Db>(
         AttemptOutcome::Succeeded(success) => {
             let (output, provider_request_id) = (&success.output, &success.provider_request_id);
             let usage = success.usage.map(|u| u.stored());
+            let finish_reason = success.finish.as_ref().map(FinishReason::stored);
             let version = read_version + 1;
             let won_event = event_for(
                 event::ATTEMPT_SUCCEEDED,
@@ -190,6 +193,7 @@ pub(crate) async fn finish_attempt<C: Db>(
                 output,
                 usage: usage.as_deref(),
                 provider_request_id: provider_request_id.as_deref(),
+                finish_reason: finish_reason.as_deref(),
                 provider: &provider,
                 kind: &kind,
                 at,
@@ -333,6 +337,8 @@ struct Won<'a> {
     output: &'a str,
     usage: Option<&'a str>,
     provider_request_id: Option<&'a str>,
+    /// Why the provider stopped (`FinishReason::stored`).
+    finish_reason: Option<&'a str>,
     /// The attempt's provider and kind, for its usage's row.
     provider: &'a str,
     kind: &'a str,
@@ -389,13 +395,14 @@ impl Won<'_> {
         };
         if let Some(won) = &won {
             conn.execute(
-                attempt_won!("$1", "$2", "$3", "$4", "$5"),
+                attempt_won!("$1", "$2", "$3", "$4", "$6", "$5"),
                 args![
                     self.attempt_id,
                     self.output,
                     self.usage,
                     self.provider_request_id,
-                    self.at
+                    self.at,
+                    self.finish_reason
                 ],
             )
             .await?;

@@ -139,14 +139,15 @@ macro_rules! cas_won {
     };
 }
 
-/// The winner's attempt row, likewise. An attempt that was unknown before
+/// The winner's attempt row, likewise, with why its provider stopped
+/// (`$finish`, `FinishReason::stored`). An attempt that was unknown before
 /// it won (its answer found by the reconciler) keeps the error that made it
 /// unknown: its row tells why it was asked about.
 macro_rules! attempt_won {
-    ($attempt:literal, $output:literal, $usage:literal, $request:literal, $at:literal) => {
-        $crate::store::sql::attempt_won!(from ""; $attempt, $output, $usage, $request, $at)
+    ($attempt:literal, $output:literal, $usage:literal, $request:literal, $finish:literal, $at:literal) => {
+        $crate::store::sql::attempt_won!(from ""; $attempt, $output, $usage, $request, $finish, $at)
     };
-    (from $from:literal; $attempt:literal, $output:literal, $usage:literal, $request:literal, $at:literal) => {
+    (from $from:literal; $attempt:literal, $output:literal, $usage:literal, $request:literal, $finish:literal, $at:literal) => {
         concat!(
             "UPDATE attempts SET state = 'succeeded', output = ",
             $output,
@@ -154,6 +155,8 @@ macro_rules! attempt_won {
             $usage,
             ", provider_request_id = ",
             $request,
+            ", finish_reason = ",
+            $finish,
             ", finished_at = ",
             $at,
             " ",

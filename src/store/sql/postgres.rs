@@ -19,7 +19,7 @@ use super::webhooks::claim_deliveries_sql;
 use super::{attempt_won, cas_won, usage_insert, usage_on_conflict, Dialect};
 use crate::domain::attempt::AttemptOutcome;
 use crate::domain::job::NewJob;
-use crate::domain::Job;
+use crate::domain::{FinishReason, Job};
 use crate::store::rows::JobRow;
 use crate::store::{event, FinishAttempt, FinishOutcome, StoreError};
 
@@ -168,6 +168,7 @@ pub(crate) async fn finish_won_batched(
     let mut at = Vec::with_capacity(n);
     let mut usage = Vec::with_capacity(n);
     let mut request_id = Vec::with_capacity(n);
+    let mut finish_reason = Vec::with_capacity(n);
     let mut actor = Vec::with_capacity(n);
     let mut day = Vec::with_capacity(n);
     let mut prompt = Vec::with_capacity(n);
@@ -191,6 +192,7 @@ pub(crate) async fn finish_won_batched(
         at.push(finish.at);
         usage.push(stored);
         request_id.push(success.provider_request_id.as_deref());
+        finish_reason.push(success.finish.as_ref().map(FinishReason::stored));
         actor.push(finish.actor.as_str());
         day.push(crate::store::tenants::day_of(finish.at));
         prompt.push(p);
@@ -201,9 +203,9 @@ pub(crate) async fn finish_won_batched(
     }
     let won = sqlx::query(concat!(
         "WITH input AS (SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::text[], ",
-        "$5::text[], $6::text[], $7::int8[], $8::int8[], $9::int8[]) WITH ORDINALITY ",
+        "$5::text[], $6::text[], $7::int8[], $8::int8[], $9::int8[], $12::text[]) WITH ORDINALITY ",
         "AS i(in_attempt, in_output, in_at, in_usage, in_request, in_actor, in_day, in_prompt, ",
-        "in_completion, in_n) LIMIT $11",
+        "in_completion, in_finish, in_n) LIMIT $11",
         "), bid AS (SELECT a.id AS b_attempt, a.job_id AS b_job, a.read_version AS b_version ",
         "FROM input CROSS JOIN LATERAL (SELECT id, job_id, read_version FROM attempts ",
         "WHERE id = in_attempt AND state IN (",
@@ -221,7 +223,7 @@ pub(crate) async fn finish_won_batched(
         "), attempt AS (",
         attempt_won!(
             from "FROM winner";
-            "in_attempt", "in_output", "in_usage", "in_request", "in_at"
+            "in_attempt", "in_output", "in_usage", "in_request", "in_finish", "in_at"
         ),
         "), usage AS (",
         "INSERT INTO usage_daily (owner_id, day, key_id, route, provider, kind, shard, ",
@@ -252,6 +254,7 @@ pub(crate) async fn finish_won_batched(
     .bind(&completion)
     .bind(event::ATTEMPT_SUCCEEDED.as_str())
     .bind(attempt.len() as i64)
+    .bind(&finish_reason)
     .fetch_all(&mut *conn)
     .await?;
     let mut won: std::collections::HashMap<String, Job> = won

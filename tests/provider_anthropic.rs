@@ -305,3 +305,25 @@ async fn a_streamed_stop_sequence_is_kept_with_its_sequence() {
     assert_eq!(success.finish, Some(sequence.clone()));
     assert_eq!(finish.unwrap().finish_reason, sequence);
 }
+
+#[tokio::test]
+async fn a_request_without_a_limit_carries_the_files_default_max_tokens() {
+    let up = upstream(json(200, SUCCESS)).await;
+    let unlimited = onejob::providers::ChatRequest {
+        max_tokens: None,
+        ..request()
+    };
+    upstream::provider("anthropic", &up.base_url)
+        .call(&unlimited)
+        .await;
+    let config = upstream::config("anthropic", &up.base_url, "default_max_tokens = 2000");
+    let tuned = onejob::providers::build_provider("tuned", &config).unwrap();
+    tuned.call(&unlimited).await;
+    tuned.call(&request()).await;
+    let sent: Vec<serde_json::Value> = up
+        .seen()
+        .iter()
+        .map(|s| s.body["max_tokens"].clone())
+        .collect();
+    assert_eq!(sent, vec![json!(4096), json!(2000), json!(64)]);
+}

@@ -160,6 +160,10 @@ async fn the_deployment_url_api_version_and_api_key_header_are_azures() {
     );
     assert_eq!(seen.body["response_format"]["type"], "json_schema");
     assert!(seen.body.get("store").is_none());
+    // The token limit in OpenAI's current field: Azure's o-series
+    // deployments refuse `max_tokens`.
+    assert_eq!(seen.body["max_completion_tokens"], 64);
+    assert!(seen.body.get("max_tokens").is_none(), "{}", seen.body);
 
     let up = upstream(json(200, SUCCESS)).await;
     let bearer = provider(&up.base_url, "azure_auth = \"bearer\"\n");

@@ -338,6 +338,12 @@ async fn a_server_that_refuses_fields_is_sent_none_of_them() {
     assert!(seen.iter().all(|b| b.get("stream_options").is_none()));
     assert!(seen.iter().all(|b| b.get("user").is_none()));
     assert!(seen.iter().all(|b| b["messages"][1].get("name").is_none()));
+    // Its file names the token-limit field it knows (`max_tokens_field`).
+    assert!(
+        seen.iter()
+            .all(|b| b["max_tokens"] == 32 && b.get("max_completion_tokens").is_none()),
+        "{seen:?}"
+    );
     // The same server as an unconfigured file would meet it: refused.
     let (unconfigured, _) = server("vllm", strict).await;
     assert_eq!(

@@ -178,7 +178,9 @@ async fn request_carries_key_auth_system_first_and_response_format() {
         s.body["response_format"]["json_schema"]["schema"],
         request().response_schema.unwrap()
     );
-    assert_eq!(s.body["max_tokens"], 64);
+    // OpenAI's current field: its reasoning models refuse `max_tokens`.
+    assert_eq!(s.body["max_completion_tokens"], 64);
+    assert!(s.body.get("max_tokens").is_none(), "{}", s.body);
     assert!(s.body.get("store").is_none(), "store only when configured");
 }
 
@@ -310,4 +312,37 @@ async fn a_length_stop_is_kept_with_the_answer() {
         panic!("an answer")
     };
     assert_eq!(success.finish, Some(FinishReason::Stop));
+}
+
+#[tokio::test]
+async fn a_token_limit_is_sent_only_when_asked_in_the_field_the_file_names() {
+    let up = upstream(json(200, SUCCESS)).await;
+    let provider = upstream::provider("openai", &up.base_url);
+    let unlimited = onejob::providers::ChatRequest {
+        max_tokens: None,
+        ..request()
+    };
+    provider.call(&unlimited).await;
+    let compat = build_provider(
+        "compat",
+        &upstream::config("openai", &up.base_url, "max_tokens_field = \"max_tokens\""),
+    )
+    .unwrap();
+    compat.call(&request()).await;
+    compat.call(&unlimited).await;
+    let seen = up.seen();
+    let limits: Vec<(Option<&serde_json::Value>, Option<&serde_json::Value>)> = seen
+        .iter()
+        .map(|s| {
+            (
+                s.body.get("max_tokens"),
+                s.body.get("max_completion_tokens"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        limits,
+        vec![(None, None), (Some(&json!(64)), None), (None, None)],
+        "no limit unless asked; max_tokens where the file says so"
+    );
 }

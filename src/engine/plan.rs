@@ -15,9 +15,6 @@ use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-/// Tokens a request may ask for when neither the job nor its contract says.
-pub const DEFAULT_MAX_TOKENS: u32 = 1024;
-
 #[derive(Clone)]
 pub struct JobPlan {
     job_id: JobId,
@@ -134,12 +131,14 @@ impl JobPlan {
         }
     }
 
-    fn max_tokens(&self) -> u32 {
+    /// The token limit the job asks for (its own, or its contract's);
+    /// `None`: the provider's own limit applies, and none is sent where the
+    /// wire lets it be left out.
+    fn max_tokens(&self) -> Option<u32> {
         self.request
             .params
             .max_tokens
             .or(self.contract().map(|c| c.max_tokens))
-            .unwrap_or(DEFAULT_MAX_TOKENS)
     }
 
     fn prompt(&self, wire: WireFormat) -> Result<RenderedPrompt, PlanError> {
@@ -220,18 +219,24 @@ impl JobPlan {
     fn make_request_for(&self, provider: &ProviderEntry) -> Result<ChatRequest, PlanError> {
         let prompt = self.prompt(Self::wire(provider))?;
         let max_tokens = self.max_tokens();
+        // The answer's room in the window: the limit the provider is sent
+        // (the job's, or the one its wire requires); without one, the
+        // prompt alone must fit.
+        let room = max_tokens
+            .or(provider.config.required_max_tokens())
+            .unwrap_or(0);
         let window = u64::from(provider.config.context_window);
         // The exact count only when the byte bound does not already fit:
         // encoding every text of every job is the plan's largest cost.
         // Tool definitions count: the provider reads them with the prompt.
         let counted = counted_with_tools(&prompt, self.request.params.tools.as_deref());
-        if prompt_tokens_at_most(&counted) + u64::from(max_tokens) > window {
+        if prompt_tokens_at_most(&counted) + u64::from(room) > window {
             let tokenizer = provider.config.tokenizer.name();
             let prompt_tokens = count_prompt_tokens(tokenizer, &counted)
                 .map_err(|e| PlanError::new(e.to_string()))?;
-            if u64::from(prompt_tokens) + u64::from(max_tokens) > window {
+            if u64::from(prompt_tokens) + u64::from(room) > window {
                 return Err(PlanError::window(format!(
-                    "context_window: {} needs {prompt_tokens} prompt tokens ({tokenizer}) + {max_tokens} max_tokens; \
+                    "context_window: {} needs {prompt_tokens} prompt tokens ({tokenizer}) + {room} max_tokens; \
                      its window is {}",
                     provider.name, provider.config.context_window
                 )));
@@ -255,7 +260,7 @@ impl JobPlan {
         };
         request.temperature = params.temperature.or(request.temperature);
         request.top_p = params.top_p.or(request.top_p);
-        request.max_tokens = Some(max_tokens);
+        request.max_tokens = max_tokens;
         let format = params.response_format.as_ref();
         let format_type = format.and_then(|f| f["type"].as_str());
         if format_type == Some("json_schema") {

@@ -7,7 +7,7 @@
 //! unknown attempt here can only be settled by a late answer or by a human.
 
 use super::classify::{classify_response, error_chain};
-use super::config::{ProviderConfig, Secret, Timeouts};
+use super::config::{ProviderConfig, Secret, Timeouts, DEFAULT_ANTHROPIC_MAX_TOKENS};
 use super::stream::{self, AnthropicReader, ChunkSender};
 use super::transport::exchange;
 use super::{AttemptOutcome, ChatRequest, Failure, Lookup, Provider, Streamed, Success, Usage};
@@ -17,9 +17,6 @@ use async_trait::async_trait;
 use serde_json::{json, Map, Value};
 use std::time::Duration;
 
-/// Sent when the request gives no `max_tokens` (the API requires one).
-pub const DEFAULT_MAX_TOKENS: u32 = 1024;
-
 #[derive(Debug, Clone)]
 pub struct AnthropicProvider {
     name: String,
@@ -28,6 +25,8 @@ pub struct AnthropicProvider {
     model: String,
     api_key: Option<Secret>,
     version: String,
+    /// Sent as `max_tokens` when the job sets no limit (the API requires one).
+    default_max_tokens: u32,
     timeouts: Timeouts,
 }
 
@@ -45,6 +44,9 @@ impl AnthropicProvider {
             model: config.model.clone(),
             api_key,
             version: config.anthropic_version().to_string(),
+            default_max_tokens: config
+                .required_max_tokens()
+                .unwrap_or(DEFAULT_ANTHROPIC_MAX_TOKENS),
             timeouts: config.timeouts,
         }
     }
@@ -170,8 +172,14 @@ fn tool_choice(choice: &Value) -> Value {
 }
 
 /// The request body in Anthropic's wire format, or why the conversation
-/// cannot be expressed in it (the request is then never sent).
-pub fn request_body(model: &str, request: &ChatRequest) -> Result<Value, String> {
+/// cannot be expressed in it (the request is then never sent). The API
+/// requires `max_tokens`: a request without a limit is sent with
+/// `default_max_tokens` (the provider file's).
+pub fn request_body(
+    model: &str,
+    request: &ChatRequest,
+    default_max_tokens: u32,
+) -> Result<Value, String> {
     let options = &request.options;
     for (name, given) in [
         ("seed", options.seed.is_some()),
@@ -219,7 +227,7 @@ pub fn request_body(model: &str, request: &ChatRequest) -> Result<Value, String>
     body.insert("model".into(), json!(model));
     body.insert(
         "max_tokens".into(),
-        json!(request.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
+        json!(request.max_tokens.unwrap_or(default_max_tokens)),
     );
     if !system.is_empty() {
         body.insert("system".into(), json!(system.join("\n\n")));
@@ -331,7 +339,7 @@ impl Provider for AnthropicProvider {
     }
 
     async fn call(&self, request: &ChatRequest) -> AttemptOutcome {
-        let body = match request_body(&self.model, request) {
+        let body = match request_body(&self.model, request, self.default_max_tokens) {
             Ok(body) => body,
             Err(message) => {
                 return AttemptOutcome::Failed(Failure {
@@ -370,7 +378,7 @@ impl Provider for AnthropicProvider {
     /// Streamed, with `stream: true`. A trailing assistant turn is sent as
     /// it is: the Messages API continues it (prefill).
     async fn stream(&self, request: &ChatRequest, deltas: &ChunkSender) -> Streamed {
-        let mut body = match request_body(&self.model, request) {
+        let mut body = match request_body(&self.model, request, self.default_max_tokens) {
             Ok(body) => body,
             Err(message) => {
                 let failure = Failure {
@@ -413,7 +421,8 @@ impl Provider for AnthropicProvider {
 
 impl AnthropicProvider {
     async fn count(&self, request: &ChatRequest) -> Result<u32, String> {
-        let body = request_body(&self.model, request).map_err(|e| format!("not sent: {e}"))?;
+        let body = request_body(&self.model, request, self.default_max_tokens)
+            .map_err(|e| format!("not sent: {e}"))?;
         let mut counted = Map::new();
         for field in ["model", "messages", "system", "tools", "tool_choice"] {
             if let Some(v) = body.get(field) {
@@ -471,12 +480,12 @@ mod tests {
             idempotency_key: "k".into(),
             options: crate::providers::ChatOptions::default(),
         };
-        let body = request_body("m", &request).unwrap();
+        let body = request_body("m", &request, DEFAULT_ANTHROPIC_MAX_TOKENS).unwrap();
         assert_eq!(body["system"], "be terse\n\njson only");
         assert_eq!(
             body["messages"],
             json!([{"role":"user","content":"a\n\nb"},{"role":"assistant","content":"c"}])
         );
-        assert_eq!(body["max_tokens"], DEFAULT_MAX_TOKENS);
+        assert_eq!(body["max_tokens"], DEFAULT_ANTHROPIC_MAX_TOKENS);
     }
 }

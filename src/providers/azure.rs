@@ -12,7 +12,7 @@
 //! up by key: an unknown attempt here is settled late or by a human.
 
 use super::classify::{azure_filtered_categories, classify_azure, error_chain};
-use super::config::{AzureAuth, ProviderConfig, Secret, Timeouts};
+use super::config::{AzureAuth, MaxTokensField, ProviderConfig, Secret, Timeouts};
 use super::openai::{completion_to_success, request_body};
 use super::stream::{self, ChunkSender, OpenAiReader, SseEvent, Step, WireReader};
 use super::transport::exchange;
@@ -33,6 +33,8 @@ pub struct AzureOpenAiProvider {
     auth: AzureAuth,
     stream_usage: bool,
     refuses: Vec<String>,
+    /// The field a job's token limit goes in.
+    max_tokens_field: MaxTokensField,
     timeouts: Timeouts,
 }
 
@@ -57,6 +59,7 @@ impl AzureOpenAiProvider {
             auth: config.azure_auth.unwrap_or_default(),
             stream_usage: config.stream_usage.unwrap_or(true),
             refuses: config.refuses.clone(),
+            max_tokens_field: config.max_tokens_field(),
             timeouts: config.timeouts,
         }
     }
@@ -142,7 +145,7 @@ impl Provider for AzureOpenAiProvider {
     }
 
     async fn call(&self, request: &ChatRequest) -> AttemptOutcome {
-        let mut body = request_body(&self.model, request, false);
+        let mut body = request_body(&self.model, request, false, self.max_tokens_field);
         super::openai::leave_out(&mut body, &self.refuses);
         let outcome = match exchange(self.post(request, &body), &self.timeouts).await {
             Ok(response) => {
@@ -159,7 +162,7 @@ impl Provider for AzureOpenAiProvider {
     }
 
     async fn stream(&self, request: &ChatRequest, deltas: &ChunkSender) -> Streamed {
-        let mut body = request_body(&self.model, request, false);
+        let mut body = request_body(&self.model, request, false, self.max_tokens_field);
         super::openai::leave_out(&mut body, &self.refuses);
         body["stream"] = json!(true);
         if self.stream_usage {

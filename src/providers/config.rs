@@ -14,6 +14,11 @@ use std::time::Duration;
 /// Default `anthropic-version` header.
 pub const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
 
+/// The `max_tokens` an Anthropic request carries when the job sets no limit
+/// (the Messages API requires one): 4,096, the largest output every Claude
+/// model takes. `default_max_tokens` in the provider file changes it.
+pub const DEFAULT_ANTHROPIC_MAX_TOKENS: u32 = 4096;
+
 /// Google AI Studio's endpoint, the default `base_url` of a gemini provider
 /// without `vertex_project`.
 pub const GEMINI_AI_STUDIO_URL: &str = "https://generativelanguage.googleapis.com";
@@ -31,6 +36,35 @@ pub enum ProviderKind {
     AzureOpenai,
     /// AWS Bedrock's Converse API, signed with SigV4.
     Bedrock,
+}
+
+/// The request field OpenAI's wire carries a job's token limit in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MaxTokensField {
+    /// OpenAI's current field, the only one its reasoning models (o1, o3,
+    /// o4-mini, gpt-5) take.
+    MaxCompletionTokens,
+    /// The deprecated field, for OpenAI-compatible servers that know no other.
+    MaxTokens,
+}
+
+impl MaxTokensField {
+    /// A kind's field when its file names none: the simulator's is
+    /// `max_tokens`, OpenAI's and Azure's the current one.
+    pub fn default_for(kind: ProviderKind) -> MaxTokensField {
+        match kind {
+            ProviderKind::Sim => MaxTokensField::MaxTokens,
+            _ => MaxTokensField::MaxCompletionTokens,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            MaxTokensField::MaxCompletionTokens => "max_completion_tokens",
+            MaxTokensField::MaxTokens => "max_tokens",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -152,8 +186,18 @@ pub struct ProviderConfig {
     /// never sent here (another provider on the route takes it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub refuses: Vec<String>,
+    /// OpenAI's wire: the field a job's token limit goes in (sent only when
+    /// the job sets one). Unset: `max_completion_tokens` for `openai` and
+    /// `azure_openai`, `max_tokens` for `sim`; `max_tokens` for an
+    /// OpenAI-compatible server that refuses the newer field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens_field: Option<MaxTokensField>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub anthropic_version: Option<String>,
+    /// Anthropic's wire requires `max_tokens`: what a job that sets no
+    /// limit is sent with (unset: [`DEFAULT_ANTHROPIC_MAX_TOKENS`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_max_tokens: Option<u32>,
     /// Whether the provider continues a trailing assistant turn (prefill), so
     /// a stream cut mid-answer may be finished here. Unset: true for the
     /// Anthropic wire format and the simulator, false for OpenAI's.
@@ -531,6 +575,26 @@ impl ProviderConfig {
         if self.anthropic_version.is_some() && self.kind != ProviderKind::Anthropic {
             return Err(self.invalid("anthropic_version", "only for kind = \"anthropic\""));
         }
+        if self.default_max_tokens.is_some() && self.kind != ProviderKind::Anthropic {
+            return Err(self.invalid(
+                "default_max_tokens",
+                "only for kind = \"anthropic\" (no other wire requires a token limit)",
+            ));
+        }
+        if self.default_max_tokens == Some(0) {
+            return Err(self.invalid("default_max_tokens", "must be at least 1"));
+        }
+        if self.max_tokens_field.is_some()
+            && !matches!(
+                self.kind,
+                ProviderKind::Openai | ProviderKind::AzureOpenai | ProviderKind::Sim
+            )
+        {
+            return Err(self.invalid(
+                "max_tokens_field",
+                "only for OpenAI's wire (kind = \"openai\", \"azure_openai\", \"sim\")",
+            ));
+        }
         if self.store
             && matches!(
                 self.kind,
@@ -745,6 +809,12 @@ impl ProviderConfig {
         if plain.anthropic_version.as_deref() == Some(DEFAULT_ANTHROPIC_VERSION) {
             plain.anthropic_version = None;
         }
+        if plain.max_tokens_field == Some(MaxTokensField::default_for(kind)) {
+            plain.max_tokens_field = None;
+        }
+        if plain.default_max_tokens == Some(DEFAULT_ANTHROPIC_MAX_TOKENS) {
+            plain.default_max_tokens = None;
+        }
         fingerprint(&serde_json::to_value(&plain).unwrap_or(serde_json::Value::Null))
     }
 
@@ -754,6 +824,21 @@ impl ProviderConfig {
             self.kind,
             ProviderKind::Anthropic | ProviderKind::Sim
         ))
+    }
+
+    /// See `max_tokens_field`: the stated field, or the kind's default.
+    pub fn max_tokens_field(&self) -> MaxTokensField {
+        self.max_tokens_field
+            .unwrap_or(MaxTokensField::default_for(self.kind))
+    }
+
+    /// The token limit this provider's wire requires when a job sets none
+    /// (Anthropic's `max_tokens`); `None` where a limit is optional.
+    pub fn required_max_tokens(&self) -> Option<u32> {
+        (self.kind == ProviderKind::Anthropic).then(|| {
+            self.default_max_tokens
+                .unwrap_or(DEFAULT_ANTHROPIC_MAX_TOKENS)
+        })
     }
 
     pub fn anthropic_version(&self) -> &str {
@@ -902,6 +987,54 @@ lookup = "sim_ledger"
                     .unwrap_err()
                     .to_string();
             assert!(err.contains("only for OpenAI's wire"), "{err}");
+        }
+    }
+
+    #[test]
+    fn token_limit_settings_are_checked_and_default_by_kind() {
+        let sim = ProviderConfig::parse(SIM, Path::new("p/s.toml")).unwrap();
+        assert_eq!(sim.max_tokens_field(), MaxTokensField::MaxTokens);
+        assert_eq!(sim.required_max_tokens(), None);
+        let openai = SIM
+            .replace("kind = \"sim\"", "kind = \"openai\"")
+            .replace("lookup = \"sim_ledger\"", "api_key_env = \"SOME_KEY\"");
+        let parse = |text: &str| {
+            ProviderConfig::parse(text, Path::new("p/x.toml")).map_err(|e| e.to_string())
+        };
+        let plain = parse(&openai).unwrap();
+        assert_eq!(
+            plain.max_tokens_field(),
+            MaxTokensField::MaxCompletionTokens
+        );
+        let compat = parse(&format!("max_tokens_field = \"max_tokens\"\n{openai}")).unwrap();
+        assert_eq!(compat.max_tokens_field(), MaxTokensField::MaxTokens);
+        assert_ne!(plain.digest(), compat.digest());
+        let written = parse(&format!(
+            "max_tokens_field = \"max_completion_tokens\"\n{openai}"
+        ));
+        assert_eq!(plain.digest(), written.unwrap().digest());
+        let anthropic = openai.replace("kind = \"openai\"", "kind = \"anthropic\"");
+        assert_eq!(
+            parse(&anthropic).unwrap().required_max_tokens(),
+            Some(DEFAULT_ANTHROPIC_MAX_TOKENS)
+        );
+        let tuned = parse(&format!("default_max_tokens = 8192\n{anthropic}")).unwrap();
+        assert_eq!(tuned.required_max_tokens(), Some(8192));
+        for (extra, text, wanted) in [
+            (
+                "default_max_tokens = 8192",
+                &openai,
+                "only for kind = \"anthropic\"",
+            ),
+            ("default_max_tokens = 0", &anthropic, "at least 1"),
+            (
+                "max_tokens_field = \"max_tokens\"",
+                &anthropic,
+                "only for OpenAI's wire",
+            ),
+        ] {
+            let err = parse(&format!("{extra}\n{text}")).unwrap_err();
+            assert!(err.contains(wanted), "{extra}: {err}");
         }
     }
 

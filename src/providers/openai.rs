@@ -5,7 +5,7 @@
 //! `metadata.onejob_key`, listed with `GET /v1/chat/completions?metadata[onejob_key]=K`.
 
 use super::classify::{classify_response, error_chain, ErrorBody};
-use super::config::{LookupMode, ProviderConfig, Secret, Timeouts};
+use super::config::{LookupMode, MaxTokensField, ProviderConfig, Secret, Timeouts};
 use super::stream::{self, ChunkSender, OpenAiReader};
 use super::transport::{exchange, RawResponse};
 use super::{AttemptOutcome, ChatRequest, Failure, Lookup, Provider, Streamed, Success, Usage};
@@ -34,6 +34,8 @@ pub struct OpenAiProvider {
     stream_usage: bool,
     /// Fields the server refuses, left out of every request.
     refuses: Vec<String>,
+    /// The field a job's token limit goes in.
+    max_tokens_field: MaxTokensField,
     lookup: LookupMode,
     timeouts: Timeouts,
 }
@@ -55,6 +57,7 @@ impl OpenAiProvider {
             store: config.store,
             stream_usage: config.stream_usage.unwrap_or(true),
             refuses: config.refuses.clone(),
+            max_tokens_field: config.max_tokens_field(),
             lookup: config.lookup,
             timeouts: config.timeouts,
         }
@@ -122,8 +125,14 @@ impl OpenAiProvider {
     }
 }
 
-/// The request body in OpenAI's wire format: system first, then the turns.
-pub fn request_body(model: &str, request: &ChatRequest, store: bool) -> Value {
+/// The request body in OpenAI's wire format: system first, then the turns;
+/// a token limit (only when the job sets one) in `limit_field`.
+pub fn request_body(
+    model: &str,
+    request: &ChatRequest,
+    store: bool,
+    limit_field: MaxTokensField,
+) -> Value {
     let mut messages = Vec::with_capacity(request.messages.len() + 1);
     if let Some(system) = &request.system {
         messages.push(json!({"role": "system", "content": system}));
@@ -175,7 +184,7 @@ pub fn request_body(model: &str, request: &ChatRequest, store: bool) -> Value {
         body.insert("temperature".into(), json!(t));
     }
     if let Some(m) = request.max_tokens {
-        body.insert("max_tokens".into(), json!(m));
+        body.insert(limit_field.name().into(), json!(m));
     }
     if let Some(p) = request.top_p {
         body.insert("top_p".into(), json!(p));
@@ -299,7 +308,7 @@ fn chat_url(base: &str) -> String {
 /// Send `request` in OpenAI's wire format and classify the answer. Shared
 /// with the simulator client.
 pub(crate) async fn call_openai_wire(p: &OpenAiProvider, request: &ChatRequest) -> AttemptOutcome {
-    let mut body = request_body(&p.model, request, p.store);
+    let mut body = request_body(&p.model, request, p.store, p.max_tokens_field);
     leave_out(&mut body, &p.refuses);
     let mut builder = p
         .post_chat()
@@ -406,7 +415,7 @@ pub(crate) async fn stream_openai_wire(
     request: &ChatRequest,
     deltas: &ChunkSender,
 ) -> Streamed {
-    let mut body = request_body(&p.model, request, p.store);
+    let mut body = request_body(&p.model, request, p.store, p.max_tokens_field);
     leave_out(&mut body, &p.refuses);
     body["stream"] = json!(true);
     if p.stream_usage {

@@ -1491,3 +1491,36 @@ async fn prompt_cache_tokens_reach_every_door_and_the_budget(backend: Backend) {
     assert_eq!(report["totals"]["tokens"], 4 * 1213 + 1012, "{report}");
     world.stop().await;
 }
+
+/// A streamed request whose job's retries ran out on its provider's
+/// overload (so it went to review) ended its live stream with an
+/// `api_error`, while its replay's stream (and the answer) said
+/// `overloaded_error`: the SDK raised an `APIStatusError` the first time
+/// and an `OverloadedError` the next, for the same job. The live stream's
+/// error now carries the job's last failure as the stored one does, and
+/// one mapping types both.
+async fn a_live_stream_overloaded_into_review_ends_as_its_replay_does(backend: Backend) {
+    let world = primary_world(backend, "overloaded").await;
+    let body = message_body("Hello");
+    let (live, message) = stream_error(&world, "busy-live", &body).await;
+    assert_eq!(live, "overloaded_error", "{message}");
+    assert!(message.starts_with("job_needs_review: job "), "{message}");
+    let (status, headers, answer) =
+        send(post(&world, "/v1/messages", Some("busy-live"), &body)).await;
+    let job_id = header(&headers, "x-onejob-job-id").to_string();
+    assert_eq!(world.job(&job_id).await["state"], "needs_review");
+    let attempts = world.attempts(&job_id).await;
+    assert!(
+        attempts.len() > 1 && attempts.iter().all(|a| a["error_kind"] == "overloaded"),
+        "{attempts:?}"
+    );
+    let (status, answered, _) = anthropic_error(status, &answer);
+    assert_eq!((status, answered.as_str()), (529, "overloaded_error"));
+    let (replayed, _) = stream_error(&world, "busy-live", &body).await;
+    assert_eq!(
+        replayed, live,
+        "the replay's stream says what the live one said"
+    );
+    assert_eq!(world.store.count_jobs().await.unwrap(), 1);
+    world.stop().await;
+}

@@ -85,7 +85,7 @@ fn success(output: String, prompt_tokens: Option<u32>) -> AttemptOutcome {
     AttemptOutcome::Succeeded(Success {
         output,
         tool_calls: Vec::new(),
-        usage: prompt_tokens.map(|prompt_tokens| Usage::new(prompt_tokens, 20)),
+        usage: prompt_tokens.map(|prompt_tokens| Usage::new(u64::from(prompt_tokens), 20)),
         provider_request_id: Some("req-1".into()),
         latency: Duration::from_millis(5),
         finish: None,

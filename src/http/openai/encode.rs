@@ -88,8 +88,8 @@ pub(super) struct CachedTokens {
 /// `prompt_tokens_details` of `usage`: the prompt tokens read from a
 /// provider's cache, when there are any.
 pub(super) fn cached(usage: &crate::providers::Usage) -> Option<CachedTokens> {
-    (usage.cached_tokens > 0).then(|| CachedTokens {
-        cached_tokens: u64::from(usage.cached_tokens),
+    (usage.cached_tokens > 0).then_some(CachedTokens {
+        cached_tokens: usage.cached_tokens,
     })
 }
 

@@ -3,7 +3,7 @@
 //! Live keys are cached (see [`crate::tenants`]): the replay path stays
 //! one read, and a revoked key is refused by every server within a second.
 
-use super::error::ApiError;
+use super::error::{ApiError, KeyHeader};
 use super::AppState;
 use crate::keys::Caller;
 use axum::extract::FromRequestParts;
@@ -46,34 +46,6 @@ impl FromRequestParts<AppState> for Admin {
             return Err(ApiError::Forbidden);
         }
         Ok(Admin(caller))
-    }
-}
-
-/// The header a request's key came in, which a refusal names: the
-/// caller's SDK sends its key the one way it knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeyHeader {
-    /// No key at all.
-    Missing,
-    /// `Authorization: Bearer <key>` (OpenAI's SDKs, onejob's own clients).
-    Bearer,
-    /// `x-api-key: <key>` (Anthropic's SDKs).
-    XApiKey,
-}
-
-impl KeyHeader {
-    /// Why a key was refused, naming the header it came in (onejob's
-    /// words, on every door in onejob's or OpenAI's shape).
-    pub fn refusal(self) -> &'static str {
-        match self {
-            KeyHeader::Missing => "missing API key; send Authorization: Bearer <key>",
-            KeyHeader::Bearer => {
-                "invalid API key in the Authorization header (unknown, revoked or expired)"
-            }
-            KeyHeader::XApiKey => {
-                "invalid API key in the x-api-key header (unknown, revoked or expired)"
-            }
-        }
     }
 }
 

@@ -2,12 +2,39 @@
 //! Bodies are `{"error": {"code": "...", "message": "..."}}`; a 5xx body
 //! says nothing about internals (the cause is logged once, server-side).
 
-use super::auth::KeyHeader;
 use crate::jobs::SubmitError;
 use crate::store::StoreError;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+
+/// The header a request's key came in, which a refusal names: the
+/// caller's SDK sends its key the one way it knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyHeader {
+    /// No key at all.
+    Missing,
+    /// `Authorization: Bearer <key>` (OpenAI's SDKs, onejob's own clients).
+    Bearer,
+    /// `x-api-key: <key>` (Anthropic's SDKs).
+    XApiKey,
+}
+
+impl KeyHeader {
+    /// Why a key was refused, naming the header it came in (onejob's
+    /// words, on every door in onejob's or OpenAI's shape).
+    pub fn refusal(self) -> &'static str {
+        match self {
+            KeyHeader::Missing => "missing API key; send Authorization: Bearer <key>",
+            KeyHeader::Bearer => {
+                "invalid API key in the Authorization header (unknown, revoked or expired)"
+            }
+            KeyHeader::XApiKey => {
+                "invalid API key in the x-api-key header (unknown, revoked or expired)"
+            }
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {

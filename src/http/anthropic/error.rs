@@ -4,8 +4,8 @@
 //! told not to).
 
 use crate::domain::ErrorKind;
-use crate::http::auth::KeyHeader;
 use crate::http::door::Refusal;
+use crate::http::error::KeyHeader;
 use crate::http::error::{ApiError, STORE_RETRY_AFTER_SECS};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};

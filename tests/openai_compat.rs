@@ -782,10 +782,13 @@ async fn what_mainstream_clients_send_reaches_an_openai_provider(backend: Backen
     world.stop().await;
 }
 
-/// `reasoning_effort` changes the answer and only OpenAI's wire takes it:
-/// a route whose primary speaks Anthropic's wire runs the job on the
-/// fallback that does, never on the primary without it.
-async fn answer_changing_openai_fields_skip_providers_on_other_wires(backend: Backend) {
+/// A route whose primary `claude` speaks Anthropic's wire (the simulator
+/// speaks it too, at /v1/messages) and whose fallback `gpt` speaks
+/// OpenAI's; `tune` adds to the config.
+async fn claude_then_gpt(
+    backend: Backend,
+    tune: impl FnOnce(&mut onejob::config::Config),
+) -> World {
     let providers = [
         ProviderSpec {
             name: "claude",
@@ -796,8 +799,7 @@ async fn answer_changing_openai_fields_skip_providers_on_other_wires(backend: Ba
             model: "healthy",
         },
     ];
-    let world = start_world(backend, &providers, route("claude", &["gpt"]), |c| {
-        // The simulator speaks Anthropic's wire too, at /v1/messages.
+    start_world(backend, &providers, route("claude", &["gpt"]), |c| {
         std::env::set_var(upstream::KEY_ENV, upstream::KEY_VALUE);
         let path = c.providers_dir.join("claude.toml");
         let text = std::fs::read_to_string(&path)
@@ -806,8 +808,16 @@ async fn answer_changing_openai_fields_skip_providers_on_other_wires(backend: Ba
             .replace("lookup = \"sim_ledger\"\n", "");
         let key = format!("api_key_env = \"{}\"\n", upstream::KEY_ENV);
         std::fs::write(path, format!("{key}{text}")).unwrap();
+        tune(c);
     })
-    .await;
+    .await
+}
+
+/// `reasoning_effort` changes the answer and only OpenAI's wire takes it:
+/// a route whose primary speaks Anthropic's wire runs the job on the
+/// fallback that does, never on the primary without it.
+async fn answer_changing_openai_fields_skip_providers_on_other_wires(backend: Backend) {
+    let world = claude_then_gpt(backend, |_| {}).await;
     let body = json!({"model": "default", "reasoning_effort": "high",
                       "messages": [{"role": "user", "content": "hi"}]});
     let (status, headers, answer) = complete(&world, Some("effort-1"), &body).await;
@@ -1246,25 +1256,7 @@ async fn usage_past_u32_is_kept_whole_from_the_provider_to_the_client(backend: B
 /// route with nothing else refuses the request naming the field, and
 /// nothing is sent.
 async fn a_temperature_above_one_skips_providers_on_anthropics_wire(backend: Backend) {
-    let providers = [
-        ProviderSpec {
-            name: "claude",
-            model: "healthy",
-        },
-        ProviderSpec {
-            name: "gpt",
-            model: "healthy",
-        },
-    ];
-    let world = start_world(backend, &providers, route("claude", &["gpt"]), |c| {
-        std::env::set_var(upstream::KEY_ENV, upstream::KEY_VALUE);
-        let path = c.providers_dir.join("claude.toml");
-        let text = std::fs::read_to_string(&path)
-            .unwrap()
-            .replace("kind = \"sim\"", "kind = \"anthropic\"")
-            .replace("lookup = \"sim_ledger\"\n", "");
-        let key = format!("api_key_env = \"{}\"\n", upstream::KEY_ENV);
-        std::fs::write(path, format!("{key}{text}")).unwrap();
+    let world = claude_then_gpt(backend, |c| {
         c.routes.insert("claude-only".into(), route("claude", &[]));
     })
     .await;

@@ -32,6 +32,7 @@ on_both_backends!(
     stream_options_without_a_stream_is_refused_as_openai_refuses_it,
     usage_past_u32_is_kept_whole_from_the_provider_to_the_client,
     a_temperature_above_one_skips_providers_on_anthropics_wire,
+    a_json_object_job_skips_providers_on_anthropics_wire,
 );
 
 async fn complete(
@@ -830,6 +831,28 @@ async fn answer_changing_openai_fields_skip_providers_on_other_wires(backend: Ba
     let (status, headers, _) = complete(&world, Some("effort-2"), &plain).await;
     assert_eq!(status, 200);
     assert_eq!(headers["x-onejob-provider"], "claude");
+    world.stop().await;
+}
+
+/// `response_format: json_object` went to a `kind = "anthropic"` provider
+/// with nothing to say it (Anthropic's wire has no such mode): it answered
+/// prose, each attempt failed the job's JSON check and was paid for, and
+/// the client got a 502. Such a provider is skipped for the job now; the
+/// fallback answers with a JSON object.
+async fn a_json_object_job_skips_providers_on_anthropics_wire(backend: Backend) {
+    let world = claude_then_gpt(backend, |_| {}).await;
+    let body = json!({"model": "default", "response_format": {"type": "json_object"},
+                      "messages": [{"role": "user", "content": "Give me a JSON object"}]});
+    let (status, headers, answer) = complete(&world, Some("json-object"), &body).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(headers["x-onejob-provider"], "gpt");
+    let job_id = headers["x-onejob-job-id"].to_str().unwrap();
+    assert_eq!(world.deliveries(job_id, "claude"), 0);
+    let content = answer["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(
+        serde_json::from_str::<Value>(content).is_ok_and(|v| v.is_object()),
+        "{content}"
+    );
     world.stop().await;
 }
 

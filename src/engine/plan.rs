@@ -338,6 +338,20 @@ impl JobPlan {
                 )));
             }
         }
+        // Anthropic's wire has no "any JSON object" mode (a schema it has:
+        // `json_schema` goes as `output_config.format`): the answer would
+        // be prose, fail the job's check and be paid for.
+        if kind == ProviderKind::Anthropic
+            && params
+                .response_format
+                .as_ref()
+                .is_some_and(|f| f["type"] == "json_object")
+        {
+            return Err(PlanError::new(format!(
+                "{}: response_format json_object cannot be asked of Anthropic's wire format (json_schema can)",
+                provider.name
+            )));
+        }
         if matches!(kind, ProviderKind::Gemini | ProviderKind::Bedrock)
             && params.parallel_tool_calls == Some(false)
         {

@@ -31,6 +31,7 @@ on_both_backends!(
     a_cancelled_job_streamed_says_what_the_answer_says,
     a_job_overloaded_into_review_streamed_is_an_overloaded_error,
     a_live_stream_overloaded_into_review_ends_as_its_replay_does,
+    structured_output_asked_in_anthropics_words_is_the_jobs_response_format,
     a_job_still_pending_streamed_says_what_the_answer_says,
     the_models_api_answers_in_anthropics_shape_when_asked_with_anthropic_version,
     prompt_cache_tokens_reach_every_door_and_the_budget,
@@ -1522,5 +1523,78 @@ async fn a_live_stream_overloaded_into_review_ends_as_its_replay_does(backend: B
         "the replay's stream says what the live one said"
     );
     assert_eq!(world.store.count_jobs().await.unwrap(), 1);
+    world.stop().await;
+}
+
+/// `output_config.format` (Anthropic's structured outputs, what LangChain's
+/// `ChatAnthropic.with_structured_output(method="json_schema")` sends) was
+/// refused as "not supported by onejob". It is the job's `response_format`
+/// now: the answer follows the schema, and the job says what was asked.
+/// Its other settings are refused by name, and nothing is written.
+async fn structured_output_asked_in_anthropics_words_is_the_jobs_response_format(backend: Backend) {
+    let world = primary_world(backend, "healthy").await;
+    let schema = json!({"type": "object", "additionalProperties": false,
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"]});
+    let mut body = message_body("Who is the user?");
+    body["output_config"] = json!({"format": {"type": "json_schema", "schema": schema}});
+    let response = post(&world, "/v1/messages", None, &body)
+        .header("Idempotency-Key", "structured")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let job_id = response.headers()["x-onejob-job-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let message: Value = response.json().await.unwrap();
+    let text = message["content"][0]["text"].as_str().unwrap();
+    let answer: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert!(answer["name"].is_string(), "{answer}");
+    assert!(answer["age"].is_i64(), "{answer}");
+    let job = world
+        .store
+        .get_job(&job_id.as_str().into())
+        .await
+        .unwrap()
+        .unwrap();
+    let request: Value = serde_json::from_str(&job.request).unwrap();
+    assert_eq!(
+        request["params"]["response_format"]["json_schema"]["schema"], schema,
+        "{request}"
+    );
+
+    for (config, field) in [
+        (json!({"effort": "high"}), "output_config.effort"),
+        (
+            json!({"format": {"type": "json_object"}}),
+            "output_config.format.type",
+        ),
+        (
+            json!({"format": {"type": "json_schema"}}),
+            "output_config.format.schema",
+        ),
+    ] {
+        let mut body = message_body("Who?");
+        body["output_config"] = config;
+        let response = post(&world, "/v1/messages", None, &body)
+            .header("Idempotency-Key", format!("refused-{field}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 400, "{field}");
+        let error: Value = response.json().await.unwrap();
+        assert_eq!(error["error"]["type"], "invalid_request_error");
+        assert!(
+            error["error"]["message"].as_str().unwrap().contains(field),
+            "{error}"
+        );
+    }
+    assert_eq!(
+        world.store.count_jobs().await.unwrap(),
+        1,
+        "refusals wrote nothing"
+    );
     world.stop().await;
 }

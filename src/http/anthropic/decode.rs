@@ -27,6 +27,7 @@ const ACCEPTED: &[&str] = &[
     "top_p",
     "stop_sequences",
     "metadata",
+    "output_config",
     "stream",
 ];
 
@@ -152,6 +153,11 @@ pub(super) fn decode(raw: &[u8], endpoint: Endpoint) -> Result<Decoded, Invalid>
             }
         }
     }
+    if let Some(config) = request.get("output_config").filter(|v| !v.is_null()) {
+        if let Some(format) = decode_output_config(config)? {
+            params.insert("response_format".into(), format);
+        }
+    }
     let stream = match request.get("stream") {
         None | Some(Value::Null) | Some(Value::Bool(false)) => false,
         Some(Value::Bool(true)) => true,
@@ -163,6 +169,40 @@ pub(super) fn decode(raw: &[u8], endpoint: Endpoint) -> Result<Decoded, Invalid>
     let request = JobRequest::from_value(body)
         .map_err(|e| AnthropicError::submit(SubmitError::from(e).into()))?;
     Ok(Decoded { request, stream })
+}
+
+/// Anthropic's structured outputs (`output_config.format`, what
+/// LangChain's `with_structured_output(method="json_schema")` sends) as
+/// the job's `response_format`: the answer is JSON following the schema,
+/// whichever provider gives it. Its other settings (`effort`) change the
+/// answer and no other wire takes them: refused by name.
+fn decode_output_config(config: &Value) -> Result<Option<Value>, Invalid> {
+    let Value::Object(config) = config else {
+        return Err(invalid("output_config", "an object is required"));
+    };
+    if let Some(field) = config.keys().find(|k| k.as_str() != "format") {
+        return Err(invalid(
+            &format!("output_config.{field}"),
+            "not supported by onejob",
+        ));
+    }
+    let format = match config.get("format") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(format) => format,
+    };
+    if format["type"] != "json_schema" {
+        return Err(invalid("output_config.format.type", "\"json_schema\""));
+    }
+    let Some(schema) = format.get("schema").filter(|s| s.is_object()) else {
+        return Err(invalid(
+            "output_config.format.schema",
+            "a JSON Schema object is required",
+        ));
+    };
+    Ok(Some(json!({
+        "type": "json_schema",
+        "json_schema": {"name": "output", "schema": schema, "strict": true},
+    })))
 }
 
 fn text_of<'a>(block: &'a Value, field: &str) -> Result<&'a str, Invalid> {

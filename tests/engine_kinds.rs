@@ -47,6 +47,7 @@ kinds_table!(
     a_cut_stream_is_continued_or_restarted,
     the_breaker_sends_later_jobs_straight_to_the_fallback,
     a_context_overflow_moves_to_a_larger_window,
+    a_streamed_content_filter_fails_after_one_attempt,
 );
 
 const WAIT: Duration = Duration::from_secs(15);
@@ -614,5 +615,32 @@ async fn a_context_overflow_moves_to_a_larger_window(backend: Backend, kind: Kin
         "{kind:?}: a smaller window is skipped"
     );
     assert_eq!(world.executions(&id, "large"), 1, "{kind:?}");
+    world.stop().await;
+}
+
+/// A provider that filters the prompt, streamed, on each wire: one failed
+/// attempt, the refusal told in the stream, no fallback tried (it would be
+/// asked the same). The simulator's Gemini wire answered a streamed filter
+/// as plain JSON, which onejob read as a stream cut short: the attempt was
+/// `unknown` and the job waited for review.
+async fn a_streamed_content_filter_fails_after_one_attempt(backend: Backend, kind: Kind) {
+    let world = kind_world(
+        backend,
+        kind,
+        &[("primary", "content_filter"), ("backup", "healthy")],
+        route("primary", &["backup"]),
+        |_| {},
+    )
+    .await;
+    let (_, headers, events) = stream(&world, "filtered", "Hello").await;
+    let id = job_id(&headers);
+    let error = error_event(&events).unwrap_or_else(|| panic!("no error event: {events:?}"));
+    assert_eq!(error["code"], "content_policy_violation", "{error}");
+    assert_eq!(
+        path(&world.attempts(&id).await),
+        vec![pair("primary", "failed")],
+        "one attempt"
+    );
+    assert_eq!(world.job(&id).await["state"], "failed");
     world.stop().await;
 }

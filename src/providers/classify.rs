@@ -500,12 +500,9 @@ pub fn classify_bedrock(
         .as_str()
         .or(value["Message"].as_str())
         .unwrap_or_default();
-    let lower = text.to_ascii_lowercase();
     let verdict = match verdict.clone() {
-        Verdict::Definitive(ErrorKind::BadRequest)
-            if BEDROCK_CONTEXT_LENGTH.iter().any(|n| lower.contains(n)) =>
-        {
-            Verdict::Definitive(ErrorKind::ContextLengthExceeded)
+        Verdict::Definitive(ErrorKind::BadRequest) => {
+            Verdict::Definitive(bedrock_bad_request(text))
         }
         other => other,
     };
@@ -514,6 +511,20 @@ pub fn classify_bedrock(
         status.as_u16(),
         retry_after(headers, SystemTime::now()),
     )
+}
+
+/// What a Bedrock `ValidationException` says, by its message: a prompt
+/// past the context window, one a safety policy refused (a refusal the
+/// next provider would repeat), else a malformed request.
+fn bedrock_bad_request(message: &str) -> ErrorKind {
+    let lower = message.to_ascii_lowercase();
+    if BEDROCK_CONTEXT_LENGTH.iter().any(|n| lower.contains(n)) {
+        ErrorKind::ContextLengthExceeded
+    } else if CONTENT_POLICY.iter().any(|n| lower.contains(n)) {
+        ErrorKind::ContentPolicy
+    } else {
+        ErrorKind::BadRequest
+    }
 }
 
 /// An exception ConverseStream sends in its stream before any event of the
@@ -525,13 +536,8 @@ pub fn bedrock_stream_exception(error_type: &str, message: &str) -> Option<Failu
     let first = chars.next()?;
     let error_type = format!("{}{}", first.to_ascii_uppercase(), chars.as_str());
     let (_, verdict) = BEDROCK_TABLE.iter().find(|(name, _)| *name == error_type)?;
-    let lower = message.to_ascii_lowercase();
     let (retryable, kind) = match verdict.clone() {
-        Verdict::Definitive(ErrorKind::BadRequest)
-            if BEDROCK_CONTEXT_LENGTH.iter().any(|n| lower.contains(n)) =>
-        {
-            (false, ErrorKind::ContextLengthExceeded)
-        }
+        Verdict::Definitive(ErrorKind::BadRequest) => (false, bedrock_bad_request(message)),
         Verdict::Definitive(kind) => (false, kind),
         Verdict::Retryable(kind) => (true, kind),
         Verdict::Ambiguous(_) => return None,

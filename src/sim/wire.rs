@@ -778,9 +778,18 @@ async fn chat(
         }
         Fault::ContentFilter if wire == Wire::Gemini => {
             let tokens = honest_prompt_tokens(&request.turns);
-            return Json(json!({"promptFeedback": {"blockReason": "SAFETY"},
-                "usageMetadata": {"promptTokenCount": tokens, "totalTokenCount": tokens}}))
-            .into_response();
+            let blocked = json!({"promptFeedback": {"blockReason": "SAFETY"},
+                "usageMetadata": {"promptTokenCount": tokens, "totalTokenCount": tokens}});
+            if !request.stream {
+                return Json(blocked).into_response();
+            }
+            // Streamed (`?alt=sse`), Gemini says it as the stream's one event.
+            let mut response = Response::new(Body::from(format!("data: {blocked}\r\n\r\n")));
+            response.headers_mut().insert(
+                axum::http::header::CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream"),
+            );
+            return response;
         }
         Fault::RateLimit { retry_after_s } if wire == Wire::Gemini => {
             let message = "Resource has been exhausted (e.g. check quota) (simulated).";

@@ -457,11 +457,7 @@ async fn a_job_in_review_tells_the_client_it_may_still_answer(backend: Backend) 
 }
 
 async fn what_onejob_cannot_honour_is_refused_naming_the_field(backend: Backend) {
-    let providers = [ProviderSpec {
-        name: "primary",
-        model: "healthy",
-    }];
-    let world = start_world(backend, &providers, route("primary", &[]), |_| {}).await;
+    let world = primary_world(backend).await;
     let base = json!({"model": "default", "messages": [{"role": "user", "content": "hi"}]});
     for (extra, param) in [
         (json!({"n": 2}), "n"),
@@ -524,11 +520,7 @@ fn weather_tool() -> Value {
 }
 
 async fn tool_calls_make_a_round_trip(backend: Backend) {
-    let providers = [ProviderSpec {
-        name: "primary",
-        model: "healthy",
-    }];
-    let world = start_world(backend, &providers, route("primary", &[]), |_| {}).await;
+    let world = primary_world(backend).await;
     let ask = json!({"model": "default", "tools": weather_tool(), "tool_choice": "auto",
                      "messages": [{"role": "user", "content": "Weather in Paris?"}]});
     let (status, _, first) = complete(&world, Some("tool-1"), &ask).await;
@@ -646,11 +638,7 @@ async fn stream_is_not_part_of_the_fingerprint(backend: Backend) {
     let mut streamed = plain.clone();
     streamed["stream_options"] = json!({"include_usage": true});
     streamed["stream"] = json!(true);
-    let providers = [ProviderSpec {
-        name: "primary",
-        model: "healthy",
-    }];
-    let world = start_world(backend, &providers, route("primary", &[]), |_| {}).await;
+    let world = primary_world(backend).await;
     let (status, h1, _) = complete(&world, Some("fp-1"), &plain).await;
     assert_eq!(status, 200);
     let response = world
@@ -783,6 +771,16 @@ async fn what_mainstream_clients_send_reaches_an_openai_provider(backend: Backen
     world.stop().await;
 }
 
+/// One provider, `primary` on the simulator's healthy model, on the
+/// default route.
+async fn primary_world(backend: Backend) -> World {
+    let providers = [ProviderSpec {
+        name: "primary",
+        model: "healthy",
+    }];
+    start_world(backend, &providers, route("primary", &[]), |_| {}).await
+}
+
 /// A route whose primary `claude` speaks Anthropic's wire (the simulator
 /// speaks it too, at /v1/messages) and whose fallback `gpt` speaks
 /// OpenAI's; `tune` adds to the config.
@@ -859,11 +857,7 @@ async fn a_json_object_job_skips_providers_on_anthropics_wire(backend: Backend) 
 /// An SDK pointed at a path onejob does not serve reads a 404 it can parse:
 /// OpenAI's shape, or Anthropic's for a caller sending `anthropic-version`.
 async fn an_unknown_path_answers_in_the_callers_error_shape(backend: Backend) {
-    let providers = [ProviderSpec {
-        name: "primary",
-        model: "healthy",
-    }];
-    let world = start_world(backend, &providers, route("primary", &[]), |_| {}).await;
+    let world = primary_world(backend).await;
     let url = format!("{}/v1/no/such/endpoint", world.address);
     let response = world
         .client
@@ -1107,11 +1101,7 @@ async fn a_provider_that_refuses_a_field_that_changes_the_answer_is_skipped(back
 /// in, as the Messages door's does; no key at all still says how to send
 /// one.
 async fn a_refused_key_is_told_by_the_header_it_came_in(backend: Backend) {
-    let providers = [ProviderSpec {
-        name: "primary",
-        model: "healthy",
-    }];
-    let world = start_world(backend, &providers, route("primary", &[]), |_| {}).await;
+    let world = primary_world(backend).await;
     let chat = json!({"model": "default", "messages": [{"role": "user", "content": "Hi"}]});
     let responses = json!({"model": "default", "input": "Hi"});
     let job = json!({"messages": [{"role": "user", "content": "Hi"}]});
@@ -1162,11 +1152,7 @@ async fn a_refused_key_is_told_by_the_header_it_came_in(backend: Backend) {
 /// written against OpenAI learns of its mistake only there. onejob now
 /// refuses it the same way, before any job is made; `null` is no option.
 async fn stream_options_without_a_stream_is_refused_as_openai_refuses_it(backend: Backend) {
-    let providers = [ProviderSpec {
-        name: "primary",
-        model: "healthy",
-    }];
-    let world = start_world(backend, &providers, route("primary", &[]), |_| {}).await;
+    let world = primary_world(backend).await;
     let base = json!({"model": "default", "messages": [{"role": "user", "content": "hi"}]});
     for (i, extra) in [
         json!({"stream": false, "stream_options": {"include_usage": true}}),

@@ -1405,15 +1405,7 @@ async fn prompt_cache_tokens_reach_every_door_and_the_budget(backend: Backend) {
         "cache_read_input_tokens": 1000, "cache_creation_input_tokens": 200});
 
     // Chat Completions, whole.
-    let response = world
-        .client
-        .post(format!("{}/v1/chat/completions", world.address))
-        .bearer_auth(&world.key)
-        .header("Idempotency-Key", "cache-chat")
-        .json(&chat("cached", false))
-        .send()
-        .await
-        .unwrap();
+    let response = chat_completion(&world, "cache-chat", &chat("cached", false)).await;
     assert_eq!(response.status(), 200);
     let completion: Value = response.json().await.unwrap();
     assert_eq!(
@@ -1424,15 +1416,7 @@ async fn prompt_cache_tokens_reach_every_door_and_the_budget(backend: Backend) {
     );
 
     // Chat Completions, streamed: the usage chunk.
-    let response = world
-        .client
-        .post(format!("{}/v1/chat/completions", world.address))
-        .bearer_auth(&world.key)
-        .header("Idempotency-Key", "cache-chat-stream")
-        .json(&chat("cached-stream", true))
-        .send()
-        .await
-        .unwrap();
+    let response = chat_completion(&world, "cache-chat-stream", &chat("cached-stream", true)).await;
     assert_eq!(response.status(), 200);
     let text = response.text().await.unwrap();
     let usage = text
@@ -1597,4 +1581,17 @@ async fn structured_output_asked_in_anthropics_words_is_the_jobs_response_format
         "refusals wrote nothing"
     );
     world.stop().await;
+}
+
+/// `POST /v1/chat/completions` with the world's key and `idempotency_key`.
+async fn chat_completion(world: &World, idempotency_key: &str, body: &Value) -> reqwest::Response {
+    world
+        .client
+        .post(format!("{}/v1/chat/completions", world.address))
+        .bearer_auth(&world.key)
+        .header("Idempotency-Key", idempotency_key)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
 }

@@ -728,15 +728,7 @@ fn point_at_openai(config: &onejob::config::Config, name: &str, base_url: &str) 
 /// an OpenAI provider as the client wrote it.
 async fn what_mainstream_clients_send_reaches_an_openai_provider(backend: Backend) {
     let up = upstream::upstream(upstream::json(200, UPSTREAM_ANSWER)).await;
-    let providers = [ProviderSpec {
-        name: "primary",
-        model: "healthy",
-    }];
-    let base_url = up.base_url.clone();
-    let world = start_world(backend, &providers, route("primary", &[]), |c| {
-        point_at_openai(c, "primary", &base_url)
-    })
-    .await;
+    let world = openai_upstream_world(backend, &up.base_url).await;
     let body = json!({"model": "default", "tools": weather_tool(), "parallel_tool_calls": false,
         "messages": [{"role": "system", "content": "Be brief."},
                      {"role": "user", "content": "Say hello in French.", "name": "ada"}],
@@ -769,6 +761,19 @@ async fn what_mainstream_clients_send_reaches_an_openai_provider(backend: Backen
     assert_eq!(again["x-onejob-job-id"], headers["x-onejob-job-id"]);
     assert_eq!(up.seen().len(), 1);
     world.stop().await;
+}
+
+/// One provider, `primary`, of `kind = "openai"` pointed at `base_url` (a
+/// fake upstream), on the default route.
+async fn openai_upstream_world(backend: Backend, base_url: &str) -> World {
+    let providers = [ProviderSpec {
+        name: "primary",
+        model: "healthy",
+    }];
+    start_world(backend, &providers, route("primary", &[]), |c| {
+        point_at_openai(c, "primary", base_url)
+    })
+    .await
 }
 
 /// One provider, `primary` on the simulator's healthy model, on the
@@ -1205,15 +1210,7 @@ async fn usage_past_u32_is_kept_whole_from_the_provider_to_the_client(backend: B
  "choices":[{"index":0,"message":{"role":"assistant","content":"Long."},"finish_reason":"stop"}],
  "usage":{"prompt_tokens":5000000000,"completion_tokens":4300000001,"total_tokens":9300000001}}"#;
     let up = upstream::upstream(upstream::json(200, answer)).await;
-    let providers = [ProviderSpec {
-        name: "primary",
-        model: "healthy",
-    }];
-    let base_url = up.base_url.clone();
-    let world = start_world(backend, &providers, route("primary", &[]), |c| {
-        point_at_openai(c, "primary", &base_url)
-    })
-    .await;
+    let world = openai_upstream_world(backend, &up.base_url).await;
     let body = json!({"model": "default", "messages": [{"role": "user", "content": "Go on."}]});
     let (status, headers, completion) = complete(&world, Some("big-1"), &body).await;
     assert_eq!(status, 200, "{completion}");
